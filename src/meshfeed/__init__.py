@@ -1,0 +1,38 @@
+"""meshfeed: feed JAX device meshes.
+
+Turns a dataset into global ``jax.Array`` batches laid out by any ``NamedSharding``, on
+one process or many, exactly and resumably. Importing meshfeed touches no device, so
+``jax.distributed.initialize`` (or ``meshfeed.initialize``) may still follow.
+"""
+
+from meshfeed._launch import initialize as initialize
+from meshfeed._loader import Loader as Loader
+from meshfeed._mesh import DATA as DATA
+from meshfeed._mesh import MODEL as MODEL
+from meshfeed._mesh import batch_sharding as batch_sharding
+from meshfeed._mesh import make_mesh as make_mesh
+from meshfeed._schedule import Permutation as Permutation
+from meshfeed._schedule import Schedule as Schedule
+from meshfeed._sources import ArraySource as ArraySource
+from meshfeed._sources import FieldSpec as FieldSpec
+from meshfeed._sources import Source as Source
+from meshfeed._strategies import STRATEGIES as STRATEGIES
+from meshfeed._strategies import reshard as reshard
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DATA",
+    "MODEL",
+    "STRATEGIES",
+    "ArraySource",
+    "FieldSpec",
+    "Loader",
+    "Permutation",
+    "Schedule",
+    "Source",
+    "batch_sharding",
+    "initialize",
+    "make_mesh",
+    "reshard",
+]

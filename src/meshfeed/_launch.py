@@ -1,0 +1,178 @@
+"""Several JAX processes on this machine: start them, connect them, watch them.
+
+JAX has no local multi-process launcher. ``start_processes`` starts N copies of a
+command, each with the environment ``initialize()`` reads (coordinator address on
+127.0.0.1, process count and id, CPU devices per process), and ``supervise`` waits for
+them: when one exits non-zero, the others are stopped at once, so a failure never turns
+into a hang in a collective. ``meshfeed.testing.run_in_processes`` and the
+``meshfeed launch`` command both run on these two functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+ENV_COORDINATOR = "MESHFEED_COORDINATOR"
+ENV_NUM_PROCESSES = "MESHFEED_NUM_PROCESSES"
+ENV_PROCESS_ID = "MESHFEED_PROCESS_ID"
+ENV_DEVICES = "MESHFEED_DEVICES_PER_PROCESS"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def initialize() -> None:
+    """Connects this process to the others, like ``jax.distributed.initialize``.
+
+    Under ``meshfeed launch`` (or ``run_in_processes``) it reads the coordinator, the
+    process count and id from the environment and uses gloo CPU collectives. Elsewhere
+    it calls ``jax.distributed.initialize()`` with no arguments, whose auto-detection
+    covers Slurm, Kubernetes, MPI and Cloud TPU. Call it before any other JAX call.
+    """
+    import jax
+
+    coordinator = os.environ.get(ENV_COORDINATOR)
+    if coordinator is None:
+        jax.distributed.initialize()
+        return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator,
+        num_processes=int(os.environ[ENV_NUM_PROCESSES]),
+        process_id=int(os.environ[ENV_PROCESS_ID]),
+    )
+
+
+def process_env(
+    process_id: int, num_processes: int, devices_per_process: int, coordinator: str
+) -> dict[str, str]:
+    """The environment of one launched process."""
+    env = dict(os.environ)
+    env.update(
+        {
+            ENV_COORDINATOR: coordinator,
+            ENV_NUM_PROCESSES: str(num_processes),
+            ENV_PROCESS_ID: str(process_id),
+            ENV_DEVICES: str(devices_per_process),
+            "JAX_PLATFORMS": env.get("JAX_PLATFORMS", "cpu"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    flags = [
+        f
+        for f in env.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
+    env["XLA_FLAGS"] = " ".join(
+        [*flags, f"--xla_force_host_platform_device_count={devices_per_process}"]
+    )
+    return env
+
+
+@dataclass
+class Child:
+    """One launched process, with where its output goes."""
+
+    process_id: int
+    popen: subprocess.Popen[bytes]
+    log: Path | None
+
+
+def start_processes(
+    argv: Sequence[str],
+    *,
+    num_processes: int,
+    devices_per_process: int,
+    log_dir: Path | None = None,
+    extra_env: Mapping[str, str] | None = None,
+) -> list[Child]:
+    """Starts ``num_processes`` copies of ``argv`` wired to one coordinator.
+
+    With ``log_dir``, each process writes stdout and stderr to ``log_dir/process_<i>.log``;
+    otherwise they inherit this process's streams.
+    """
+    if num_processes < 1 or devices_per_process < 1:
+        raise ValueError(
+            f"num_processes={num_processes} and devices_per_process={devices_per_process} "
+            "must both be >= 1."
+        )
+    coordinator = f"127.0.0.1:{free_port()}"
+    children = []
+    for i in range(num_processes):
+        env = process_env(i, num_processes, devices_per_process, coordinator)
+        env.update(extra_env or {})
+        log = None if log_dir is None else log_dir / f"process_{i}.log"
+        out: IO[bytes] | None = None if log is None else log.open("wb")
+        try:
+            popen = subprocess.Popen(
+                list(argv), env=env, stdout=out, stderr=subprocess.STDOUT if out else None
+            )
+        finally:
+            if out is not None:
+                out.close()
+        children.append(Child(i, popen, log))
+    return children
+
+
+def stop(children: Sequence[Child], *, grace_s: float = 2.0) -> None:
+    """Stops every child still running: SIGTERM, then SIGKILL after ``grace_s``."""
+    for child in children:
+        if child.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.popen.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        try:
+            child.popen.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.popen.kill()
+            child.popen.wait()
+
+
+def supervise(
+    children: Sequence[Child], *, timeout_s: float | None = None, poll_s: float = 0.05
+) -> tuple[Child | None, bool]:
+    """Waits for the children; stops them all as soon as one fails.
+
+    Returns:
+      ``(first child that exited non-zero or None, timed_out)``.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        while True:
+            running = False
+            for child in children:
+                code = child.popen.poll()
+                if code is None:
+                    running = True
+                elif code != 0:
+                    stop(children)
+                    return child, False
+            if not running:
+                return None, False
+            if deadline is not None and time.monotonic() > deadline:
+                stop(children)
+                return None, True
+            time.sleep(poll_s)
+    except BaseException:
+        stop(children)
+        raise
+
+
+def python_argv(code: str) -> list[str]:
+    """``argv`` that runs ``code`` in this Python interpreter."""
+    return [sys.executable, "-c", code]

@@ -1,0 +1,200 @@
+"""Helpers for testing code that runs on many processes and devices.
+
+``run_in_processes`` runs a function in N real JAX processes on 127.0.0.1 (gloo
+collectives, CPU devices), the way ``meshfeed launch`` runs a script, and returns what
+each returned. ``assert_resumes_identically`` restores a loader at every step of a
+short stream and compares the rest with the uninterrupted stream. ``replica_spread``
+measures, with a collective, how much replicas of an array differ.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from meshfeed._launch import initialize, python_argv, start_processes, supervise
+from meshfeed._mesh import spec_axes
+
+__all__ = [
+    "ProcessFailedError",
+    "assert_resumes_identically",
+    "local_shards",
+    "replica_spread",
+    "run_in_processes",
+]
+
+_ENV_PAYLOAD = "MESHFEED_TEST_PAYLOAD"
+_ENV_OUT = "MESHFEED_TEST_OUT"
+_LOG_TAIL = 4000
+
+
+class ProcessFailedError(RuntimeError):
+    """A process started by ``run_in_processes`` failed; the message holds its traceback."""
+
+
+def run_in_processes(
+    fn: Callable[..., Any],
+    *args: Any,
+    num_processes: int = 2,
+    devices_per_process: int = 4,
+    timeout_s: float = 300.0,
+) -> list[Any]:
+    """Runs ``fn(*args)`` in ``num_processes`` connected JAX processes.
+
+    Each process has ``devices_per_process`` CPU devices and has called
+    ``meshfeed.initialize()`` before ``fn`` runs. ``fn`` must be importable (defined at
+    module level) and its result picklable (numpy, not ``jax.Array``).
+
+    Returns:
+      Each process's result, in process order.
+
+    Raises:
+      ProcessFailedError: a process raised or died; the others are stopped at once and
+        the message holds that process's traceback.
+      TimeoutError: the processes ran past ``timeout_s``.
+    """
+    with tempfile.TemporaryDirectory(prefix="meshfeed-test-") as tmp:
+        out = Path(tmp)
+        with (out / "payload.pkl").open("wb") as f:
+            pickle.dump(list(sys.path), f)
+            pickle.dump((fn, args), f)
+        children = start_processes(
+            python_argv("from meshfeed.testing import _child_main; _child_main()"),
+            num_processes=num_processes,
+            devices_per_process=devices_per_process,
+            log_dir=out,
+            extra_env={_ENV_PAYLOAD: str(out / "payload.pkl"), _ENV_OUT: tmp},
+        )
+        failed, timed_out = supervise(children, timeout_s=timeout_s)
+        if failed is not None:
+            error = out / f"error_{failed.process_id}.txt"
+            detail = error.read_text() if error.exists() else _tail(failed.log)
+            raise ProcessFailedError(
+                f"process {failed.process_id} of {num_processes} failed "
+                f"(exit code {failed.popen.returncode}):\n{detail}"
+            )
+        if timed_out:
+            logs = "\n".join(f"--- process {c.process_id}:\n{_tail(c.log)}" for c in children)
+            raise TimeoutError(f"processes still running after {timeout_s} s:\n{logs}")
+        results = []
+        for child in children:
+            with (out / f"result_{child.process_id}.pkl").open("rb") as f:
+                results.append(pickle.load(f))
+        return results
+
+
+def _tail(path: Path | None) -> str:
+    if path is None or not path.exists():
+        return "(no output)"
+    return path.read_bytes()[-_LOG_TAIL:].decode(errors="replace")
+
+
+def _child_main() -> None:
+    """Entry point of a process started by ``run_in_processes``."""
+    out = Path(os.environ[_ENV_OUT])
+    process_id = int(os.environ["MESHFEED_PROCESS_ID"])
+    try:
+        with Path(os.environ[_ENV_PAYLOAD]).open("rb") as f:
+            sys.path[:0] = [p for p in pickle.load(f) if p not in sys.path]
+            fn, args = pickle.load(f)
+        initialize()
+        result = fn(*args)
+        with (out / f"result_{process_id}.pkl").open("wb") as f:
+            pickle.dump(result, f)
+    except BaseException:
+        (out / f"error_{process_id}.txt").write_text(traceback.format_exc())
+        sys.stderr.flush()
+        # Skip atexit: jax.distributed's shutdown barrier would wait for peers forever.
+        os._exit(1)
+
+
+def local_shards(x: jax.Array) -> list[tuple[tuple[slice, ...], np.ndarray]]:
+    """This process's shards of ``x`` as (global index, numpy data), by device id."""
+    shards = sorted(x.addressable_shards, key=lambda s: s.device.id)
+    return [(s.index, np.asarray(s.data)) for s in shards]
+
+
+def replica_spread(x: jax.Array) -> float:
+    """Largest difference between replicas of ``x``, found with a collective.
+
+    Every device computes ``pmax - pmin`` of its shard over the mesh axes that
+    replicate it, so replicas on other processes are compared too, not assumed equal.
+    Returns this process's largest value (0.0 when all replicas agree).
+    """
+    sharding = x.sharding
+    if not isinstance(sharding, NamedSharding):
+        raise TypeError(f"replica_spread needs a NamedSharding, got {type(sharding).__name__}.")
+    mesh, spec = sharding.mesh, sharding.spec
+    used = {a for entry in spec for a in spec_axes(entry)}
+    replicated = tuple(a for a in mesh.axis_names if a not in used)
+    if not replicated:
+        return 0.0
+    result = _spread_fn(mesh, spec, replicated, jnp.issubdtype(x.dtype, jnp.floating))(x)
+    return float(max(np.abs(d).max(initial=0) for _, d in local_shards(result)))
+
+
+@functools.lru_cache(maxsize=256)
+def _spread_fn(
+    mesh: jax.sharding.Mesh, spec: P, replicated: tuple[str, ...], floating: bool
+) -> Callable[[jax.Array], jax.Array]:
+    wide = jnp.float32 if floating else jnp.int32
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=spec, out_specs=spec)
+    def spread(block: jax.Array) -> jax.Array:
+        block = block.astype(wide)
+        return jax.lax.pmax(block, replicated) - jax.lax.pmin(block, replicated)
+
+    return spread
+
+
+def assert_resumes_identically(
+    make_loader: Callable[[], Any], *, max_steps: int | None = None
+) -> int:
+    """Restores a fresh loader at every step and checks it yields the same remaining batches.
+
+    ``make_loader()`` must build the same loader each call. Compares this process's
+    shards, so it holds on every process of a multi-process run.
+
+    Returns:
+      The number of steps checked.
+    """
+    reference = make_loader()
+    states: list[Mapping[str, Any]] = []
+    stream: list[dict[str, list[tuple[tuple[slice, ...], np.ndarray]]]] = []
+    for batch in reference:
+        stream.append({k: local_shards(v) for k, v in batch.items()})
+        states.append(reference.state())
+        if max_steps is not None and len(stream) >= max_steps:
+            break
+    starts = [None, *states[:-1]]
+    for k, state in enumerate(starts):
+        loader = make_loader()
+        if state is not None:
+            loader.restore(state)
+        for j, batch in enumerate(loader, start=k):
+            if j >= len(stream):
+                break
+            for name, shards in stream[j].items():
+                got = local_shards(batch[name])
+                for (index, want), (got_index, have) in zip(shards, got, strict=True):
+                    if index != got_index or not np.array_equal(want, have):
+                        raise AssertionError(
+                            f"restored at step {k}, step {j} field {name!r} differs from "
+                            "the uninterrupted stream."
+                        )
+    return len(stream)

@@ -1,0 +1,91 @@
+"""Functions that tests run in every process through ``run_in_processes``.
+
+They live in an importable module (not a test file) so that each process can unpickle
+them by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import meshfeed
+from layouts import make_arrays, make_layout
+from meshfeed.testing import local_shards, replica_spread
+
+
+def run_stream(state: dict[str, Any] | None, skip: int, strategy: str) -> dict[str, Any]:
+    """Skips ``skip`` steps (or restores ``state``), then records every later batch."""
+    loader = meshfeed.Loader(
+        meshfeed.ArraySource(make_arrays(60)),
+        global_batch_size=8,
+        sharding=make_layout("data4_model2"),
+        strategy=strategy,
+        num_epochs=2,
+        last_batch="pad",
+    )
+    if state is not None:
+        loader.restore(state)
+    else:
+        it = iter(loader)
+        for _ in range(skip):
+            next(it)
+    taken = loader.state()
+    batches = [
+        {
+            name: (x.shape, local_shards(x))
+            for name, x in meshfeed.reshard(b, loader.sharding).items()
+        }
+        for b in loader
+    ]
+    return {"state": taken, "batches": batches, "process": jax.process_index()}
+
+
+def assemble(results: list[dict[str, Any]]) -> list[dict[str, np.ndarray]]:
+    """Global numpy batches from every process's local shards."""
+    out = []
+    for step in range(len(results[0]["batches"])):
+        batch = {}
+        for name, (shape, shards) in results[0]["batches"][step].items():
+            full = np.zeros(shape, shards[0][1].dtype)
+            for r in results:
+                for index, data in r["batches"][step][name][1]:
+                    full[index] = data
+            batch[name] = full
+        out.append(batch)
+    return out
+
+
+def disagreeing_replicas() -> dict[str, float]:
+    """Builds a batch whose model replicas, on different processes, hold different rows."""
+    mesh = meshfeed.make_mesh(
+        data=4,
+        model=2,
+        devices=list(np.asarray(jax.devices(), dtype=object).reshape(2, 4).T.reshape(-1)),
+    )
+    s = NamedSharding(mesh, P("data"))
+    same = np.arange(8, dtype=np.float32)
+    differ = same + 100 * jax.process_index()
+    return {
+        "same": replica_spread(jax.make_array_from_process_local_data(s, same, (8,))),
+        "differ": replica_spread(jax.make_array_from_process_local_data(s, differ, (8,))),
+    }
+
+
+def psum_of_process_ids() -> float:
+    mesh = meshfeed.make_mesh(data=jax.device_count())
+    s = NamedSharding(mesh, P("data"))
+    local = np.full(jax.local_device_count(), jax.process_index(), np.float32)
+    x = jax.make_array_from_process_local_data(s, local, (jax.device_count(),))
+    return float(jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))(x))
+
+
+def fail_on_process_one() -> None:
+    if jax.process_index() == 1:
+        raise RuntimeError("process one gives up")
+    psum_of_process_ids()  # waits in a collective for process 1, which never comes

@@ -1,0 +1,69 @@
+"""Real processes on 127.0.0.1 with gloo collectives: the layouts, replicas and resume."""
+
+import time
+
+import numpy as np
+import pytest
+
+import meshfeed
+import multiprocess_fns
+from layouts import LAYOUTS, check_all
+from meshfeed.testing import ProcessFailedError, run_in_processes
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.mark.parametrize(("num_processes", "devices_per_process"), [(2, 4), (4, 2)])
+def test_every_strategy_and_layout_on_several_processes(num_processes, devices_per_process):
+    results = run_in_processes(
+        check_all, num_processes=num_processes, devices_per_process=devices_per_process
+    )
+    assert len(results) == num_processes
+    for per_process in results:
+        assert len(per_process) == len(meshfeed.STRATEGIES) * len(LAYOUTS)
+        assert all(r["steps"] == 7 for r in per_process)
+    # Every process makes the same "auto" choice without talking to the others.
+    assert len({tuple(r["chosen"] for r in p) for p in results}) == 1
+
+
+def test_replica_check_finds_replicas_that_differ_across_processes():
+    results = run_in_processes(multiprocess_fns.disagreeing_replicas)
+    for r in results:
+        assert r["same"] == 0.0
+        assert r["differ"] == 100.0
+
+
+@pytest.mark.parametrize("strategy", ["per_process", "reshard"])
+def test_state_from_two_processes_continues_under_one_and_four(strategy):
+    two = run_in_processes(multiprocess_fns.run_stream, None, 5, strategy, num_processes=2)
+    state = two[0]["state"]
+    assert state["topology"] == {"process_count": 2, "device_count": 8}
+    assert all(r["state"] == state for r in two)
+    want = multiprocess_fns.assemble(two)
+    assert len(want) == 16 - 5
+
+    one = multiprocess_fns.run_stream(state, 0, strategy)
+    four = run_in_processes(
+        multiprocess_fns.run_stream, state, 0, strategy, num_processes=4, devices_per_process=2
+    )
+    uninterrupted = multiprocess_fns.run_stream(None, 0, strategy)
+    for got in (multiprocess_fns.assemble([one]), multiprocess_fns.assemble(four)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            for name in w:
+                np.testing.assert_array_equal(g[name], w[name])
+    for g, w in zip(multiprocess_fns.assemble([uninterrupted])[5:], want, strict=True):
+        np.testing.assert_array_equal(g["label"], w["label"])
+
+
+def test_run_in_processes_returns_results_in_process_order():
+    assert run_in_processes(multiprocess_fns.psum_of_process_ids) == [4.0, 4.0]
+
+
+def test_a_failing_process_stops_the_run_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(
+        ProcessFailedError, match=r"(?s)process 1 of 2 failed.*process one gives up"
+    ):
+        run_in_processes(multiprocess_fns.fail_on_process_one, timeout_s=120)
+    assert time.monotonic() - start < 60
