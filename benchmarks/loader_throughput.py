@@ -27,18 +27,18 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
-import meshfeed  # noqa: E402
+import meshfeed
 
 Batches = Callable[[], Iterator[Any]]
 
@@ -91,7 +91,9 @@ def _floor(arrays: dict[str, np.ndarray], batch: int) -> Batches:
         while True:
             rows = ids[k % steps]
             yield {
-                name: jax.make_array_from_process_local_data(sharding, a[rows], (batch, *a.shape[1:]))
+                name: jax.make_array_from_process_local_data(
+                    sharding, a[rows], (batch, *a.shape[1:])
+                )
                 for name, a in arrays.items()
             }
             k += 1

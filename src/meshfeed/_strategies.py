@@ -77,7 +77,8 @@ class Layout:
                 self._device_rows[key] = device_rows(s, global_batch_size)
                 self._process_rows[key] = process_rows(s, global_batch_size)
         self.rows = np.unique(np.concatenate(list(self._process_rows.values())))
-        self.all_rows = len(self.rows) == global_batch_size
+        # Where each row block starts in the process's rows: local data is their union.
+        self.row_offsets = {int(r): i for i, r in enumerate(self.rows)}
         self.devices = sorted(
             {d for rows in self._device_rows.values() for d in rows}, key=lambda d: d.id
         )
@@ -100,9 +101,6 @@ class Layout:
                 f"{list(self._by_field)}; add {field!r} to it."
             )
         return fit_to_rank(s, ndim)
-
-    def field_rows(self, field: str) -> np.ndarray:
-        return self._process_rows[_row_key(self.sharding(field, 1))]
 
     def device_field_rows(self, field: str) -> dict[Device, slice]:
         return self._device_rows[_row_key(self.sharding(field, 1))]
@@ -172,14 +170,18 @@ def build_per_device(read: Read, layout: Layout) -> dict[str, jax.Array]:
 def build_per_process(read: Read, layout: Layout) -> dict[str, jax.Array]:
     b = layout.global_batch_size
     data = read(layout.rows)
+    offsets = layout.row_offsets
     out = {}
     for name, array in data.items():
-        sharding = layout.sharding(name, array.ndim)
-        rows = layout.field_rows(name)
-        local = (
-            array if len(rows) == len(layout.rows) else array[np.searchsorted(layout.rows, rows)]
+
+        def local(index: Any, a: np.ndarray = array) -> np.ndarray:
+            start, stop = index[0].indices(b)[:2]
+            first = offsets[start]
+            return a[(slice(first, first + stop - start), *index[1:])]
+
+        out[name] = jax.make_array_from_callback(
+            _global_shape(array, b), layout.sharding(name, array.ndim), local
         )
-        out[name] = jax.make_array_from_process_local_data(sharding, local, _global_shape(array, b))
     return out
 
 
