@@ -86,11 +86,6 @@ class Layout:
             _row_key(s): rows_by_process(s, global_batch_size) for s in shardings
         }
 
-    @property
-    def fields(self) -> tuple[str, ...]:
-        """Fields named in a per-field mapping (empty for one sharding for all)."""
-        return tuple(self._by_field)
-
     def sharding(self, field: str, ndim: int) -> NamedSharding:
         if field == MASK:
             return self._mask
@@ -108,7 +103,9 @@ class Layout:
     def device_rows(self, device: Device) -> np.ndarray:
         """Sorted rows one device holds, over all fields."""
         blocks = {
-            (s.start, s.stop) for rows in self._device_rows.values() if (s := rows.get(device))
+            (s.start, s.stop)
+            for rows in self._device_rows.values()
+            if (s := rows.get(device)) is not None
         }
         return np.concatenate([np.arange(a, z) for a, z in sorted(blocks)])
 
