@@ -5,6 +5,8 @@ one process or many, exactly and resumably. Importing meshfeed touches no device
 ``jax.distributed.initialize`` (or ``meshfeed.initialize``) may still follow.
 """
 
+from meshfeed._fit import History as History
+from meshfeed._fit import fit as fit
 from meshfeed._launch import initialize as initialize
 from meshfeed._loader import Loader as Loader
 from meshfeed._mesh import DATA as DATA
@@ -18,21 +20,31 @@ from meshfeed._sources import FieldSpec as FieldSpec
 from meshfeed._sources import Source as Source
 from meshfeed._strategies import STRATEGIES as STRATEGIES
 from meshfeed._strategies import reshard as reshard
+from meshfeed._train import MODES as MODES
+from meshfeed._train import TrainState as TrainState
+from meshfeed._train import make_train_step as make_train_step
+from meshfeed._train import masked_mean as masked_mean
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DATA",
     "MODEL",
+    "MODES",
     "STRATEGIES",
     "ArraySource",
     "FieldSpec",
+    "History",
     "Loader",
     "Permutation",
     "Schedule",
     "Source",
+    "TrainState",
     "batch_sharding",
+    "fit",
     "initialize",
     "make_mesh",
+    "make_train_step",
+    "masked_mean",
     "reshard",
 ]

@@ -16,9 +16,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -83,13 +85,35 @@ def process_env(
     return env
 
 
+LineHandler = Callable[[int, str], None]
+_TAIL_LINES = 200
+
+
 @dataclass
 class Child:
     """One launched process, with where its output goes."""
 
     process_id: int
     popen: subprocess.Popen[bytes]
-    log: Path | None
+    log: Path | None = None
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=_TAIL_LINES))
+    reader: threading.Thread | None = None
+
+    def output_tail(self, limit: int = 4000) -> str:
+        """The end of what the process printed (from its log file or its pipe)."""
+        if self.log is not None and self.log.exists():
+            return self.log.read_bytes()[-limit:].decode(errors="replace")
+        if self.reader is not None:
+            self.reader.join(timeout=2.0)
+        return "".join(self.tail)[-limit:] or "(no output)"
+
+
+def _pump(child: Child, stream: IO[bytes], on_line: LineHandler) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace")
+        child.tail.append(line)
+        on_line(child.process_id, line)
+    stream.close()
 
 
 def start_processes(
@@ -98,12 +122,14 @@ def start_processes(
     num_processes: int,
     devices_per_process: int,
     log_dir: Path | None = None,
+    on_line: LineHandler | None = None,
     extra_env: Mapping[str, str] | None = None,
 ) -> list[Child]:
     """Starts ``num_processes`` copies of ``argv`` wired to one coordinator.
 
-    With ``log_dir``, each process writes stdout and stderr to ``log_dir/process_<i>.log``;
-    otherwise they inherit this process's streams.
+    Output (stdout and stderr together) goes, per process, to ``log_dir/process_<i>.log``
+    with ``log_dir``; line by line to ``on_line(process_id, line)`` with ``on_line``;
+    otherwise to this process's streams.
     """
     if num_processes < 1 or devices_per_process < 1:
         raise ValueError(
@@ -116,15 +142,25 @@ def start_processes(
         env = process_env(i, num_processes, devices_per_process, coordinator)
         env.update(extra_env or {})
         log = None if log_dir is None else log_dir / f"process_{i}.log"
-        out: IO[bytes] | None = None if log is None else log.open("wb")
+        out: IO[bytes] | int | None = None
+        if log is not None:
+            out = log.open("wb")
+        elif on_line is not None:
+            out = subprocess.PIPE
         try:
             popen = subprocess.Popen(
-                list(argv), env=env, stdout=out, stderr=subprocess.STDOUT if out else None
+                list(argv), env=env, stdout=out, stderr=None if out is None else subprocess.STDOUT
             )
         finally:
-            if out is not None:
+            if log is not None and not isinstance(out, int) and out is not None:
                 out.close()
-        children.append(Child(i, popen, log))
+        child = Child(i, popen, log)
+        if on_line is not None and log is None and popen.stdout is not None:
+            child.reader = threading.Thread(
+                target=_pump, args=(child, popen.stdout, on_line), daemon=True
+            )
+            child.reader.start()
+        children.append(child)
     return children
 
 
@@ -163,6 +199,9 @@ def supervise(
                     stop(children)
                     return child, False
             if not running:
+                for child in children:
+                    if child.reader is not None:
+                        child.reader.join(timeout=5.0)
                 return None, False
             if deadline is not None and time.monotonic() > deadline:
                 stop(children)

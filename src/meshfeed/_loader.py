@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from meshfeed._mesh import check_sharding
+from meshfeed._pipeline import Prefetcher
 from meshfeed._schedule import LastBatch, Schedule
 from meshfeed._sources import Source
 from meshfeed._strategies import (
@@ -55,6 +56,8 @@ class Loader:
         batch.
       transform: a row-wise, vectorised function on the numpy dict of the rows a
         process loads, applied before they go to devices. It must keep the row count.
+      prefetch: batches built ahead on a background thread while the devices compute
+        (0: build each on demand). ``state()`` counts only the batches handed out.
 
     Example:
       >>> mesh = meshfeed.make_mesh(data=8)  # doctest: +SKIP
@@ -75,8 +78,13 @@ class Loader:
         num_epochs: int | None = 1,
         last_batch: LastBatch = "drop",
         transform: Transform | None = None,
+        prefetch: int = 2,
     ) -> None:
         _check_args(source, global_batch_size, strategy, seed, num_epochs, last_batch, transform)
+        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+            raise ValueError(
+                f"prefetch={prefetch!r} must be an int >= 0 (0 builds each batch on demand)."
+            )
         num_examples = len(source)
         if num_examples == 0:
             raise ValueError(
@@ -99,6 +107,7 @@ class Loader:
         self.num_epochs = num_epochs
         self.last_batch = last_batch
         self.transform = transform
+        self.prefetch = prefetch
         self._fields = fields
         self._schedule = Schedule(
             num_examples, global_batch_size, shuffle=self.shuffle, seed=seed, last_batch=last_batch
@@ -147,10 +156,27 @@ class Loader:
         continues where the first left off; ``reset()`` starts over.
         """
         end = self._end()
-        while end is None or self._step < end:
-            batch = self.batch(self._step)
-            self._step += 1
-            yield batch
+        if self.prefetch == 0:
+            while end is None or self._step < end:
+                batch = self.batch(self._step)
+                self._step += 1
+                yield batch
+            return
+        ahead = Prefetcher(self.batch, start=self._step, end=end, depth=self.prefetch)
+        try:
+            while True:
+                try:
+                    step, batch = next(ahead)
+                except StopIteration:
+                    return
+                if step != self._step:  # restore() or reset() while iterating
+                    ahead.close()
+                    ahead = Prefetcher(self.batch, start=self._step, end=end, depth=self.prefetch)
+                    continue
+                self._step = step + 1
+                yield batch
+        finally:
+            ahead.close()
 
     def batch(self, step: int) -> dict[str, jax.Array]:
         """The global batch of ``step``, without moving the loader's position."""

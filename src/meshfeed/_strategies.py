@@ -224,14 +224,16 @@ def choose(layout: Layout) -> tuple[str, str]:
         )
     total = sum(reads.values())
     note = (
-        f" Replica groups span processes, so {total - b} rows are read twice or more; "
+        f" Replica groups span processes, so {total - b} rows are read more than once; "
         "'reshard' would read each row once and move them between devices instead."
         if total > b
         else ""
     )
+    counts = sorted(set(reads.values()))
+    each = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
     return "per_process", (
-        f"{len(reads)} processes read {sorted(set(reads.values()))} of the {b} rows each, "
-        f"only those their devices hold.{note}"
+        f"each of the {len(reads)} processes reads {each} of the {b} rows, only those its "
+        f"devices hold.{note}"
     )
 
 

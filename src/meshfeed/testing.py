@@ -39,7 +39,6 @@ __all__ = [
 
 _ENV_PAYLOAD = "MESHFEED_TEST_PAYLOAD"
 _ENV_OUT = "MESHFEED_TEST_OUT"
-_LOG_TAIL = 4000
 
 
 class ProcessFailedError(RuntimeError):
@@ -81,26 +80,27 @@ def run_in_processes(
         )
         failed, timed_out = supervise(children, timeout_s=timeout_s)
         if failed is not None:
-            error = out / f"error_{failed.process_id}.txt"
-            detail = error.read_text() if error.exists() else _tail(failed.log)
+            # Report every process that wrote an error: the first to die is not always
+            # the first one noticed (a peer's collective fails once it is gone).
+            reports = []
+            for child in children:
+                error = out / f"error_{child.process_id}.txt"
+                if error.exists():
+                    reports.append(f"--- process {child.process_id}:\n{error.read_text()}")
+            if not reports:
+                reports.append(f"--- process {failed.process_id}:\n{failed.output_tail()}")
             raise ProcessFailedError(
                 f"process {failed.process_id} of {num_processes} failed "
-                f"(exit code {failed.popen.returncode}):\n{detail}"
+                f"(exit code {failed.popen.returncode}):\n" + "\n".join(reports)
             )
         if timed_out:
-            logs = "\n".join(f"--- process {c.process_id}:\n{_tail(c.log)}" for c in children)
+            logs = "\n".join(f"--- process {c.process_id}:\n{c.output_tail()}" for c in children)
             raise TimeoutError(f"processes still running after {timeout_s} s:\n{logs}")
         results = []
         for child in children:
             with (out / f"result_{child.process_id}.pkl").open("rb") as f:
                 results.append(pickle.load(f))
         return results
-
-
-def _tail(path: Path | None) -> str:
-    if path is None or not path.exists():
-        return "(no output)"
-    return path.read_bytes()[-_LOG_TAIL:].decode(errors="replace")
 
 
 def _child_main() -> None:

@@ -1,0 +1,186 @@
+"""The fit loop: steps fed by a loader, with progress, metrics and evaluation.
+
+The loop never waits on the devices between steps: JAX dispatches a step and returns,
+so the host reads and places the next batch while the devices compute. It syncs only to
+log (every ``log_every`` steps) and to evaluate. The progress bar shows the share of
+wall time spent waiting for input -- the number that says whether loading keeps up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from meshfeed._train import Batch, TrainState, _valid_rows
+
+EvalFn = Callable[[Any, Batch], Mapping[str, jax.Array]]
+StepFn = Callable[[TrainState, Batch], tuple[TrainState, Mapping[str, jax.Array]]]
+
+
+@dataclasses.dataclass
+class History:
+    """What ``fit`` did: logged metrics, evaluations, throughput, and the final state."""
+
+    state: TrainState
+    train: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    eval: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    steps: int = 0
+    seconds: float = 0.0
+    samples_per_s: float = 0.0
+    input_wait_share: float = 0.0
+
+
+def fit(
+    step: StepFn,
+    state: TrainState,
+    loader: Iterable[Batch],
+    *,
+    num_steps: int | None = None,
+    eval_loader: Iterable[Batch] | None = None,
+    eval_fn: EvalFn | None = None,
+    eval_every: int | None = None,
+    log_every: int = 20,
+    progress: bool = True,
+) -> History:
+    """Trains ``state`` with ``step`` on the batches of ``loader``.
+
+    Args:
+      step: from ``make_train_step``.
+      state: from ``TrainState.create``.
+      loader: a ``meshfeed.Loader`` (or any iterable of batches).
+      num_steps: stop after this many steps; default: until the loader ends.
+      eval_loader: batches to evaluate on, with ``eval_fn``.
+      eval_fn: ``eval_fn(params, batch) -> {name: mean over valid rows}``.
+      eval_every: steps between evaluations; default: each epoch of ``loader`` (when it
+        has ``steps_per_epoch``), and always after the last step.
+      log_every: steps between logged metrics (each log waits for the devices).
+      progress: show a progress bar (process 0 only).
+
+    Returns:
+      A ``History``; ``history.state`` is the trained state.
+    """
+    total = _total_steps(loader, num_steps)
+    if log_every < 1:
+        raise ValueError(f"log_every={log_every} must be >= 1.")
+    if (eval_loader is None) != (eval_fn is None):
+        raise ValueError("pass eval_loader and eval_fn together, or neither.")
+    every: int = eval_every or getattr(loader, "steps_per_epoch", None) or total
+    evaluate = None if eval_fn is None or eval_loader is None else _evaluator(eval_fn)
+    batch_size = getattr(loader, "global_batch_size", None)
+
+    history = History(state=state)
+    show = progress and jax.process_index() == 0
+    console = Console(file=sys.stdout)
+    bar = Progress(
+        TextColumn("[bold]train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not show,
+    )
+    iterator = iter(loader)
+    wait = 0.0
+    start = time.perf_counter()
+    metrics: Mapping[str, jax.Array] = {}
+    rows = 0
+    with bar:
+        task = bar.add_task("train", total=total, info="")
+        for k in range(1, total + 1):
+            t = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            wait += time.perf_counter() - t
+            rows += batch_size or len(next(iter(batch.values())))
+            state, metrics = step(state, batch)
+            history.steps = k
+            if k % log_every == 0 or k == total:
+                logged = {"step": float(k), **_floats(metrics)}
+                elapsed = time.perf_counter() - start
+                logged["samples_per_s"] = rows / elapsed
+                logged["input_wait_share"] = wait / elapsed
+                history.train.append(logged)
+                info = (
+                    f"loss {logged['loss']:.4f}  {logged['samples_per_s']:,.0f} samples/s  "
+                    f"input wait {100 * logged['input_wait_share']:.1f}%"
+                )
+                bar.update(task, completed=k, info=info)
+                if show and not console.is_terminal:
+                    console.print(f"step {k}/{total}  {info}")
+            if evaluate is not None and eval_loader is not None and (k % every == 0 or k == total):
+                result = {"step": float(k), **evaluate(state.params, eval_loader)}
+                history.eval.append(result)
+                if show:
+                    bar.console.print(
+                        f"eval at step {k}: "
+                        + "  ".join(f"{n} {v:.4f}" for n, v in result.items() if n != "step")
+                    )
+        jax.block_until_ready(state)
+    history.seconds = time.perf_counter() - start
+    history.samples_per_s = rows / history.seconds if history.seconds else 0.0
+    history.input_wait_share = wait / history.seconds if history.seconds else 0.0
+    history.state = state
+    return history
+
+
+def _total_steps(loader: Iterable[Batch], num_steps: int | None) -> int:
+    if num_steps is not None:
+        if not isinstance(num_steps, int) or num_steps < 1:
+            raise ValueError(f"num_steps={num_steps!r} must be an int >= 1, or None.")
+        return num_steps
+    try:
+        remaining = len(loader) - getattr(loader, "step", 0)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(
+            "the loader is endless (or has no len()); pass num_steps= to say when to stop."
+        ) from None
+    if remaining < 1:
+        raise ValueError(
+            "the loader has no steps left; call loader.reset() or restore an earlier state."
+        )
+    return remaining
+
+
+def _floats(metrics: Mapping[str, jax.Array]) -> dict[str, float]:
+    return {name: float(value) for name, value in metrics.items()}
+
+
+def _evaluator(eval_fn: EvalFn) -> Callable[[Any, Iterable[Batch]], dict[str, float]]:
+    compiled: dict[Any, Any] = {}
+
+    def run(params: Any, batches: Iterable[Batch]) -> dict[str, float]:
+        reset = getattr(batches, "reset", None)
+        if callable(reset):
+            reset()
+        sums: dict[str, float] = {}
+        count = 0.0
+        for batch in batches:
+            mesh = next(iter(batch.values())).sharding.mesh  # type: ignore[attr-defined]
+            if mesh not in compiled:
+                replicated = NamedSharding(mesh, P())
+
+                def one(p: Any, b: Batch) -> tuple[Any, jax.Array]:
+                    n = _valid_rows(b)
+                    return {k: jnp.asarray(v) * n for k, v in eval_fn(p, b).items()}, n
+
+                compiled[mesh] = jax.jit(one, out_shardings=replicated)
+            weighted, n = compiled[mesh](params, batch)
+            for name, value in _floats(weighted).items():
+                sums[name] = sums.get(name, 0.0) + value
+            count += float(n)
+        return {name: value / max(count, 1.0) for name, value in sums.items()}
+
+    return run
