@@ -32,11 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from meshfeed._demo import run_demo
 
-        return (
-            0
-            if run_demo(num_processes=args.processes, devices_per_process=args.devices_per_process)
-            else 1
-        )
+        return run_demo(num_processes=args.processes, devices_per_process=args.devices_per_process)
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 
