@@ -13,3 +13,4 @@ os.environ["XLA_FLAGS"] = " ".join(
     ]
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("KERAS_BACKEND", "jax")

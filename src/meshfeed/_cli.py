@@ -24,6 +24,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--devices-per-process", type=int, default=4, help="CPU devices each (default 4)"
     )
+    demo.add_argument(
+        "--keras",
+        action="store_true",
+        help="train the Keras multi-device guide's convnet with meshfeed.keras.KerasTrainer",
+    )
     return parser
 
 
@@ -32,7 +37,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from meshfeed._demo import run_demo
 
-        return run_demo(num_processes=args.processes, devices_per_process=args.devices_per_process)
+        return run_demo(
+            num_processes=args.processes,
+            devices_per_process=args.devices_per_process,
+            keras=args.keras,
+        )
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 

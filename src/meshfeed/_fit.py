@@ -21,17 +21,17 @@ from jax.sharding import PartitionSpec as P
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from meshfeed._train import Batch, TrainState, _valid_rows
+from meshfeed._train import Batch, _valid_rows
 
 EvalFn = Callable[[Any, Batch], Mapping[str, jax.Array]]
-StepFn = Callable[[TrainState, Batch], tuple[TrainState, Mapping[str, jax.Array]]]
+StepFn = Callable[[Any, Batch], tuple[Any, Mapping[str, jax.Array]]]
 
 
 @dataclasses.dataclass
 class History:
     """What ``fit`` did: logged metrics, evaluations, throughput, and the final state."""
 
-    state: TrainState
+    state: Any
     train: list[dict[str, float]] = dataclasses.field(default_factory=list)
     eval: list[dict[str, float]] = dataclasses.field(default_factory=list)
     steps: int = 0
@@ -42,7 +42,7 @@ class History:
 
 def fit(
     step: StepFn,
-    state: TrainState,
+    state: Any,
     loader: Iterable[Batch],
     *,
     num_steps: int | None = None,
@@ -51,6 +51,7 @@ def fit(
     eval_every: int | None = None,
     log_every: int = 20,
     progress: bool = True,
+    description: str = "train",
 ) -> History:
     """Trains ``state`` with ``step`` on the batches of ``loader``.
 
@@ -65,6 +66,7 @@ def fit(
         has ``steps_per_epoch``), and always after the last step.
       log_every: steps between logged metrics (each log waits for the devices).
       progress: show a progress bar (process 0 only).
+      description: the progress bar's label.
 
     Returns:
       A ``History``; ``history.state`` is the trained state.
@@ -81,14 +83,15 @@ def fit(
     history = History(state=state)
     show = progress and jax.process_index() == 0
     console = Console(file=sys.stdout)
+    # Off a terminal (CI logs, pipes) a bar cannot redraw: print a line per log instead.
     bar = Progress(
-        TextColumn("[bold]train"),
+        TextColumn(f"[bold]{description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(),
         console=console,
-        disable=not show,
+        disable=not (show and console.is_terminal),
     )
     iterator = iter(loader)
     wait = 0.0
@@ -119,7 +122,7 @@ def fit(
                 )
                 bar.update(task, completed=k, info=info)
                 if show and not console.is_terminal:
-                    console.print(f"step {k}/{total}  {info}")
+                    console.print(f"{description}: step {k}/{total}  {info}")
             if evaluate is not None and eval_loader is not None and (k % every == 0 or k == total):
                 result = {"step": float(k), **evaluate(state.params, eval_loader)}
                 history.eval.append(result)

@@ -1,0 +1,390 @@
+"""Keras 3 (JAX backend) models trained on a mesh, fed by a meshfeed Loader.
+
+``KerasTrainer`` runs the stateless training step of the Keras multi-device guide --
+``model.stateless_call``, ``optimizer.stateless_apply``, gradients by
+``jax.value_and_grad`` -- with every piece of state (trainable and non-trainable
+variables such as batch-norm statistics and dropout seeds, optimizer and metric
+variables) placed once with a ``NamedSharding`` and carried through one jitted step.
+Batches come from a ``meshfeed.Loader``, already global arrays; nothing goes through a
+cross-process ``device_put``. After ``fit`` the model's variables hold the trained values,
+so ``model.predict``, ``model.evaluate`` and ``model.save`` work as usual.
+
+Data parallel by default (variables replicated, batch split over ``batch_axes``). For
+model parallelism pass a ``keras.distribution.LayoutMap`` whose axis names are the
+mesh's (or set a ``keras.distribution.ModelParallel`` distribution): variables get those
+layouts, and jit lays out the computation around them.
+
+This module is an optional extra (``pip install 'meshfeed[keras]'``) and needs Keras on
+the JAX backend: set ``KERAS_BACKEND=jax`` before Keras is first imported.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+try:
+    import keras
+except ImportError as error:
+    raise ImportError(
+        "meshfeed.keras needs Keras 3 on the JAX backend, and importing keras failed "
+        f"({error}). Install it with pip install 'meshfeed[keras]' and set "
+        "KERAS_BACKEND=jax before keras is first imported (os.environ['KERAS_BACKEND'] "
+        "= 'jax' at the top of your script)."
+    ) from error
+
+if keras.backend.backend() != "jax":
+    raise ImportError(
+        f"meshfeed.keras needs Keras on the JAX backend, but Keras runs on "
+        f"{keras.backend.backend()!r}; set KERAS_BACKEND=jax before keras is first imported "
+        "(os.environ['KERAS_BACKEND'] = 'jax' at the top of your script)."
+    )
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from meshfeed._fit import fit as _fit
+from meshfeed._strategies import MASK
+from meshfeed._train import masked_mean
+
+__all__ = ["KerasTrainer"]
+
+State = tuple[Any, Any, Any, Any]  # trainable, non-trainable, optimizer, metric variables
+
+
+class KerasTrainer:
+    """Trains a built Keras model on ``mesh`` with batches from a meshfeed Loader.
+
+    Args:
+      model: a built ``keras.Model`` (give it a ``keras.Input`` or call ``build``).
+      optimizer: a ``keras.optimizers.Optimizer``.
+      loss: a ``keras.losses.Loss``, a loss function or its name. Padded rows
+        (``mask == False``) do not count: the per-example losses are averaged over the
+        valid rows.
+      metrics: metric objects or names (``"accuracy"`` follows the loss, as in
+        ``model.compile``).
+      mesh: the mesh the batches live on.
+      layout_map: a ``keras.distribution.LayoutMap`` for model parallelism; default: the
+        layouts of a ``ModelParallel`` distribution if one is set, else replicated.
+      x: batch field(s) fed to the model (a name or a list of names).
+      y: batch field holding the targets.
+
+    Example:
+      >>> trainer = KerasTrainer(model, optimizer=keras.optimizers.Adam(1e-3),  # doctest: +SKIP
+      ...     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      ...     metrics=["accuracy"], mesh=mesh, x="image", y="label")
+      >>> history = trainer.fit(loader, epochs=2, eval_loader=eval_loader)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        *,
+        optimizer: keras.optimizers.Optimizer,
+        loss: Any,
+        metrics: Sequence[Any] | None = None,
+        mesh: Mesh,
+        layout_map: keras.distribution.LayoutMap | None = None,
+        x: str | Sequence[str] = "x",
+        y: str = "y",
+    ) -> None:
+        if not isinstance(model, keras.Model):
+            raise TypeError(f"model is a {type(model).__name__}; pass a keras.Model.")
+        if not model.built or not model.trainable_variables:
+            raise ValueError(
+                "the model has no variables yet; build it first (start it with keras.Input, "
+                "or call model.build(input_shape))."
+            )
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise TypeError(
+                f"optimizer is a {type(optimizer).__name__}; pass a keras.optimizers.Optimizer, "
+                "e.g. keras.optimizers.Adam(1e-3)."
+            )
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"mesh is a {type(mesh).__name__}; pass a jax.sharding.Mesh.")
+        if layout_map is not None and not isinstance(layout_map, keras.distribution.LayoutMap):
+            raise TypeError(
+                f"layout_map is a {type(layout_map).__name__}; pass a keras.distribution.LayoutMap."
+            )
+        # Any: Keras' own annotations are too loose for a type checker to follow.
+        self.model: Any = model
+        self.optimizer: Any = optimizer
+        self.mesh = mesh
+        self.x = (x,) if isinstance(x, str) else tuple(x)
+        self.y = y
+        self._loss: Any = keras.losses.get(loss) if isinstance(loss, str) else loss
+        if not callable(self._loss):
+            raise TypeError(f"loss={loss!r} is not a Keras loss, a loss function or its name.")
+        self._metrics = [_metric(m, loss) for m in (metrics or [])]
+        self._loss_tracker = keras.metrics.Mean(name="loss")
+        optimizer.build(model.trainable_variables)
+        self._layout_map = layout_map
+        self._replicated = NamedSharding(mesh, P())
+        self.state = self._place_state()
+        self._train_step = jax.jit(
+            self._step, out_shardings=(self._shardings(self.state), self._replicated)
+        )
+        self._eval_step = jax.jit(
+            self._evaluate_batch, out_shardings=self._shardings(self.state[3])
+        )
+
+    # -- placement ------------------------------------------------------------------
+
+    def _layout(self, variable: Any) -> NamedSharding:
+        layout: Any = None
+        if self._layout_map is not None:
+            layout = self._layout_map[variable.path]
+        else:
+            distribution = keras.distribution.distribution()
+            if isinstance(distribution, keras.distribution.ModelParallel):
+                layout = distribution.get_variable_layout(variable)
+        axes: tuple[Any, ...] = tuple(getattr(layout, "axes", ()) or ())
+        if not axes:
+            return self._replicated
+        unknown = [a for a in axes if a is not None and a not in self.mesh.axis_names]
+        if unknown:
+            raise ValueError(
+                f"the layout of {variable.path} names mesh axes {unknown}, but the mesh has "
+                f"{tuple(self.mesh.axis_names)}; build the LayoutMap on a DeviceMesh with "
+                "the same axis names."
+            )
+        return NamedSharding(self.mesh, P(*axes))
+
+    def _place_state(self) -> State:
+        model, optimizer = self.model, self.optimizer
+        trainable = model.trainable_variables
+        shardings = {v.path: self._layout(v) for v in trainable}
+        by_prefix = {v.path.replace("/", "_"): v for v in trainable}
+
+        def optimizer_sharding(variable: Any) -> NamedSharding:
+            for prefix, reference in by_prefix.items():
+                if variable.name.startswith(prefix) and tuple(variable.shape) == tuple(
+                    reference.shape
+                ):
+                    return shardings[reference.path]
+            return self._replicated
+
+        groups = [
+            (trainable, [shardings[v.path] for v in trainable]),
+            (
+                model.non_trainable_variables,
+                [self._layout(v) for v in model.non_trainable_variables],
+            ),
+            (optimizer.variables, [optimizer_sharding(v) for v in optimizer.variables]),
+        ]
+        values = [[np.asarray(v.value) for v in group] for group, _ in groups]
+        if jax.process_count() > 1:
+            # Replicas must start equal: every process takes process 0's initial values.
+            values = jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(values))
+        placed = [
+            [_put(value, s) for value, s in zip(vals, group_shardings, strict=True)]
+            for vals, (_, group_shardings) in zip(values, groups, strict=True)
+        ]
+        return placed[0], placed[1], placed[2], self._fresh_metric_variables()
+
+    def _fresh_metric_variables(self) -> list[list[jax.Array]]:
+        return [
+            [_put(np.zeros(v.shape, v.dtype), self._replicated) for v in m.variables]
+            for m in [self._loss_tracker, *self._metrics]
+        ]
+
+    def _shardings(self, tree: Any) -> Any:
+        return jax.tree.map(lambda a: a.sharding, tree)
+
+    # -- the steps ------------------------------------------------------------------
+
+    def _inputs(self, batch: Mapping[str, jax.Array]) -> Any:
+        missing = [k for k in (*self.x, self.y) if k not in batch]
+        if missing:
+            raise ValueError(
+                f"the batch has fields {sorted(batch)} but the trainer reads {missing}; pass "
+                "KerasTrainer(..., x=<input field(s)>, y=<target field>)."
+            )
+        return batch[self.x[0]] if len(self.x) == 1 else [batch[k] for k in self.x]
+
+    def _update_metrics(
+        self, metric_vars: list[list[jax.Array]], batch: Any, y_pred: Any, loss: jax.Array
+    ) -> list[list[jax.Array]]:
+        weight = batch.get(MASK)
+        count = jnp.sum(weight.astype(jnp.float32)) if weight is not None else None
+        updated = [
+            self._loss_tracker.stateless_update_state(metric_vars[0], loss, sample_weight=count)
+        ]
+        for metric, variables in zip(self._metrics, metric_vars[1:], strict=True):
+            updated.append(
+                metric.stateless_update_state(
+                    variables, batch[self.y], y_pred, sample_weight=weight
+                )
+            )
+        return updated
+
+    def _results(self, metric_vars: list[list[jax.Array]]) -> dict[str, jax.Array]:
+        out = {}
+        for metric, variables in zip(
+            [self._loss_tracker, *self._metrics], metric_vars, strict=True
+        ):
+            out[metric.name] = metric.stateless_result(variables)
+        return out
+
+    def _per_example_loss(self, y: Any, y_pred: Any) -> jax.Array:
+        if isinstance(self._loss, keras.losses.Loss):
+            return self._loss.call(y, y_pred)
+        return self._loss(y, y_pred)
+
+    def _step(self, state: State, batch: Any) -> tuple[State, dict[str, jax.Array]]:
+        trainable, non_trainable, optimizer_vars, metric_vars = state
+        inputs = self._inputs(batch)
+
+        def loss_fn(trainable: Any, non_trainable: Any) -> Any:
+            y_pred, non_trainable, losses = self.model.stateless_call(
+                trainable, non_trainable, inputs, training=True, return_losses=True
+            )
+            loss = masked_mean(self._per_example_loss(batch[self.y], y_pred), batch)
+            for extra in losses:
+                loss = loss + extra
+            return loss, (y_pred, non_trainable)
+
+        (loss, (y_pred, non_trainable)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            trainable, non_trainable
+        )
+        trainable, optimizer_vars = self.optimizer.stateless_apply(optimizer_vars, grads, trainable)
+        metric_vars = self._update_metrics(metric_vars, batch, y_pred, loss)
+        new_state = (trainable, non_trainable, optimizer_vars, metric_vars)
+        return new_state, self._results(metric_vars)
+
+    def _evaluate_batch(
+        self, trainable: Any, non_trainable: Any, metric_vars: Any, batch: Any
+    ) -> Any:
+        y_pred, _ = self.model.stateless_call(
+            trainable, non_trainable, self._inputs(batch), training=False
+        )
+        loss = masked_mean(self._per_example_loss(batch[self.y], y_pred), batch)
+        return self._update_metrics(metric_vars, batch, y_pred, loss)
+
+    # -- the loops ------------------------------------------------------------------
+
+    def fit(
+        self,
+        loader: Any,
+        *,
+        epochs: int = 1,
+        eval_loader: Any = None,
+        steps_per_epoch: int | None = None,
+        progress: bool = True,
+    ) -> keras.callbacks.History:
+        """Trains for ``epochs`` epochs of ``loader``; returns a Keras ``History``.
+
+        ``history.history`` holds the epoch means of the loss and metrics, and the
+        ``val_`` ones when ``eval_loader`` is given. The model's variables hold the
+        trained values afterwards.
+        """
+        if not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"epochs={epochs!r} must be an int >= 1.")
+        steps = steps_per_epoch or getattr(loader, "steps_per_epoch", None)
+        if not steps:
+            raise ValueError(
+                "pass steps_per_epoch=, or a meshfeed.Loader (which knows its epoch length)."
+            )
+        history = keras.callbacks.History()
+        history.set_model(self.model)
+        history.on_train_begin()
+        iterator = _Continuing(loader)
+        for epoch in range(epochs):
+            trainable, non_trainable, optimizer_vars, _ = self.state
+            self.state = (trainable, non_trainable, optimizer_vars, self._fresh_metric_variables())
+            run = _fit(
+                self._train_step,
+                self.state,
+                iterator,
+                num_steps=steps,
+                log_every=max(1, steps // 4) if sys.stdout.isatty() else steps,
+                progress=progress,
+                description=f"epoch {epoch + 1}/{epochs}",
+            )
+            self.state = run.state
+            logs = {k: v for k, v in run.train[-1].items() if k not in _FIT_EXTRAS}
+            if eval_loader is not None:
+                logs.update({f"val_{k}": v for k, v in self.evaluate(eval_loader).items()})
+            history.on_epoch_end(epoch, logs)
+            if progress and jax.process_index() == 0:
+                summary = "  ".join(f"{k} {v:.4f}" for k, v in logs.items())
+                print(f"epoch {epoch + 1}/{epochs}: {summary}", flush=True)
+            if run.steps < steps:
+                break  # the loader ran out
+        self.write_back()
+        return history
+
+    def evaluate(self, loader: Any) -> dict[str, float]:
+        """Loss and metrics over every valid row of ``loader`` (reset first if it can be)."""
+        reset = getattr(loader, "reset", None)
+        if callable(reset):
+            reset()
+        trainable, non_trainable, _, _ = self.state
+        metric_vars = self._fresh_metric_variables()
+        for batch in loader:
+            metric_vars = self._eval_step(trainable, non_trainable, metric_vars, batch)
+        return {name: float(value) for name, value in self._results(metric_vars).items()}
+
+    def write_back(self) -> None:
+        """Copies the trained values into the model's and the optimizer's variables."""
+        trainable, non_trainable, optimizer_vars, _ = self.state
+        pairs = [
+            (self.model.trainable_variables, trainable),
+            (self.model.non_trainable_variables, non_trainable),
+            (self.optimizer.variables, optimizer_vars),
+        ]
+        for variables, values in pairs:
+            for variable, value in zip(variables, values, strict=True):
+                variable.assign(_to_host(value))
+
+
+_FIT_EXTRAS = ("step", "samples_per_s", "input_wait_share")
+
+
+class _Continuing:
+    """One iterator over a loader, kept across epochs (fit asks for a number of steps)."""
+
+    def __init__(self, loader: Any) -> None:
+        self._iterator = iter(loader)
+        self.global_batch_size = getattr(loader, "global_batch_size", None)
+
+    def __iter__(self) -> Any:
+        return self._iterator
+
+
+def _metric(metric: Any, loss: Any) -> keras.metrics.Metric:
+    if isinstance(metric, keras.metrics.Metric):
+        return metric
+    if metric in ("accuracy", "acc"):
+        name = loss if isinstance(loss, str) else type(loss).__name__
+        name = name.lower().replace("_", "")
+        if "sparsecategorical" in name:
+            return keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+        if "categorical" in name:
+            return keras.metrics.CategoricalAccuracy(name="accuracy")
+        if "binary" in name:
+            return keras.metrics.BinaryAccuracy(name="accuracy")
+        raise ValueError(
+            f"metrics=['accuracy'] cannot tell which accuracy fits loss={loss!r}; pass a "
+            "metric object, e.g. keras.metrics.SparseCategoricalAccuracy()."
+        )
+    found = keras.metrics.get(metric)
+    if isinstance(found, keras.metrics.Metric):
+        return found
+    return keras.metrics.MeanMetricWrapper(found, name=str(metric))
+
+
+def _put(value: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    # make_array_from_callback, not device_put: no cross-process equality check.
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
+def _to_host(value: jax.Array) -> np.ndarray:
+    if value.is_fully_addressable or value.is_fully_replicated:
+        return np.asarray(value)
+    return np.asarray(multihost_utils.process_allgather(value, tiled=True))
