@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 import meshfeed
 from layouts import make_arrays, make_layout
-from meshfeed.testing import local_shards, replica_spread
+from meshfeed.testing import local_shards
 
 
 def run_stream(state: dict[str, Any] | None, skip: int, strategy: str) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def assemble(results: list[dict[str, Any]]) -> list[dict[str, np.ndarray]]:
     return out
 
 
-def disagreeing_replicas() -> dict[str, float]:
+def disagreeing_replicas() -> dict[str, Any]:
     """Builds a batch whose model replicas, on different processes, hold different rows."""
     mesh = meshfeed.make_mesh(
         data=4,
@@ -71,10 +71,12 @@ def disagreeing_replicas() -> dict[str, float]:
     s = NamedSharding(mesh, P("data"))
     same = np.arange(8, dtype=np.float32)
     differ = same + 100 * jax.process_index()
-    return {
-        "same": replica_spread(jax.make_array_from_process_local_data(s, same, (8,))),
-        "differ": replica_spread(jax.make_array_from_process_local_data(s, differ, (8,))),
-    }
+    meshfeed.check_replicas({"same": jax.make_array_from_process_local_data(s, same, (8,))})
+    try:
+        meshfeed.check_replicas({"differ": jax.make_array_from_process_local_data(s, differ, (8,))})
+    except ValueError as error:
+        return {"error": str(error)}
+    return {"error": None}
 
 
 def psum_of_process_ids() -> float:

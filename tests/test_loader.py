@@ -128,9 +128,10 @@ def test_auto_records_its_choice_and_reason():
         strategy="auto",
     )
     assert loader.strategy == "per_process"
-    assert loader.plan["requested"] == "auto"
-    assert "one process" in loader.plan["reason"]
-    assert loader.plan["process_rows"] == {0: 16}
+    assert loader.plan.requested == "auto" and loader.plan.choice == "per_process"
+    assert "one process" in loader.plan.reason
+    assert loader.plan.costs["per_process"].rows_read == {0: 16}
+    assert "auto -> per_process" in str(loader.plan)
 
 
 @pytest.mark.parametrize("strategy", meshfeed.STRATEGIES)

@@ -26,11 +26,13 @@ def test_every_strategy_and_layout_on_several_processes(num_processes, devices_p
     assert len({tuple(r["chosen"] for r in p) for p in results}) == 1
 
 
-def test_replica_check_finds_replicas_that_differ_across_processes():
+def test_check_replicas_names_replicas_that_differ_across_processes():
     results = run_in_processes(multiprocess_fns.disagreeing_replicas)
-    for r in results:
-        assert r["same"] == 0.0
-        assert r["differ"] == 100.0
+    # Every process raises the same error, naming the array, devices and processes.
+    assert results[0]["error"] == results[1]["error"]
+    error = results[0]["error"]
+    assert error.startswith("replicas differ: 'differ' block [0:2]: devices [0, 2048]")
+    assert "on processes [0, 1] hold different data" in error
 
 
 @pytest.mark.parametrize("strategy", ["per_process", "reshard"])

@@ -13,6 +13,7 @@ from meshfeed._mesh import DATA as DATA
 from meshfeed._mesh import MODEL as MODEL
 from meshfeed._mesh import batch_sharding as batch_sharding
 from meshfeed._mesh import make_mesh as make_mesh
+from meshfeed._replicas import check_replicas as check_replicas
 from meshfeed._schedule import Permutation as Permutation
 from meshfeed._schedule import Schedule as Schedule
 from meshfeed._sources import ArraySource as ArraySource
@@ -41,6 +42,7 @@ __all__ = [
     "Source",
     "TrainState",
     "batch_sharding",
+    "check_replicas",
     "fit",
     "initialize",
     "make_mesh",

@@ -120,8 +120,8 @@ def train_digits(*, epochs: int = EPOCHS, mode: str = "jit", progress: bool = Tr
             f"devices, mesh {dict(mesh.shape)}, mode={mode!r}"
         )
         console.print(
-            f"batch: {GLOBAL_BATCH_SIZE} rows split over 'data'; rows each process loads: "
-            f"{loader.plan['process_rows']} ({loader.plan['reason']})"
+            f"batch: {GLOBAL_BATCH_SIZE} rows split over 'data'; strategy "
+            f"{loader.strategy!r}: {loader.plan.reason}"
         )
         console.print(f"layout of the label field {GLOBAL_BATCH_SIZE} rows, device ids:")
         jax.debug.visualize_sharding((GLOBAL_BATCH_SIZE,), sharding)

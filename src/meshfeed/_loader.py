@@ -18,8 +18,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from meshfeed._mesh import check_sharding
 from meshfeed._pipeline import Prefetcher
+from meshfeed._plan import Field, Plan, make_plan
+from meshfeed._replicas import check_replicas
 from meshfeed._schedule import LastBatch, Schedule
-from meshfeed._sources import Source
+from meshfeed._sources import FieldSpec, Source
 from meshfeed._strategies import (
     BUILDERS,
     MASK,
@@ -27,7 +29,7 @@ from meshfeed._strategies import (
     Layout,
     ShardingArg,
     Strategy,
-    choose,
+    fit_to_rank,
     load_layout,
 )
 
@@ -58,6 +60,8 @@ class Loader:
         process loads, applied before they go to devices. It must keep the row count.
       prefetch: batches built ahead on a background thread while the devices compute
         (0: build each on demand). ``state()`` counts only the batches handed out.
+      check_every: run ``meshfeed.check_replicas`` on every N-th batch (a collective that
+        compares replicas across processes; raises ``ValueError`` if they differ).
 
     Example:
       >>> mesh = meshfeed.make_mesh(data=8)  # doctest: +SKIP
@@ -79,11 +83,17 @@ class Loader:
         last_batch: LastBatch = "drop",
         transform: Transform | None = None,
         prefetch: int = 2,
+        check_every: int | None = None,
     ) -> None:
         _check_args(source, global_batch_size, strategy, seed, num_epochs, last_batch, transform)
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
             raise ValueError(
                 f"prefetch={prefetch!r} must be an int >= 0 (0 builds each batch on demand)."
+            )
+        if check_every is not None and (not isinstance(check_every, int) or check_every < 1):
+            raise ValueError(
+                f"check_every={check_every!r} must be an int >= 1 (steps between replica "
+                "checks), or None for no checks."
             )
         num_examples = len(source)
         if num_examples == 0:
@@ -108,6 +118,7 @@ class Loader:
         self.last_batch = last_batch
         self.transform = transform
         self.prefetch = prefetch
+        self.check_every = check_every
         self._fields = fields
         self._schedule = Schedule(
             num_examples, global_batch_size, shuffle=self.shuffle, seed=seed, last_batch=last_batch
@@ -116,16 +127,10 @@ class Loader:
             load_layout(sharding, global_batch_size) if strategy == "reshard" else sharding
         )
         self._layout = Layout(self.load_sharding, global_batch_size)
-        if strategy == "auto":
-            self.strategy, reason = choose(self._layout)
-        else:
-            self.strategy, reason = strategy, f"strategy={strategy!r} was asked for."
-        self.plan: dict[str, Any] = {
-            "strategy": self.strategy,
-            "requested": strategy,
-            "reason": reason,
-            "process_rows": self._layout.process_reads(),
-        }
+        self.plan: Plan = make_plan(
+            _plan_fields(sharding, fields), global_batch_size, requested=strategy
+        )
+        self.strategy: str = self.plan.strategy
         self._build = BUILDERS[self.strategy]
         self._step = 0
         self._checked_output = False
@@ -158,7 +163,7 @@ class Loader:
         end = self._end()
         if self.prefetch == 0:
             while end is None or self._step < end:
-                batch = self.batch(self._step)
+                batch = self._checked(self._step, self.batch(self._step))
                 self._step += 1
                 yield batch
             return
@@ -173,10 +178,18 @@ class Loader:
                     ahead.close()
                     ahead = Prefetcher(self.batch, start=self._step, end=end, depth=self.prefetch)
                     continue
+                batch = self._checked(step, batch)
                 self._step = step + 1
                 yield batch
         finally:
             ahead.close()
+
+    def _checked(self, step: int, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        # In the consuming thread, in step order: a collective must run in the same
+        # order on every process.
+        if self.check_every and step % self.check_every == 0:
+            check_replicas(batch)
+        return batch
 
     def batch(self, step: int) -> dict[str, jax.Array]:
         """The global batch of ``step``, without moving the loader's position."""
@@ -310,6 +323,19 @@ class Loader:
             f"Loader({self.source!r}, global_batch_size={self.global_batch_size}, "
             f"strategy={self.strategy!r}, {steps}, at step {self._step})"
         )
+
+
+def _plan_fields(sharding: ShardingArg, fields: Mapping[str, FieldSpec]) -> dict[str, Field]:
+    """The source's fields with their shardings, for the planner (before any transform)."""
+    out = {}
+    for name, spec in fields.items():
+        s = sharding if isinstance(sharding, NamedSharding) else sharding.get(name)
+        if s is not None:
+            out[name] = (fit_to_rank(s, 1 + len(spec.shape)), spec.shape, spec.dtype)
+    if not out:  # a transform renames every field: plan the rows alone
+        s = sharding if isinstance(sharding, NamedSharding) else next(iter(sharding.values()))
+        out["rows"] = (fit_to_rank(s, 1), (), np.dtype(np.uint8))
+    return out
 
 
 def _check_args(

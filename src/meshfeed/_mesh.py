@@ -141,18 +141,16 @@ def process_rows(sharding: NamedSharding, global_batch_size: int) -> np.ndarray:
     return np.concatenate([np.arange(a, b) for a, b in sorted(blocks)]).astype(np.int64)
 
 
-def rows_by_process(sharding: NamedSharding, global_batch_size: int) -> dict[int, np.ndarray]:
-    """For every process of the mesh, the sorted rows its devices hold (no communication)."""
-    index_map = _row_sharding(sharding).devices_indices_map((global_batch_size,))
-    blocks: dict[int, set[tuple[int, int]]] = {}
-    for device, index in index_map.items():
-        assert index is not None
-        start, stop = index[0].indices(global_batch_size)[:2]
-        blocks.setdefault(device.process_index, set()).add((start, stop))
-    return {
-        p: np.concatenate([np.arange(a, b) for a, b in sorted(bl)]).astype(np.int64)
-        for p, bl in sorted(blocks.items())
-    }
+def process_map(devices: Sequence[Device], processes: int | None) -> dict[Device, int]:
+    """Each device's process: the real one, or with ``processes=N`` the devices split,
+    in order, into N equal groups (to look at a layout that is not running here)."""
+    if processes is None:
+        return {d: d.process_index for d in devices}
+    ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
+    if processes < 1 or len(ordered) % processes:
+        raise ValueError(f"processes={processes} must divide the {len(ordered)} devices evenly.")
+    per = len(ordered) // processes
+    return {d: i // per for i, d in enumerate(ordered)}
 
 
 def check_sharding(

@@ -33,7 +33,8 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshfeed._mesh import Device, batch_axes, device_rows, process_rows, rows_by_process
+from meshfeed._mesh import Device, batch_axes, device_rows, process_rows
+from meshfeed._plan import load_sharding
 
 Strategy = Literal["global", "per_device", "per_process", "reshard", "auto"]
 STRATEGIES: tuple[Strategy, ...] = ("global", "per_device", "per_process", "reshard", "auto")
@@ -82,9 +83,6 @@ class Layout:
         self.devices = sorted(
             {d for rows in self._device_rows.values() for d in rows}, key=lambda d: d.id
         )
-        self._rows_by_process = {
-            _row_key(s): rows_by_process(s, global_batch_size) for s in shardings
-        }
 
     def sharding(self, field: str, ndim: int) -> NamedSharding:
         if field == MASK:
@@ -108,14 +106,6 @@ class Layout:
             if (s := rows.get(device)) is not None
         }
         return np.concatenate([np.arange(a, z) for a, z in sorted(blocks)])
-
-    def process_reads(self) -> dict[int, int]:
-        """Rows each process reads under ``per_process`` (the union over fields)."""
-        per: dict[int, set[int]] = {}
-        for rows in self._rows_by_process.values():
-            for p, r in rows.items():
-                per.setdefault(p, set()).update(r.tolist())
-        return {p: len(r) for p, r in sorted(per.items())}
 
 
 def _row_key(sharding: NamedSharding) -> tuple[Any, ...]:
@@ -191,50 +181,10 @@ BUILDERS: dict[str, Callable[[Read, Layout], dict[str, jax.Array]]] = {
 
 
 def load_layout(sharding: ShardingArg, global_batch_size: int) -> ShardingArg:
-    """The layout ``reshard`` loads in: the batch over every mesh axis, no replication.
-
-    Falls back to the target's batch axes (other dimensions unsharded) when the batch
-    cannot be cut into one block per device.
-    """
-
-    def one(s: NamedSharding) -> NamedSharding:
-        if global_batch_size % s.mesh.size == 0:
-            return NamedSharding(s.mesh, P(tuple(s.mesh.axis_names)))
-        return NamedSharding(s.mesh, P(s.spec[0] if len(s.spec) else None))
-
+    """The layout ``reshard`` loads in, per field (see ``_plan.load_sharding``)."""
     if isinstance(sharding, NamedSharding):
-        return one(sharding)
-    return {name: one(s) for name, s in sharding.items()}
-
-
-def choose(layout: Layout) -> tuple[str, str]:
-    """The strategy ``"auto"`` picks, and why. Every process reaches the same answer."""
-    reads = layout.process_reads()
-    b = layout.global_batch_size
-    if len(reads) == 1:
-        return "per_process", (
-            "one process: per_process reads each row of the batch once, in one gather, "
-            "and places it with one transfer per field."
-        )
-    if all(r == b for r in reads.values()):
-        return "global", (
-            f"each of the {len(reads)} processes needs all {b} rows (the batch is "
-            "replicated across processes), so every strategy reads the whole batch; "
-            "global does it with the least bookkeeping."
-        )
-    total = sum(reads.values())
-    note = (
-        f" Replica groups span processes, so {total - b} rows are read more than once; "
-        "'reshard' would read each row once and move them between devices instead."
-        if total > b
-        else ""
-    )
-    counts = sorted(set(reads.values()))
-    each = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
-    return "per_process", (
-        f"each of the {len(reads)} processes reads {each} of the {b} rows, only those its "
-        f"devices hold.{note}"
-    )
+        return load_sharding(sharding, global_batch_size)
+    return {name: load_sharding(s, global_batch_size) for name, s in sharding.items()}
 
 
 def _explicit(sharding: NamedSharding) -> bool:

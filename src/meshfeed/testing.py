@@ -3,37 +3,29 @@
 ``run_in_processes`` runs a function in N real JAX processes on 127.0.0.1 (gloo
 collectives, CPU devices), the way ``meshfeed launch`` runs a script, and returns what
 each returned. ``assert_resumes_identically`` restores a loader at every step of a
-short stream and compares the rest with the uninterrupted stream. ``replica_spread``
-measures, with a collective, how much replicas of an array differ.
+short stream and compares the rest with the uninterrupted stream.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import pickle
 import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Mapping
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from meshfeed._launch import initialize, python_argv, start_processes, supervise
-from meshfeed._mesh import spec_axes
 
 __all__ = [
     "ProcessFailedError",
     "assert_resumes_identically",
     "local_shards",
-    "replica_spread",
     "run_in_processes",
 ]
 
@@ -126,40 +118,6 @@ def local_shards(x: jax.Array) -> list[tuple[tuple[slice, ...], np.ndarray]]:
     """This process's shards of ``x`` as (global index, numpy data), by device id."""
     shards = sorted(x.addressable_shards, key=lambda s: s.device.id)
     return [(s.index, np.asarray(s.data)) for s in shards]
-
-
-def replica_spread(x: jax.Array) -> float:
-    """Largest difference between replicas of ``x``, found with a collective.
-
-    Every device computes ``pmax - pmin`` of its shard over the mesh axes that
-    replicate it, so replicas on other processes are compared too, not assumed equal.
-    Returns this process's largest value (0.0 when all replicas agree).
-    """
-    sharding = x.sharding
-    if not isinstance(sharding, NamedSharding):
-        raise TypeError(f"replica_spread needs a NamedSharding, got {type(sharding).__name__}.")
-    mesh, spec = sharding.mesh, sharding.spec
-    used = {a for entry in spec for a in spec_axes(entry)}
-    replicated = tuple(a for a in mesh.axis_names if a not in used)
-    if not replicated:
-        return 0.0
-    result = _spread_fn(mesh, spec, replicated, jnp.issubdtype(x.dtype, jnp.floating))(x)
-    return float(max(np.abs(d).max(initial=0) for _, d in local_shards(result)))
-
-
-@functools.lru_cache(maxsize=256)
-def _spread_fn(
-    mesh: jax.sharding.Mesh, spec: P, replicated: tuple[str, ...], floating: bool
-) -> Callable[[jax.Array], jax.Array]:
-    wide = jnp.float32 if floating else jnp.int32
-
-    @jax.jit
-    @partial(jax.shard_map, mesh=mesh, in_specs=spec, out_specs=spec)
-    def spread(block: jax.Array) -> jax.Array:
-        block = block.astype(wide)
-        return jax.lax.pmax(block, replicated) - jax.lax.pmin(block, replicated)
-
-    return spread
 
 
 def assert_resumes_identically(
