@@ -31,7 +31,6 @@ import argparse
 import json
 import platform
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,6 +38,7 @@ import jax
 import numpy as np
 
 import meshfeed
+from meshfeed._bench import measure
 
 Batches = Callable[[], Iterator[Any]]
 
@@ -58,8 +58,14 @@ def workloads(smoke: bool) -> dict[str, tuple[dict[str, np.ndarray], int]]:
     }
 
 
-def _meshfeed(arrays: dict[str, np.ndarray], batch: int, strategy: str) -> Batches:
-    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=8))
+def _meshfeed(
+    arrays: dict[str, np.ndarray], batch: int, strategy: str, check_every: int | None = None
+) -> Batches:
+    # data=4, model=2: model replicas give check_replicas something to compare.
+    mesh = (
+        meshfeed.make_mesh(data=8) if check_every is None else meshfeed.make_mesh(data=4, model=2)
+    )
+    sharding = meshfeed.batch_sharding(mesh)
 
     def run() -> Iterator[Any]:
         loader = meshfeed.Loader(
@@ -68,6 +74,7 @@ def _meshfeed(arrays: dict[str, np.ndarray], batch: int, strategy: str) -> Batch
             sharding=sharding,
             strategy=strategy,  # type: ignore[arg-type]
             num_epochs=None,
+            check_every=check_every,
         )
         if strategy != "reshard":
             yield from loader
@@ -170,20 +177,6 @@ def _torch(arrays: dict[str, np.ndarray], batch: int) -> Batches | str:
     return run
 
 
-def measure(run: Batches, batch: int, seconds: float, warmup: int = 3) -> float:
-    """Samples per second over ``seconds`` of steady-state iteration."""
-    it = run()
-    for _ in range(warmup):
-        jax.block_until_ready(next(it))
-    steps, start = 0, time.perf_counter()
-    while True:
-        jax.block_until_ready(next(it))
-        steps += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return steps * batch / elapsed
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
@@ -201,6 +194,15 @@ def main() -> None:
         entries: dict[str, tuple[str, Batches | str]] = {"floor": ("floor", _floor(arrays, batch))}
         for strategy in meshfeed.STRATEGIES:
             entries[f"meshfeed:{strategy}"] = ("meshfeed", _meshfeed(arrays, batch, strategy))
+        # The cost of replica checks: the same layout without and with check_every=1.
+        entries["meshfeed:per_process:data4xmodel2"] = (
+            "meshfeed",
+            _meshfeed(arrays, batch, "per_process", check_every=10**9),
+        )
+        entries["meshfeed:per_process:data4xmodel2+check_every=1"] = (
+            "meshfeed",
+            _meshfeed(arrays, batch, "per_process", check_every=1),
+        )
         entries["grain"] = ("peer", _grain(arrays, batch))
         entries["torch_dataloader"] = ("peer", _torch(arrays, batch))
         samples: dict[str, list[float]] = {name: [] for name in entries}

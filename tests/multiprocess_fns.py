@@ -91,3 +91,63 @@ def fail_on_process_one() -> None:
     if jax.process_index() == 1:
         raise RuntimeError("process one gives up")
     psum_of_process_ids()  # waits in a collective for process 1, which never comes
+
+
+def layout_text() -> str:
+    mesh = meshfeed.make_mesh(data=4, model=2)
+    return meshfeed.show_sharding(NamedSharding(mesh, P("data", "model")), shape=(16, 8))
+
+
+class _DisagreeingSource:
+    """Each process sees different values: replicas built from it cannot agree."""
+
+    def __init__(self) -> None:
+        self._source = meshfeed.ArraySource(make_arrays(64))
+
+    @property
+    def fields(self) -> Any:
+        return self._source.fields
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        out = self._source[ids]
+        return {k: v + jax.process_index() for k, v in out.items()}
+
+
+def check_every_catches_disagreeing_processes() -> str:
+    loader = meshfeed.Loader(
+        _DisagreeingSource(),
+        global_batch_size=8,
+        sharding=make_layout("data4_model2"),
+        check_every=1,
+    )
+    try:
+        next(iter(loader))
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+def plan_against_reads() -> list[tuple[str, str, int, int]]:
+    """(layout, strategy, rows the plan says, rows the source was asked for) per case."""
+    from layouts import CountingSource
+
+    out = []
+    for layout in ("data8", "data4_model2", "data2_model4_2d", "data_model_batch"):
+        for strategy in meshfeed.STRATEGIES:
+            source = CountingSource(meshfeed.ArraySource(make_arrays()))
+            loader = meshfeed.Loader(
+                source,
+                global_batch_size=16,
+                sharding=make_layout(layout),
+                strategy=strategy,
+                prefetch=0,
+                shuffle=False,
+            )
+            next(iter(loader))
+            said = loader.plan.costs[loader.strategy].rows_read[jax.process_index()]
+            read = sum(len(r) for r in source.requests)
+            out.append((layout, strategy, said, read))
+    return out

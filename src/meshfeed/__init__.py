@@ -5,17 +5,23 @@ one process or many, exactly and resumably. Importing meshfeed touches no device
 ``jax.distributed.initialize`` (or ``meshfeed.initialize``) may still follow.
 """
 
+from meshfeed._bench import bench_loader as bench_loader
 from meshfeed._fit import History as History
 from meshfeed._fit import fit as fit
 from meshfeed._launch import initialize as initialize
+from meshfeed._launch import launch as launch
 from meshfeed._loader import Loader as Loader
 from meshfeed._mesh import DATA as DATA
 from meshfeed._mesh import MODEL as MODEL
 from meshfeed._mesh import batch_sharding as batch_sharding
 from meshfeed._mesh import make_mesh as make_mesh
+from meshfeed._plan import Plan as Plan
+from meshfeed._plan import plan as plan
+from meshfeed._plot import plot_sharding as plot_sharding
 from meshfeed._replicas import check_replicas as check_replicas
 from meshfeed._schedule import Permutation as Permutation
 from meshfeed._schedule import Schedule as Schedule
+from meshfeed._show import show_sharding as show_sharding
 from meshfeed._sources import ArraySource as ArraySource
 from meshfeed._sources import FieldSpec as FieldSpec
 from meshfeed._sources import Source as Source
@@ -38,15 +44,21 @@ __all__ = [
     "History",
     "Loader",
     "Permutation",
+    "Plan",
     "Schedule",
     "Source",
     "TrainState",
     "batch_sharding",
+    "bench_loader",
     "check_replicas",
     "fit",
     "initialize",
+    "launch",
     "make_mesh",
     "make_train_step",
     "masked_mean",
+    "plan",
+    "plot_sharding",
     "reshard",
+    "show_sharding",
 ]

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 ENV_COORDINATOR = "MESHFEED_COORDINATOR"
 ENV_NUM_PROCESSES = "MESHFEED_NUM_PROCESSES"
@@ -44,10 +44,15 @@ def initialize() -> None:
     process count and id from the environment and uses gloo CPU collectives. Elsewhere
     it calls ``jax.distributed.initialize()`` with no arguments, whose auto-detection
     covers Slurm, Kubernetes, MPI and Cloud TPU. Call it before any other JAX call.
+
+    It also makes an uncaught exception end the process at once (exit code 1, traceback
+    printed) instead of waiting in ``jax.distributed``'s shutdown barrier for processes
+    that may be waiting for this one.
     """
     import jax
 
     coordinator = os.environ.get(ENV_COORDINATOR)
+    _exit_on_uncaught_exception()
     if coordinator is None:
         jax.distributed.initialize()
         return
@@ -57,6 +62,24 @@ def initialize() -> None:
         num_processes=int(os.environ[ENV_NUM_PROCESSES]),
         process_id=int(os.environ[ENV_PROCESS_ID]),
     )
+
+
+def _exit_on_uncaught_exception() -> None:
+    """An uncaught exception ends this process at once, with exit code 1.
+
+    Otherwise Python's exit runs ``jax.distributed``'s shutdown, whose barrier waits for
+    every other process -- which may be blocked in a collective waiting for this one: a
+    hang instead of an error. The traceback is printed first, as usual.
+    """
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        previous(kind, value, tb)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    sys.excepthook = hook
 
 
 def process_env(
@@ -210,6 +233,55 @@ def supervise(
     except BaseException:
         stop(children)
         raise
+
+
+def launch(
+    argv: Sequence[str],
+    *,
+    num_processes: int = 2,
+    devices_per_process: int = 4,
+    timeout_s: float | None = None,
+) -> int:
+    """Runs ``argv`` as ``num_processes`` connected processes on this machine.
+
+    Each process gets the environment ``meshfeed.initialize()`` reads (coordinator on
+    127.0.0.1 at a free port, process count and id) and ``devices_per_process`` CPU
+    devices. Output lines are prefixed with ``[process index]``. When a process exits
+    non-zero, the others are stopped at once (SIGTERM, then SIGKILL after 2 s); Ctrl-C
+    stops them all too.
+
+    Returns:
+      0 when every process succeeded, else the first failing process's exit code (124
+      on timeout, 130 on Ctrl-C).
+    """
+    if not argv:
+        raise ValueError("launch needs a command, e.g. launch(['python', 'train.py']).")
+    lock = threading.Lock()
+
+    def show(process_id: int, line: str) -> None:
+        with lock:
+            sys.stdout.write(f"[{process_id}] {line}")
+            sys.stdout.flush()
+
+    children = start_processes(
+        argv, num_processes=num_processes, devices_per_process=devices_per_process, on_line=show
+    )
+    try:
+        failed, timed_out = supervise(children, timeout_s=timeout_s)
+    except KeyboardInterrupt:
+        sys.stderr.write("meshfeed launch: interrupted; stopped every process\n")
+        return 130
+    if timed_out:
+        sys.stderr.write(f"meshfeed launch: still running after {timeout_s} s; stopped them\n")
+        return 124
+    if failed is not None:
+        code = failed.popen.returncode
+        sys.stderr.write(
+            f"meshfeed launch: process {failed.process_id} exited with code {code}; "
+            "stopped the others\n"
+        )
+        return code if code and code > 0 else 1
+    return 0
 
 
 def python_argv(code: str) -> list[str]:

@@ -162,14 +162,17 @@ def show_sharding(
     """
     g = grid(x, shape=shape, processes=processes)
     table = Table(box=box.SQUARE, show_lines=True, show_header=True)
+    across = ("dims " if len(g.across) > 1 else "dim ") + ", ".join(map(str, g.across))
     heading = " ".join(f"dim {d}" for d in g.down)
-    table.add_column(heading + (" \\ " if g.down else "") + " ".join(f"dim {d}" for d in g.across))
+    table.add_column(
+        heading + (" \\ " if g.down else "") + (across if g.across else ""), no_wrap=True
+    )
     for column in g.columns:
-        table.add_column(_range_label(g.across, column) or "all", justify="center")
+        table.add_column(_range_label(g.across, column) or "all", justify="center", no_wrap=True)
     for r, row in enumerate(g.rows):
         cells = [label(g, g.cells.get((r, c), [])) for c in range(len(g.columns))]
         table.add_row(_range_label(g.down, row) or "all", *cells)
     out = io.StringIO()
-    width = max(80, 14 * (len(g.columns) + 1))
+    width = max(80, 18 * (len(g.columns) + 1))
     Console(file=out, width=width, color_system=None, highlight=False).print(table)
     return "\n".join([describe(g), out.getvalue().rstrip(), *notes(g)]) + "\n"

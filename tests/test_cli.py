@@ -1,0 +1,89 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _meshfeed(*args):
+    run = subprocess.run(
+        [sys.executable, "-m", "meshfeed", *args], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+def test_show_prints_the_layout_and_draws_it(tmp_path):
+    out = _meshfeed(
+        "show",
+        "--mesh",
+        "data=4,model=2",
+        "--spec",
+        "data,model",
+        "--shape",
+        "256,128",
+        "--processes",
+        "2",
+        "--out",
+        str(tmp_path / "layout.png"),
+    )
+    assert "P('data', 'model') on mesh data=4 x model=2" in out
+    assert "[192:256]" in out and "p1" in out
+    assert (tmp_path / "layout.png").stat().st_size > 1000
+
+
+def test_plan_prints_every_strategy_and_the_choice():
+    out = _meshfeed(
+        "plan",
+        "--mesh",
+        "data=4,model=2",
+        "--spec",
+        "data",
+        "--shape",
+        "256,784",
+        "--dtype",
+        "uint8",
+        "--processes",
+        "2",
+    )
+    for strategy in ("global", "per_device", "per_process", "reshard"):
+        assert strategy in out
+    assert "auto -> per_process" in out and "128 each" in out
+
+
+def test_spec_joins_axes_with_plus():
+    out = _meshfeed(
+        "show", "--mesh", "data=4,model=2", "--spec", "data+model,none", "--shape", "16,3"
+    )
+    assert "P(('data', 'model'), None)" in out and "[14:16]" in out
+
+
+def test_bench_loader_prints_json_lines():
+    out = _meshfeed(
+        "bench",
+        "loader",
+        "--mesh",
+        "data=8",
+        "--examples",
+        "2048",
+        "--batch",
+        "64",
+        "--seconds",
+        "0.05",
+    )
+    names = [json.loads(line)["name"] for line in out.splitlines()]
+    assert names == ["floor", "global", "per_device", "per_process", "reshard", "auto"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["show", "--mesh", "data=four", "--spec", "data", "--shape", "8"], "axis=size pairs"),
+        (["show", "--mesh", "data=8", "--spec", "model", "--shape", "8"], "not axes of --mesh"),
+    ],
+)
+def test_bad_flags_say_what_to_write(args, message):
+    run = subprocess.run(
+        [sys.executable, "-m", "meshfeed", *args], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode != 0 and message in run.stderr
