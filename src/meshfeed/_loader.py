@@ -9,6 +9,7 @@ state restores exactly under any number of processes or devices.
 from __future__ import annotations
 
 import json
+import pickle
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -19,6 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from meshfeed._mesh import check_sharding
 from meshfeed._pipeline import Prefetcher
 from meshfeed._plan import Field, Plan, make_plan
+from meshfeed._records import OutSpec, RecordFn, WorkerPool, probe_spec, transform_rows
 from meshfeed._replicas import check_replicas
 from meshfeed._schedule import LastBatch, Schedule
 from meshfeed._sources import FieldSpec, Source
@@ -62,6 +64,12 @@ class Loader:
         (0: build each on demand). ``state()`` counts only the batches handed out.
       check_every: run ``meshfeed.check_replicas`` on every N-th batch (a collective that
         compares replicas across processes; raises ``ValueError`` if they differ).
+      record_transform: ``fn(record, rng) -> record`` run on every example a process
+        loads (decode, augment), before ``transform``; ``record`` maps field -> that
+        example's value, ``rng`` is ``np.random.default_rng([seed, epoch, example_id])``.
+        Every output record must have the same fields, shapes and dtypes.
+      num_workers: worker processes for ``record_transform`` (0: in the loading thread).
+        The output does not depend on it. ``fn`` must be picklable (module level).
 
     Example:
       >>> mesh = meshfeed.make_mesh(data=8)  # doctest: +SKIP
@@ -84,12 +92,15 @@ class Loader:
         transform: Transform | None = None,
         prefetch: int = 2,
         check_every: int | None = None,
+        record_transform: RecordFn | None = None,
+        num_workers: int = 0,
     ) -> None:
         _check_args(source, global_batch_size, strategy, seed, num_epochs, last_batch, transform)
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
             raise ValueError(
                 f"prefetch={prefetch!r} must be an int >= 0 (0 builds each batch on demand)."
             )
+        _check_records(record_transform, num_workers)
         if check_every is not None and (not isinstance(check_every, int) or check_every < 1):
             raise ValueError(
                 f"check_every={check_every!r} must be an int >= 1 (steps between replica "
@@ -119,6 +130,10 @@ class Loader:
         self.transform = transform
         self.prefetch = prefetch
         self.check_every = check_every
+        self.record_transform = record_transform
+        self.num_workers = num_workers
+        self._record_spec: dict[str, OutSpec] | None = None
+        self._pool: WorkerPool | None = None
         self._fields = fields
         self._schedule = Schedule(
             num_examples, global_batch_size, shuffle=self.shuffle, seed=seed, last_batch=last_batch
@@ -196,7 +211,7 @@ class Loader:
         ids = self._schedule.ids(step)
 
         def read(rows: np.ndarray) -> dict[str, np.ndarray]:
-            return self._read(ids, rows)
+            return self._read(ids, rows, step)
 
         return self._build(read, self._layout)
 
@@ -204,7 +219,7 @@ class Loader:
         """The example ids of global step ``step`` (``-1`` marks padding)."""
         return self._schedule.ids(step).copy()
 
-    def _read(self, batch_ids: np.ndarray, rows: np.ndarray) -> dict[str, np.ndarray]:
+    def _read(self, batch_ids: np.ndarray, rows: np.ndarray, step: int) -> dict[str, np.ndarray]:
         ids = batch_ids if len(rows) == len(batch_ids) else batch_ids[rows]
         valid = ids >= 0
         if valid.all():
@@ -217,6 +232,8 @@ class Loader:
             if valid.any():
                 for name, array in self.source[ids[valid]].items():
                     data[name][valid] = array
+        if self.record_transform is not None:
+            data = self._transform_records(data, ids, self._schedule.epoch_and_step(step)[0])
         if self.transform is not None:
             data = self.transform(data)
         if not self._checked_output:
@@ -224,6 +241,38 @@ class Loader:
         if self.last_batch == "pad":
             data = {**data, MASK: valid}
         return data
+
+    def _transform_records(
+        self, data: dict[str, np.ndarray], ids: np.ndarray, epoch: int
+    ) -> dict[str, np.ndarray]:
+        fn = self.record_transform
+        assert fn is not None
+        if not (ids >= 0).any():
+            spec = self._record_spec
+            if spec is None:  # nothing real to learn the output from yet: keep padding
+                return data
+            return {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
+        if self._record_spec is None:
+            self._record_spec = probe_spec(fn, data, ids, self.seed, epoch)
+        spec = self._record_spec
+        if self.num_workers == 0:
+            out = {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
+            transform_rows(fn, data, ids, out, spec, self.seed, epoch)
+            return out
+        if self._pool is None:
+            self._pool = WorkerPool(fn, self.num_workers)
+        out = self._pool.transform(data, ids, spec, self.seed, epoch)
+        padding = ids < 0
+        if padding.any():
+            for array in out.values():
+                array[padding] = 0
+        return out
+
+    def close(self) -> None:
+        """Stops ``record_transform`` workers and frees their shared memory."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def _check_output(self, data: object, rows: int) -> None:
         who = "transform" if self.transform is not None else "source"
@@ -336,6 +385,28 @@ def _plan_fields(sharding: ShardingArg, fields: Mapping[str, FieldSpec]) -> dict
         s = sharding if isinstance(sharding, NamedSharding) else next(iter(sharding.values()))
         out["rows"] = (fit_to_rank(s, 1), (), np.dtype(np.uint8))
     return out
+
+
+def _check_records(record_transform: object, num_workers: object) -> None:
+    if record_transform is not None and not callable(record_transform):
+        raise TypeError(
+            f"record_transform={record_transform!r} must be a function fn(record, rng) -> record."
+        )
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
+        raise ValueError(f"num_workers={num_workers!r} must be an int >= 0.")
+    if num_workers and record_transform is None:
+        raise ValueError(
+            f"num_workers={num_workers} runs record_transform in worker processes, but no "
+            "record_transform was given; pass one, or num_workers=0."
+        )
+    if num_workers:
+        try:
+            pickle.dumps(record_transform)
+        except Exception as error:
+            raise TypeError(
+                f"record_transform cannot be sent to worker processes ({error}); define it at "
+                "module level (not a lambda or a nested function), or pass num_workers=0."
+            ) from None
 
 
 def _check_args(

@@ -1,0 +1,128 @@
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import meshfeed
+import record_fns
+from meshfeed.testing import run_in_processes
+from multiprocess_fns import assemble
+
+SHM = Path("/dev/shm")
+
+
+def _segments():
+    return {p.name for p in SHM.glob("psm_*")} if SHM.exists() else set()
+
+
+def _global(batches):
+    return assemble([{"batches": batches}])
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return _global(record_fns.stream(record_fns.crop, 0))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_workers_give_the_same_output_as_the_loading_thread(workers, reference):
+    before = _segments()
+    got = _global(record_fns.stream(record_fns.crop, workers))
+    assert len(got) == len(reference) == 7
+    for g, r in zip(got, reference, strict=True):
+        for name in r:
+            np.testing.assert_array_equal(g[name], r[name])
+    assert got[0]["image"].shape == (16, 24, 24) and got[0]["image"].dtype == np.float32
+    assert not got[-1]["mask"][4:].any() and not got[-1]["image"][4:].any()  # padding
+    assert _segments() <= before  # the shared memory is gone
+
+
+@pytest.mark.multiprocess
+def test_two_processes_give_the_same_output(reference):
+    results = run_in_processes(record_fns.stream, record_fns.crop, 1, "data4_model2")
+    got = assemble([{"batches": r} for r in results])
+    for g, r in zip(got, reference, strict=True):
+        for name in r:
+            np.testing.assert_array_equal(g[name], r[name])
+
+
+def test_a_raising_record_transform_names_the_example():
+    before = _segments()
+    with pytest.raises(RuntimeError, match=r"(?s)raised on example 17 in a worker.*cannot decode"):
+        record_fns.stream(record_fns.fails_on_17, 2)
+    assert _segments() <= before
+
+
+def test_a_killed_worker_is_an_error_within_seconds():
+    before = _segments()
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"worker \d \(pid \d+\) died with exit code -9"):
+        record_fns.stream(record_fns.dies_on_17, 2)
+    assert time.monotonic() - start < 10
+    assert _segments() <= before
+
+
+def test_records_of_another_shape_are_refused_with_the_example():
+    with pytest.raises(ValueError, match="for example 5, but"):
+        record_fns.stream(record_fns.changes_shape, 0)
+
+
+SCRIPT = """
+import os, sys
+sys.path[:0] = {path!r}
+import meshfeed, record_fns
+if __name__ == "__main__":
+    loader = meshfeed.Loader(
+        record_fns.source(), global_batch_size=16,
+        sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=1)),
+        record_transform=record_fns.slow, num_workers=2, num_epochs=None,
+    )
+    for step, batch in enumerate(loader):
+        if step == 1:
+            print("running", flush=True)
+"""
+
+
+def test_ctrl_c_leaves_no_shared_memory(tmp_path):
+    before = _segments()
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(path=sys.path)))
+    env = {**os.environ, "XLA_FLAGS": ""}
+    with subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, env=env, text=True
+    ) as run:
+        assert run.stdout is not None
+        assert run.stdout.readline().strip() == "running"
+        assert _segments() - before  # the workers' block exists while running
+        run.send_signal(signal.SIGINT)
+        run.wait(timeout=30)
+    assert _segments() <= before
+
+
+def test_bad_worker_arguments_are_refused():
+    src = record_fns.source()
+    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=8))
+    with pytest.raises(ValueError, match="no record_transform was given"):
+        meshfeed.Loader(src, global_batch_size=16, sharding=sharding, num_workers=2)
+    with pytest.raises(TypeError, match="define it at module level"):
+        meshfeed.Loader(
+            src,
+            global_batch_size=16,
+            sharding=sharding,
+            record_transform=lambda r, g: r,
+            num_workers=2,
+        )
+    with pytest.raises(ValueError, match="num_workers=-1 must be an int >= 0"):
+        meshfeed.Loader(
+            src,
+            global_batch_size=16,
+            sharding=sharding,
+            record_transform=record_fns.crop,
+            num_workers=-1,
+        )
