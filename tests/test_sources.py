@@ -40,3 +40,33 @@ def test_array_source_rejects_fields_of_different_lengths():
 def test_array_source_rejects_bad_arrays(arrays, error, match):
     with pytest.raises(error, match=match):
         meshfeed.ArraySource(arrays)
+
+
+@pytest.mark.parametrize("pread", [True, False])
+def test_memmap_reads_give_the_rows_asked_for_in_order(tmp_path, pread):
+    data = np.arange(50 * 6, dtype=np.int16).reshape(50, 3, 2)
+    np.save(tmp_path / "x.npy", data)
+    src = meshfeed.ArraySource({"x": np.load(tmp_path / "x.npy", mmap_mode="r")}, pread=pread)
+    ids = np.array([49, 3, 4, 5, 3, 0, 48, 49])  # runs, repeats, any order
+    np.testing.assert_array_equal(src[ids]["x"], data[ids])
+    assert src[np.array([], np.int64)]["x"].shape == (0, 3, 2)
+
+
+def test_memmap_reads_do_not_map_the_file_into_the_process(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "big.npy"
+    rows = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(2048, 2**16))
+    rows[:] = 7  # 128 MiB
+    rows.flush()
+    del rows
+    code = (
+        "import numpy as np, resource, meshfeed\n"
+        f"src = meshfeed.ArraySource({{'x': np.load({str(path)!r}, mmap_mode='r')}})\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "for k in range(0, 2048, 64): assert src[np.arange(k, k + 64)]['x'].max() == 7\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)\n"
+    )
+    grown_kib = int(subprocess.check_output([sys.executable, "-c", code], timeout=120))
+    assert grown_kib < 64 * 1024, grown_kib  # 128 MiB read, far less resident

@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from meshfeed._mesh import check_sharding
 from meshfeed._pipeline import Prefetcher
 from meshfeed._plan import Field, Plan, make_plan
-from meshfeed._records import OutSpec, RecordFn, WorkerPool, probe_spec, transform_rows
+from meshfeed._records import RecordFn, RecordStage
 from meshfeed._replicas import check_replicas
 from meshfeed._schedule import LastBatch, Schedule
 from meshfeed._sources import FieldSpec, Source
@@ -66,7 +66,7 @@ class Loader:
         compares replicas across processes; raises ``ValueError`` if they differ).
       record_transform: ``fn(record, rng) -> record`` run on every example a process
         loads (decode, augment), before ``transform``; ``record`` maps field -> that
-        example's value, ``rng`` is ``np.random.default_rng([seed, epoch, example_id])``.
+        example's value, ``rng`` a generator seeded from ``(seed, epoch, example_id)``.
         Every output record must have the same fields, shapes and dtypes.
       num_workers: worker processes for ``record_transform`` (0: in the loading thread).
         The output does not depend on it. ``fn`` must be picklable (module level).
@@ -132,8 +132,6 @@ class Loader:
         self.check_every = check_every
         self.record_transform = record_transform
         self.num_workers = num_workers
-        self._record_spec: dict[str, OutSpec] | None = None
-        self._pool: WorkerPool | None = None
         self._fields = fields
         self._schedule = Schedule(
             num_examples, global_batch_size, shuffle=self.shuffle, seed=seed, last_batch=last_batch
@@ -147,6 +145,17 @@ class Loader:
         )
         self.strategy: str = self.plan.strategy
         self._build = BUILDERS[self.strategy]
+        self._records: RecordStage | None = None
+        if record_transform is not None:
+            self._records = RecordStage(
+                record_transform,
+                num_workers=num_workers,
+                seed=seed,
+                read=lambda step, rows: self._source_rows(self._schedule.ids(step), rows),
+                epoch_of=lambda step: self._schedule.epoch_and_step(step)[0],
+                end=self._end(),
+                ahead=max(1, prefetch),
+            )
         self._step = 0
         self._checked_output = False
 
@@ -219,60 +228,40 @@ class Loader:
         """The example ids of global step ``step`` (``-1`` marks padding)."""
         return self._schedule.ids(step).copy()
 
-    def _read(self, batch_ids: np.ndarray, rows: np.ndarray, step: int) -> dict[str, np.ndarray]:
+    def _source_rows(
+        self, batch_ids: np.ndarray, rows: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The source's values for these batch rows (zeros for padding), and their ids."""
         ids = batch_ids if len(rows) == len(batch_ids) else batch_ids[rows]
         valid = ids >= 0
         if valid.all():
-            data = self.source[ids]
+            return self.source[ids], ids
+        data = {
+            name: np.zeros((len(ids), *spec.shape), spec.dtype)
+            for name, spec in self._fields.items()
+        }
+        if valid.any():
+            for name, array in self.source[ids[valid]].items():
+                data[name][valid] = array
+        return data, ids
+
+    def _read(self, batch_ids: np.ndarray, rows: np.ndarray, step: int) -> dict[str, np.ndarray]:
+        if self._records is not None:
+            data, ids = self._records(step, rows)
         else:
-            data = {
-                name: np.zeros((len(ids), *spec.shape), spec.dtype)
-                for name, spec in self._fields.items()
-            }
-            if valid.any():
-                for name, array in self.source[ids[valid]].items():
-                    data[name][valid] = array
-        if self.record_transform is not None:
-            data = self._transform_records(data, ids, self._schedule.epoch_and_step(step)[0])
+            data, ids = self._source_rows(batch_ids, rows)
         if self.transform is not None:
             data = self.transform(data)
         if not self._checked_output:
             self._check_output(data, len(ids))
         if self.last_batch == "pad":
-            data = {**data, MASK: valid}
+            data = {**data, MASK: ids >= 0}
         return data
-
-    def _transform_records(
-        self, data: dict[str, np.ndarray], ids: np.ndarray, epoch: int
-    ) -> dict[str, np.ndarray]:
-        fn = self.record_transform
-        assert fn is not None
-        if not (ids >= 0).any():
-            spec = self._record_spec
-            if spec is None:  # nothing real to learn the output from yet: keep padding
-                return data
-            return {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
-        if self._record_spec is None:
-            self._record_spec = probe_spec(fn, data, ids, self.seed, epoch)
-        spec = self._record_spec
-        if self.num_workers == 0:
-            out = {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
-            transform_rows(fn, data, ids, out, spec, self.seed, epoch)
-            return out
-        if self._pool is None:
-            self._pool = WorkerPool(fn, self.num_workers)
-        out = self._pool.transform(data, ids, spec, self.seed, epoch)
-        padding = ids < 0
-        if padding.any():
-            for array in out.values():
-                array[padding] = 0
-        return out
 
     def close(self) -> None:
         """Stops ``record_transform`` workers and frees their shared memory."""
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        if self._records is not None:
+            self._records.close()
 
     def _check_output(self, data: object, rows: int) -> None:
         who = "transform" if self.transform is not None else "source"

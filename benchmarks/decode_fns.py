@@ -1,0 +1,45 @@
+"""The decode workload's per-record functions (importable by worker processes)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+CROP = 24
+
+
+def encode_all(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` 28x28 grey images with some structure, PNG-encoded; labels 0..9."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[:28, :28]
+    encoded = np.empty(n, dtype=object)
+    for i in range(n):
+        cx, cy, r = rng.uniform(6, 22), rng.uniform(6, 22), rng.uniform(3, 9)
+        disc = ((xx - cx) ** 2 + (yy - cy) ** 2 < r * r) * 200
+        image = np.clip(disc + rng.integers(0, 40, (28, 28)), 0, 255).astype(np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(image).save(buffer, format="PNG")
+        encoded[i] = buffer.getvalue()
+    return encoded, rng.integers(0, 10, n, dtype=np.int32)
+
+
+def _decode(png: bytes) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(png)))
+
+
+def decode_crop(record: dict[str, Any], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Decode and take a random 24x24 crop (meshfeed's record_transform signature)."""
+    image = _decode(record["png"])
+    i, j = rng.integers(0, 28 - CROP + 1, 2)
+    return {"image": image[i : i + CROP, j : j + CROP], "label": np.asarray(record["label"])}
+
+
+def decode_crop_seeded(png: bytes, label: Any, index: int) -> dict[str, np.ndarray]:
+    """The same work for a map-style dataset (PyTorch), with a per-index generator."""
+    return decode_crop({"png": png, "label": label}, np.random.default_rng(index))

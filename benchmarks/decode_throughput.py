@@ -1,0 +1,235 @@
+"""Workload C, decode: PNG-encoded 28x28 images decoded and randomly cropped per record.
+
+60000 images are PNG-encoded at set-up (PIL). Each entry decodes every image it loads
+and takes a random 24x24 crop, in W worker processes, shuffled, global batch 256, and
+ends in the same global ``jax.Array`` on 8 CPU devices in one process:
+
+- ``meshfeed:W``: ``Loader(record_transform=decode_crop, num_workers=W)``;
+- ``torch:W``: the PyTorch ``DataLoader(num_workers=W)`` over a map-style dataset that
+  decodes and crops, numpy collate, then ``make_array_from_process_local_data``;
+- ``grain:W``: Grain ``MapDataset.source().shuffle().random_map().batch()`` with
+  ``mp_prefetch`` on W workers, then the same;
+- tf.data when tensorflow is installed (it is not, in CI).
+
+Goal: meshfeed >= 1.0x the fastest peer at equal W, and >= 1.6x from W=1 to W=2.
+Prints one JSON line per measurement; ``--smoke`` for CI.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_fns import CROP, decode_crop, decode_crop_seeded, encode_all
+
+import meshfeed
+from meshfeed._bench import measure
+
+BATCH = 256
+
+
+def _to_devices(batches: Iterator[dict[str, np.ndarray]]) -> Iterator[Any]:
+    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=8))
+    for b in batches:
+        yield {
+            k: jax.make_array_from_process_local_data(sharding, v, (BATCH, *v.shape[1:]))
+            for k, v in b.items()
+        }
+
+
+def _meshfeed(encoded: np.ndarray, labels: np.ndarray, workers: int) -> Callable[[], Iterator]:
+    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=8))
+
+    def run() -> Iterator[Any]:
+        loader = meshfeed.Loader(
+            meshfeed.ArraySource({"png": encoded, "label": labels}),
+            global_batch_size=BATCH,
+            sharding=sharding,
+            record_transform=decode_crop,
+            num_workers=workers,
+            num_epochs=None,
+        )
+        try:
+            yield from loader
+        finally:
+            loader.close()
+
+    return run
+
+
+class _TorchDataset:
+    def __init__(self, encoded: np.ndarray, labels: np.ndarray) -> None:
+        self.encoded, self.labels = encoded, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return decode_crop_seeded(self.encoded[i], self.labels[i], i)
+
+
+def _collate(records: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {k: np.stack([r[k] for r in records]) for k in records[0]}
+
+
+def _torch(encoded: np.ndarray, labels: np.ndarray, workers: int) -> Callable[[], Iterator] | str:
+    try:
+        import torch
+        from torch.utils.data import DataLoader
+    except ImportError:
+        return "torch is not installed (pip install 'meshfeed[bench]')"
+
+    def run() -> Iterator[Any]:
+        loader = DataLoader(
+            _TorchDataset(encoded, labels),  # type: ignore[arg-type]
+            batch_size=BATCH,
+            shuffle=True,
+            drop_last=True,
+            collate_fn=_collate,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            generator=torch.Generator().manual_seed(0),
+        )
+        while True:
+            yield from _to_devices(iter(loader))
+
+    return run
+
+
+class _Records:
+    def __init__(self, encoded: np.ndarray, labels: np.ndarray) -> None:
+        self.encoded, self.labels = encoded, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"png": self.encoded[i], "label": self.labels[i]}
+
+
+def _grain_map(record: dict[str, Any], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return decode_crop(record, rng)
+
+
+def _grain(encoded: np.ndarray, labels: np.ndarray, workers: int) -> Callable[[], Iterator] | str:
+    try:
+        import grain
+    except ImportError:
+        return "grain is not installed (pip install 'meshfeed[bench]')"
+
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():  # grain's worker processes read absl flags
+        flags.FLAGS.mark_as_parsed()
+
+    def run() -> Iterator[Any]:
+        ds = (
+            grain.MapDataset.source(_Records(encoded, labels))
+            .shuffle(seed=0)
+            .random_map(_grain_map, seed=0)
+            .batch(BATCH, drop_remainder=True, batch_fn=_collate)
+            .repeat()
+            .to_iter_dataset()
+        )
+        if workers:
+            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+        yield from _to_devices(iter(ds))
+
+    return run
+
+
+def _tfdata(encoded: np.ndarray, labels: np.ndarray, workers: int) -> Callable[[], Iterator] | str:
+    try:
+        import tensorflow as tf  # type: ignore[import-not-found]
+    except ImportError:
+        return "tensorflow is not installed"
+
+    def run() -> Iterator[Any]:
+        ds = tf.data.Dataset.from_tensor_slices((list(encoded), labels)).shuffle(10_000, seed=0)
+
+        def decode(png: Any, label: Any) -> Any:
+            image = tf.io.decode_png(png, channels=1)[..., 0]
+            return {"image": tf.image.random_crop(image, (CROP, CROP)), "label": label}
+
+        ds = ds.map(decode, num_parallel_calls=workers or None).batch(BATCH, drop_remainder=True)
+        ds = ds.repeat().prefetch(2)
+        yield from _to_devices({k: v.numpy() for k, v in b.items()} for b in ds)
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
+    parser.add_argument("--seconds", type=float, default=4.0, help="per entry per round")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median")
+    parser.add_argument("--examples", type=int, default=60_000)
+    args = parser.parse_args()
+    seconds, rounds, n = (
+        (0.3, 1, 2048) if args.smoke else (args.seconds, args.rounds, args.examples)
+    )
+    encoded, labels = encode_all(n)
+    entries: dict[str, tuple[str, int, Any]] = {}
+    for w in (1, 2):
+        entries[f"meshfeed:{w}"] = ("meshfeed", w, _meshfeed(encoded, labels, w))
+        entries[f"torch:{w}"] = ("peer", w, _torch(encoded, labels, w))
+        entries[f"grain:{w}"] = ("peer", w, _grain(encoded, labels, w))
+        entries[f"tfdata:{w}"] = ("peer", w, _tfdata(encoded, labels, w))
+    samples: dict[str, list[float]] = {name: [] for name in entries}
+    for _ in range(rounds):
+        for name, (_, _, run) in entries.items():
+            if not isinstance(run, str):
+                samples[name].append(measure(run, BATCH, seconds, warmup=5))
+    rates = {k: statistics.median(v) for k, v in samples.items() if v}
+    for name, (kind, w, run) in entries.items():
+        line: dict[str, Any] = {
+            "benchmark": "decode_throughput",
+            "workload": "C",
+            "name": name,
+            "kind": kind,
+            "num_workers": w,
+            "global_batch_size": BATCH,
+            "examples": n,
+            "devices": jax.device_count(),
+            "processes": jax.process_count(),
+            "smoke": args.smoke,
+            "jax": jax.__version__,
+            "python": platform.python_version(),
+        }
+        if isinstance(run, str):
+            line["skipped"] = run
+        else:
+            peers = [
+                rates[k]
+                for k, (kd, ww, _) in entries.items()
+                if kd == "peer" and ww == w and k in rates
+            ]
+            line["samples_per_s"] = round(rates[name])
+            if peers:
+                line["ratio_to_best_peer"] = round(rates[name] / max(peers), 3)
+            if w == 2 and name.replace(":2", ":1") in rates:
+                line["speedup_from_1_worker"] = round(
+                    rates[name] / rates[name.replace(":2", ":1")], 3
+                )
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
