@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import os
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    # Under --processes (run_in_processes) each process already has its device count.
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse
@@ -36,6 +38,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 import meshfeed
 from meshfeed._bench import measure
@@ -86,12 +89,18 @@ def _meshfeed(
     return run
 
 
+def _share(batch: int) -> slice:
+    """The batch rows this process's devices hold under P('data') on every device."""
+    per = batch // jax.process_count()
+    return slice(jax.process_index() * per, (jax.process_index() + 1) * per)
+
+
 def _floor(arrays: dict[str, np.ndarray], batch: int) -> Batches:
-    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=8))
+    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
     n = len(next(iter(arrays.values())))
     steps = n // batch
     order = np.random.default_rng(0).permutation(n)
-    ids = [order[i * batch : (i + 1) * batch] for i in range(steps)]
+    ids = [order[i * batch : (i + 1) * batch][_share(batch)] for i in range(steps)]
 
     def run() -> Iterator[Any]:
         k = 0
@@ -109,11 +118,13 @@ def _floor(arrays: dict[str, np.ndarray], batch: int) -> Batches:
 
 
 class _Records:
-    """Per-record random access, the shape Grain and PyTorch datasets take."""
+    """Per-record random access, the shape Grain and PyTorch datasets take; on several
+    processes, each process's peer reads its own share of the examples."""
 
     def __init__(self, arrays: dict[str, np.ndarray]) -> None:
-        self.arrays = arrays
-        self.n = len(next(iter(arrays.values())))
+        p, count = jax.process_index(), jax.process_count()
+        self.arrays = {k: a[p::count] for k, a in arrays.items()}
+        self.n = len(next(iter(self.arrays.values())))
 
     def __len__(self) -> int:
         return self.n
@@ -127,7 +138,7 @@ def _collate(records: Any) -> dict[str, np.ndarray]:
 
 
 def _to_devices(batches: Iterator[dict[str, np.ndarray]], batch: int) -> Iterator[Any]:
-    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=8))
+    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
     for b in batches:
         yield {
             k: jax.make_array_from_process_local_data(sharding, v, (batch, *v.shape[1:]))
@@ -147,7 +158,7 @@ def _grain(arrays: dict[str, np.ndarray], batch: int) -> Batches | str:
             ds = (
                 grain.MapDataset.source(_Records(arrays))
                 .shuffle(seed=epoch)
-                .batch(batch, drop_remainder=True, batch_fn=_collate)
+                .batch(batch // jax.process_count(), drop_remainder=True, batch_fn=_collate)
             )
             yield from _to_devices(iter(ds), batch)
             epoch += 1
@@ -165,7 +176,7 @@ def _torch(arrays: dict[str, np.ndarray], batch: int) -> Batches | str:
     def run() -> Iterator[Any]:
         loader = DataLoader(
             _Records(arrays),  # type: ignore[arg-type]
-            batch_size=batch,
+            batch_size=batch // jax.process_count(),
             shuffle=True,
             drop_last=True,
             collate_fn=_collate,
@@ -182,15 +193,41 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
     parser.add_argument("--seconds", type=float, default=1.5, help="per entry per round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="run as N processes x 8/N devices (127.0.0.1)"
+    )
     args = parser.parse_args()
     seconds, rounds = (0.1, 1) if args.smoke else (args.seconds, args.rounds)
+    if args.processes == 1:
+        lines = run(args.smoke, seconds, rounds)
+    else:
+        import importlib
 
+        from meshfeed.testing import run_in_processes
+
+        here = importlib.import_module("loader_throughput")  # importable in each process
+        lines = run_in_processes(
+            here.run,
+            args.smoke,
+            seconds,
+            rounds,
+            num_processes=args.processes,
+            devices_per_process=8 // args.processes,
+            timeout_s=3600,
+        )[0]
+    for line in lines:
+        print(json.dumps(line), flush=True)
+
+
+def run(smoke: bool, seconds: float, rounds: int) -> list[dict[str, Any]]:
+    """Every entry of both workloads, on this process; one dict per measurement."""
+    out = []
     versions = {
         "jax": jax.__version__,
         "meshfeed": meshfeed.__version__,
         "python": platform.python_version(),
     }
-    for workload, (arrays, batch) in workloads(args.smoke).items():
+    for workload, (arrays, batch) in workloads(smoke).items():
         entries: dict[str, tuple[str, Batches | str]] = {"floor": ("floor", _floor(arrays, batch))}
         for strategy in meshfeed.STRATEGIES:
             entries[f"meshfeed:{strategy}"] = ("meshfeed", _meshfeed(arrays, batch, strategy))
@@ -207,9 +244,11 @@ def main() -> None:
         entries["torch_dataloader"] = ("peer", _torch(arrays, batch))
         samples: dict[str, list[float]] = {name: [] for name in entries}
         for _ in range(rounds):
-            for name, (_, run) in entries.items():
-                if not isinstance(run, str):
-                    samples[name].append(measure(run, batch, seconds))
+            for name, (_, entry) in entries.items():
+                if not isinstance(entry, str):
+                    if jax.process_count() > 1:  # every process measures the same entry
+                        multihost_utils.sync_global_devices(f"{workload}:{name}")
+                    samples[name].append(measure(entry, batch, seconds))
         rates = {name: statistics.median(v) for name, v in samples.items() if v}
         peers = [rates[n] for n, (kind, _) in entries.items() if kind == "peer" and n in rates]
         best_peer = max(peers) if peers else None
@@ -223,7 +262,7 @@ def main() -> None:
                 "examples": len(next(iter(arrays.values()))),
                 "devices": jax.device_count(),
                 "processes": jax.process_count(),
-                "smoke": args.smoke,
+                "smoke": smoke,
                 **versions,
             }
             if isinstance(run, str):
@@ -234,7 +273,8 @@ def main() -> None:
                 line["ratio_to_floor"] = round(rate / rates["floor"], 3)
                 if best_peer:
                     line["ratio_to_best_peer"] = round(rate / best_peer, 3)
-            print(json.dumps(line), flush=True)
+            out.append(line)
+    return out
 
 
 if __name__ == "__main__":
