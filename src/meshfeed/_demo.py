@@ -85,16 +85,11 @@ def eval_fn(params: Any, batch: Any) -> dict[str, Any]:
     return loss_fn(params, batch)[1]
 
 
-def train_digits(*, epochs: int = EPOCHS, mode: str = "jit", progress: bool = True) -> dict:
-    """Trains on this process's share of every batch; returns the final test metrics."""
-    import jax
-    import optax
-    from rich.console import Console
-
+def digit_loaders(mesh: Any, *, epochs: int, strategy: str = "per_process") -> tuple[Any, Any]:
+    """The shuffled training loader and the padded, in-order test loader on ``mesh``."""
     import meshfeed
 
     train, test = digits()
-    mesh = meshfeed.make_mesh(data=jax.device_count())
     sharding = meshfeed.batch_sharding(mesh)
     loader = meshfeed.Loader(
         meshfeed.ArraySource(train),
@@ -102,7 +97,7 @@ def train_digits(*, epochs: int = EPOCHS, mode: str = "jit", progress: bool = Tr
         sharding=sharding,
         num_epochs=epochs,
         seed=0,
-        strategy="auto",
+        strategy=strategy,  # type: ignore[arg-type]
     )
     test_loader = meshfeed.Loader(
         meshfeed.ArraySource(test),
@@ -111,11 +106,25 @@ def train_digits(*, epochs: int = EPOCHS, mode: str = "jit", progress: bool = Tr
         shuffle=False,
         last_batch="pad",
     )
+    return loader, test_loader
+
+
+def train_digits(*, epochs: int = EPOCHS, mode: str = "jit", progress: bool = True) -> dict:
+    """Trains on this process's share of every batch; returns the final test metrics."""
+    import jax
+    import optax
+    from rich.console import Console
+
+    import meshfeed
+
+    mesh = meshfeed.make_mesh(data=jax.device_count())
+    sharding = meshfeed.batch_sharding(mesh)
+    loader, test_loader = digit_loaders(mesh, epochs=epochs, strategy="auto")
     show = progress and jax.process_index() == 0
     if show:
         console = Console()
         console.print(
-            f"[bold]meshfeed demo[/]: {len(train['label'])} train / {len(test['label'])} test "
+            f"[bold]meshfeed demo[/]: {len(loader.source)} train / {len(test_loader.source)} test "
             f"digits, {jax.process_count()} processes x {jax.local_device_count()} CPU "
             f"devices, mesh {dict(mesh.shape)}, mode={mode!r}"
         )
@@ -178,28 +187,13 @@ def train_digits_keras(*, epochs: int = 8, progress: bool = True) -> dict:
     import meshfeed
     from meshfeed.keras import KerasTrainer
 
-    train, test = digits()
     mesh = meshfeed.make_mesh(data=jax.device_count())
-    sharding = meshfeed.batch_sharding(mesh)
-    loader = meshfeed.Loader(
-        meshfeed.ArraySource(train),
-        global_batch_size=GLOBAL_BATCH_SIZE,
-        sharding=sharding,
-        num_epochs=epochs,
-        seed=0,
-    )
-    test_loader = meshfeed.Loader(
-        meshfeed.ArraySource(test),
-        global_batch_size=GLOBAL_BATCH_SIZE,
-        sharding=sharding,
-        shuffle=False,
-        last_batch="pad",
-    )
+    loader, test_loader = digit_loaders(mesh, epochs=epochs)
     show = progress and jax.process_index() == 0
     if show:
         Console().print(
             f"[bold]meshfeed demo --keras[/]: the Keras guide's convnet on "
-            f"{len(train['label'])} train / {len(test['label'])} test digits, "
+            f"{len(loader.source)} train / {len(test_loader.source)} test digits, "
             f"{jax.process_count()} processes x {jax.local_device_count()} CPU devices, "
             f"mesh {dict(mesh.shape)}"
         )
