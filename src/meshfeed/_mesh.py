@@ -11,7 +11,7 @@ entry of the spec alone.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal, TypeAlias
 
 import jax
@@ -205,18 +205,3 @@ def check_sharding(
                     f"pad that dimension to a multiple of {parts}, or do not shard it."
                 )
     return sharding
-
-
-def field_shardings(
-    sharding: NamedSharding | Mapping[str, NamedSharding], fields: Sequence[str]
-) -> dict[str, NamedSharding]:
-    """Expands one sharding, or a per-field mapping, to a sharding per field."""
-    if isinstance(sharding, Mapping):
-        missing = [f for f in fields if f not in sharding]
-        if missing:
-            raise ValueError(
-                f"sharding has no entry for fields {missing}; the mapping must name every "
-                f"field ({list(fields)}), or pass one NamedSharding for all."
-            )
-        return {f: sharding[f] for f in fields}
-    return dict.fromkeys(fields, sharding)
