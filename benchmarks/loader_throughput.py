@@ -246,9 +246,12 @@ def run(smoke: bool, seconds: float, rounds: int) -> list[dict[str, Any]]:
         for _ in range(rounds):
             for name, (_, entry) in entries.items():
                 if not isinstance(entry, str):
+                    fixed = None
                     if jax.process_count() > 1:  # every process measures the same entry
                         multihost_utils.sync_global_devices(f"{workload}:{name}")
-                    samples[name].append(measure(entry, batch, seconds))
+                        if "check_every" in name:  # a collective per step: equal step counts
+                            fixed = 5 if smoke else 40
+                    samples[name].append(measure(entry, batch, seconds, steps=fixed))
         rates = {name: statistics.median(v) for name, v in samples.items() if v}
         peers = [rates[n] for n, (kind, _) in entries.items() if kind == "peer" and n in rates]
         best_peer = max(peers) if peers else None

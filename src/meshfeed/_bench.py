@@ -22,18 +22,30 @@ from meshfeed._sources import ArraySource
 from meshfeed._strategies import STRATEGIES, Strategy, reshard
 
 
-def measure(run: Callable[[], Iterator[Any]], batch: int, seconds: float, warmup: int = 3) -> float:
-    """Samples per second over ``seconds`` of steady-state iteration of ``run()``."""
+def measure(
+    run: Callable[[], Iterator[Any]],
+    batch: int,
+    seconds: float,
+    warmup: int = 3,
+    *,
+    steps: int | None = None,
+) -> float:
+    """Samples per second over ``seconds`` of steady-state iteration of ``run()``.
+
+    With ``steps``, over exactly that many steps instead: what several processes must
+    use when each step runs a collective, or they would stop after different counts and
+    leave one waiting for the others.
+    """
     it = run()
     for _ in range(warmup):
         jax.block_until_ready(next(it))
-    steps, start = 0, time.perf_counter()
+    done, start = 0, time.perf_counter()
     while True:
         jax.block_until_ready(next(it))
-        steps += 1
+        done += 1
         elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return steps * batch / elapsed
+        if (steps is None and elapsed >= seconds) or (steps is not None and done >= steps):
+            return done * batch / elapsed
 
 
 def bench_loader(
