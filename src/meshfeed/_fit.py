@@ -3,7 +3,10 @@
 The loop never waits on the devices between steps: JAX dispatches a step and returns,
 so the host reads and places the next batch while the devices compute. It syncs only to
 log (every ``log_every`` steps) and to evaluate. The progress bar shows the share of
-wall time spent waiting for input -- the number that says whether loading keeps up.
+wall time the devices waited for input -- the number that says whether loading keeps
+up. That is time spent in ``next(loader)`` after the previous step had finished
+(``jax.Array.is_ready``); time in ``next`` while that step still computes overlaps it
+and is reported apart, as ``History.loader_share``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ class History:
     seconds: float = 0.0
     samples_per_s: float = 0.0
     input_wait_share: float = 0.0
+    """Share of wall time the devices sat idle while the loop waited for the next batch:
+    time in ``next(loader)`` once the previous step had finished (an upper bound)."""
+    loader_share: float = 0.0
+    """Share of wall time in ``next(loader)`` at all, including the time the previous
+    step was still computing (placing the batch then overlaps it)."""
 
 
 def fit(
@@ -94,7 +102,8 @@ def fit(
         disable=not (show and console.is_terminal),
     )
     iterator = iter(loader)
-    wait = 0.0
+    wait = in_loader = 0.0
+    previous: Any = None  # an output of the last step (is_ready is on concrete arrays)
     start = time.perf_counter()
     metrics: Mapping[str, jax.Array] = {}
     rows = 0
@@ -106,9 +115,14 @@ def fit(
                 batch = next(iterator)
             except StopIteration:
                 break
-            wait += time.perf_counter() - t
+            spent = time.perf_counter() - t
+            in_loader += spent
+            # While the previous step still computes, loading overlaps it: no one waits.
+            if previous is None or previous.is_ready():
+                wait += spent
             rows += batch_size or len(next(iter(batch.values())))
             state, metrics = step(state, batch)
+            previous = _an_output(metrics, state)
             history.steps = k
             if k % log_every == 0 or k == total:
                 logged = {"step": float(k), **_floats(metrics)}
@@ -135,6 +149,7 @@ def fit(
     history.seconds = time.perf_counter() - start
     history.samples_per_s = rows / history.seconds if history.seconds else 0.0
     history.input_wait_share = wait / history.seconds if history.seconds else 0.0
+    history.loader_share = in_loader / history.seconds if history.seconds else 0.0
     history.state = state
     return history
 
@@ -187,3 +202,11 @@ def _evaluator(eval_fn: EvalFn) -> Callable[[Any, Iterable[Batch]], dict[str, fl
         return {name: value / max(count, 1.0) for name, value in sums.items()}
 
     return run
+
+
+def _an_output(metrics: Mapping[str, Any], state: Any) -> Any:
+    """One array the step produced, to ask later whether the step has finished."""
+    for leaf in jax.tree_util.tree_leaves((metrics, state)):
+        if isinstance(leaf, jax.Array):
+            return leaf
+    return None

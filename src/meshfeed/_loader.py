@@ -60,8 +60,10 @@ class Loader:
         batch.
       transform: a row-wise, vectorised function on the numpy dict of the rows a
         process loads, applied before they go to devices. It must keep the row count.
-      prefetch: batches built ahead on a background thread while the devices compute
-        (0: build each on demand). ``state()`` counts only the batches handed out.
+      prefetch: steps read ahead (source, record transforms, ``transform``) on a
+        background thread (0: read each on demand). Batches are placed on devices as
+        they are handed out, which JAX overlaps with the step before. ``state()``
+        counts only the batches handed out.
       check_every: run ``meshfeed.check_replicas`` on every N-th batch (a collective that
         compares replicas across processes; raises ``ValueError`` if they differ).
       record_transform: ``fn(record, rng) -> record`` run on every example a process
@@ -144,7 +146,8 @@ class Loader:
             _plan_fields(sharding, fields), global_batch_size, requested=strategy
         )
         self.strategy: str = self.plan.strategy
-        self._build = BUILDERS[self.strategy]
+        self._builder = BUILDERS[self.strategy]
+        self._reads = self._builder.reads(self._layout)
         self._records: RecordStage | None = None
         if record_transform is not None:
             self._records = RecordStage(
@@ -191,22 +194,25 @@ class Loader:
                 self._step += 1
                 yield batch
             return
-        ahead = Prefetcher(self.batch, start=self._step, end=end, depth=self.prefetch)
+        ahead = self._prefetcher(end)
         try:
             while True:
                 try:
-                    step, batch = next(ahead)
+                    step, host = next(ahead)
                 except StopIteration:
                     return
                 if step != self._step:  # restore() or reset() while iterating
                     ahead.close()
-                    ahead = Prefetcher(self.batch, start=self._step, end=end, depth=self.prefetch)
+                    ahead = self._prefetcher(end)
                     continue
-                batch = self._checked(step, batch)
+                batch = self._checked(step, self._builder.place(host, self._layout))
                 self._step = step + 1
                 yield batch
         finally:
             ahead.close()
+
+    def _prefetcher(self, end: int | None) -> Prefetcher:
+        return Prefetcher(self._host, start=self._step, end=end, depth=self.prefetch)
 
     def _checked(self, step: int, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
         # In the consuming thread, in step order: a collective must run in the same
@@ -217,12 +223,12 @@ class Loader:
 
     def batch(self, step: int) -> dict[str, jax.Array]:
         """The global batch of ``step``, without moving the loader's position."""
+        return self._builder.place(self._host(step), self._layout)
+
+    def _host(self, step: int) -> list[dict[str, np.ndarray]]:
+        """The numpy rows of ``step`` this process reads, one dict per row set."""
         ids = self._schedule.ids(step)
-
-        def read(rows: np.ndarray) -> dict[str, np.ndarray]:
-            return self._read(ids, rows, step)
-
-        return self._build(read, self._layout)
+        return [self._read(ids, rows, step) for rows in self._reads]
 
     def ids(self, step: int) -> np.ndarray:
         """The example ids of global step ``step`` (``-1`` marks padding)."""

@@ -1,8 +1,8 @@
 """The four ways to build one step's global ``jax.Array`` batch.
 
-Every strategy gets the same inputs -- a ``read(rows)`` function that returns the
-transformed numpy rows at the given positions of the global batch, and a ``Layout``
-that says where each field goes -- and returns the same global values, bit for bit.
+Every strategy is a ``Builder``: the row sets (positions in the global batch) a process
+reads for one step, and a ``place`` that turns those rows, read and transformed, into
+global arrays laid out by a ``Layout``. All return the same global values, bit for bit.
 They differ in what each process reads and how the arrays are assembled:
 
 ``global``
@@ -26,7 +26,7 @@ across processes on every call, which costs tens of milliseconds per step.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jax
 import numpy as np
@@ -40,7 +40,6 @@ Strategy = Literal["global", "per_device", "per_process", "reshard", "auto"]
 STRATEGIES: tuple[Strategy, ...] = ("global", "per_device", "per_process", "reshard", "auto")
 MASK = "mask"
 
-Read = Callable[[np.ndarray], dict[str, np.ndarray]]
 ShardingArg = NamedSharding | Mapping[str, NamedSharding]
 
 
@@ -116,11 +115,25 @@ def _global_shape(array: np.ndarray, global_batch_size: int) -> tuple[int, ...]:
     return (global_batch_size, *array.shape[1:])
 
 
-def build_global(read: Read, layout: Layout) -> dict[str, jax.Array]:
-    b = layout.global_batch_size
-    data = read(np.arange(b))
+class Builder(NamedTuple):
+    """One strategy: the row sets a process reads for a step, and how it places them.
+
+    Reading (host work: the source, record transforms, ``transform``) and placing (the
+    global ``jax.Array``) are separate so the Loader can read ahead on a background
+    thread while it places on the consuming one.
+    """
+
+    reads: Callable[[Layout], list[np.ndarray]]
+    place: Callable[[list[dict[str, np.ndarray]], Layout], dict[str, jax.Array]]
+
+
+def _reads_global(layout: Layout) -> list[np.ndarray]:
+    return [np.arange(layout.global_batch_size)]
+
+
+def _place_global(data: list[dict[str, np.ndarray]], layout: Layout) -> dict[str, jax.Array]:
     out = {}
-    for name, array in data.items():
+    for name, array in data[0].items():
         sharding = layout.sharding(name, array.ndim)
         out[name] = jax.make_array_from_callback(
             array.shape, sharding, lambda index, a=array: a[index]
@@ -128,14 +141,17 @@ def build_global(read: Read, layout: Layout) -> dict[str, jax.Array]:
     return out
 
 
-def build_per_device(read: Read, layout: Layout) -> dict[str, jax.Array]:
+def _reads_per_device(layout: Layout) -> list[np.ndarray]:
+    return [layout.device_rows(device) for device in layout.devices]
+
+
+def _place_per_device(data: list[dict[str, np.ndarray]], layout: Layout) -> dict[str, jax.Array]:
     b = layout.global_batch_size
     pieces: dict[str, list[jax.Array]] = {}
     shapes: dict[str, tuple[int, ...]] = {}
-    for device in layout.devices:
+    for device, device_data in zip(layout.devices, data, strict=True):
         rows = layout.device_rows(device)
-        data = read(rows)
-        for name, array in data.items():
+        for name, array in device_data.items():
             sharding = layout.sharding(name, array.ndim)
             block = layout.device_field_rows(name).get(device)
             if block is None:
@@ -154,12 +170,15 @@ def build_per_device(read: Read, layout: Layout) -> dict[str, jax.Array]:
     }
 
 
-def build_per_process(read: Read, layout: Layout) -> dict[str, jax.Array]:
+def _reads_per_process(layout: Layout) -> list[np.ndarray]:
+    return [layout.rows]
+
+
+def _place_per_process(data: list[dict[str, np.ndarray]], layout: Layout) -> dict[str, jax.Array]:
     b = layout.global_batch_size
-    data = read(layout.rows)
     offsets = layout.row_offsets
     out = {}
-    for name, array in data.items():
+    for name, array in data[0].items():
 
         def local(index: Any, a: np.ndarray = array) -> np.ndarray:
             start, stop = index[0].indices(b)[:2]
@@ -172,11 +191,12 @@ def build_per_process(read: Read, layout: Layout) -> dict[str, jax.Array]:
     return out
 
 
-BUILDERS: dict[str, Callable[[Read, Layout], dict[str, jax.Array]]] = {
-    "global": build_global,
-    "per_device": build_per_device,
-    "per_process": build_per_process,
-    "reshard": build_per_process,  # on the load layout; the move happens in `reshard`
+BUILDERS: dict[str, Builder] = {
+    "global": Builder(_reads_global, _place_global),
+    "per_device": Builder(_reads_per_device, _place_per_device),
+    "per_process": Builder(_reads_per_process, _place_per_process),
+    # On the load layout; the move happens in `reshard`.
+    "reshard": Builder(_reads_per_process, _place_per_process),
 }
 
 
