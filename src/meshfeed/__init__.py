@@ -5,6 +5,11 @@ one process or many, exactly and resumably. Importing meshfeed touches no device
 ``jax.distributed.initialize`` (or ``meshfeed.initialize``) may still follow.
 """
 
+from meshfeed._adapters import ArrayRecordSource as ArrayRecordSource
+from meshfeed._adapters import GrainSource as GrainSource
+from meshfeed._adapters import HFSource as HFSource
+from meshfeed._adapters import ParquetSource as ParquetSource
+from meshfeed._adapters import TorchSource as TorchSource
 from meshfeed._bench import bench_loader as bench_loader
 from meshfeed._fit import History as History
 from meshfeed._fit import fit as fit
@@ -15,6 +20,7 @@ from meshfeed._mesh import DATA as DATA
 from meshfeed._mesh import MODEL as MODEL
 from meshfeed._mesh import batch_sharding as batch_sharding
 from meshfeed._mesh import make_mesh as make_mesh
+from meshfeed._mix import mix as mix
 from meshfeed._plan import Plan as Plan
 from meshfeed._plan import plan as plan
 from meshfeed._plot import plot_sharding as plot_sharding
@@ -25,6 +31,9 @@ from meshfeed._show import show_sharding as show_sharding
 from meshfeed._sources import ArraySource as ArraySource
 from meshfeed._sources import FieldSpec as FieldSpec
 from meshfeed._sources import Source as Source
+from meshfeed._store import ShardedSource as ShardedSource
+from meshfeed._store import open_source as open_source
+from meshfeed._store import write_source as write_source
 from meshfeed._strategies import STRATEGIES as STRATEGIES
 from meshfeed._strategies import reshard as reshard
 from meshfeed._train import MODES as MODES
@@ -39,14 +48,20 @@ __all__ = [
     "MODEL",
     "MODES",
     "STRATEGIES",
+    "ArrayRecordSource",
     "ArraySource",
     "FieldSpec",
+    "GrainSource",
+    "HFSource",
     "History",
     "Loader",
+    "ParquetSource",
     "Permutation",
     "Plan",
     "Schedule",
+    "ShardedSource",
     "Source",
+    "TorchSource",
     "TrainState",
     "batch_sharding",
     "bench_loader",
@@ -57,8 +72,11 @@ __all__ = [
     "make_mesh",
     "make_train_step",
     "masked_mean",
+    "mix",
+    "open_source",
     "plan",
     "plot_sharding",
     "reshard",
     "show_sharding",
+    "write_source",
 ]

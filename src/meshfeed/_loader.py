@@ -283,6 +283,12 @@ class Loader:
                     f"the {who} returned field {name!r} as {got} for {rows} rows; return "
                     f"one numpy row per example ({rows} rows)."
                 )
+            if array.dtype.hasobject:
+                raise ValueError(
+                    f"field {name!r} holds variable-length values (an object array) and "
+                    "cannot go to devices; decode or pad it to a fixed shape with "
+                    "record_transform= (per example) or transform= (per batch)."
+                )
             if self.last_batch == "pad" and name == MASK:
                 raise ValueError(
                     f"the {who} returned a field named {MASK!r}, which last_batch='pad' "
@@ -304,7 +310,9 @@ class Loader:
     # -- state ----------------------------------------------------------------------
 
     def _fingerprint(self) -> dict[str, Any]:
+        extra = getattr(self.source, "fingerprint", None)  # e.g. a mixture's weights
         return {
+            **({"source": json.loads(json.dumps(extra))} if extra is not None else {}),
             "num_examples": len(self.source),
             "fields": {n: [list(s.shape), str(s.dtype)] for n, s in self._fields.items()},
             "seed": self.seed,
@@ -344,7 +352,7 @@ class Loader:
             if key == "fields":
                 theirs = {n: [list(s), d] for n, (s, d) in (theirs or {}).items()}
             if theirs != value:
-                what = "dataset" if key in ("num_examples", "fields") else key
+                what = "dataset" if key in ("num_examples", "fields", "source") else key
                 raise ValueError(
                     f"the state is from another {what}: {key}={theirs!r} in the state, "
                     f"{value!r} in this loader; restore it into a loader built with "

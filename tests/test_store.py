@@ -1,0 +1,149 @@
+"""meshfeed's own layout: write_source / open_source, locally, through fsspec, and on
+2 processes; every damaged file refused with its name."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import numpy as np
+import pytest
+
+import meshfeed
+from meshfeed.testing import run_in_processes
+from source_fns import N, original, round_trip
+
+
+def _written(tmp_path, shard_size=40):
+    path = tmp_path / "data"
+    meshfeed.write_source(path, original(), shard_size=shard_size)
+    return path
+
+
+def test_round_trip_over_several_shards(tmp_path):
+    path = _written(tmp_path)
+    assert sorted(os.listdir(path / "image")) == ["00000.npy", "00001.npy", "00002.npy"]
+    source = meshfeed.open_source(path)
+    assert len(source) == N
+    assert source.fields["image"] == meshfeed.FieldSpec((4, 4), np.dtype(np.uint8))
+    ids = np.array([95, 0, 41, 39, 40, 41, 7])  # across shard edges, repeated, unsorted
+    got = source[ids]
+    for name, array in original().items():
+        np.testing.assert_array_equal(got[name], array[ids])
+
+
+def test_records_are_written_a_shard_at_a_time(tmp_path):
+    data = original()
+    records = ({k: v[i] for k, v in data.items()} for i in range(N))
+    manifest = meshfeed.write_source(tmp_path / "r", records, shard_size=50)
+    assert [s["rows"] for s in manifest["shards"]] == [50, 46]
+    source = meshfeed.open_source(tmp_path / "r")
+    np.testing.assert_array_equal(source[np.arange(N)]["tokens"], data["tokens"])
+
+
+def test_reads_only_the_rows_asked_for(tmp_path):
+    source = meshfeed.open_source(_written(tmp_path))
+    row_bytes = 16 + 6 * 4 + 8
+    source[np.array([3, 4, 5, 60])]
+    assert source.bytes_read == 4 * row_bytes
+
+
+@pytest.mark.parametrize("scheme", ["file", "memory"])
+def test_fsspec_urls_work_like_paths(tmp_path, scheme):
+    if scheme == "file":
+        url = f"file://{tmp_path}/data"
+    else:
+        url = f"memory://meshfeed-test-{uuid.uuid4().hex}/data"
+    meshfeed.write_source(url, original(), shard_size=40)
+    by_url = meshfeed.open_source(url)
+    ids = np.array([90, 2, 3, 4, 50])
+    got = by_url[ids]
+    for name, array in original().items():
+        np.testing.assert_array_equal(got[name], array[ids])
+    assert by_url.bytes_read == 5 * (16 + 6 * 4 + 8)  # those rows, nothing else
+
+
+def test_single_npy_and_stored_npz(tmp_path):
+    data = original()
+    np.save(tmp_path / "tokens.npy", data["tokens"])
+    npy = meshfeed.open_source(tmp_path / "tokens.npy")
+    assert list(npy.fields) == ["tokens"]
+    np.testing.assert_array_equal(npy[np.array([5, 1])]["tokens"], data["tokens"][[5, 1]])
+    np.savez(tmp_path / "all.npz", **data)
+    npz = meshfeed.open_source(tmp_path / "all.npz")
+    np.testing.assert_array_equal(npz[np.array([9, 8])]["image"], data["image"][[9, 8]])
+
+
+def test_compressed_npz_is_refused(tmp_path):
+    np.savez_compressed(tmp_path / "c.npz", x=np.zeros((4, 2)))
+    with pytest.raises(ValueError, match=r"c.npz member 'x.npy' is compressed"):
+        meshfeed.open_source(tmp_path / "c.npz")
+
+
+def test_truncated_shard_names_the_file(tmp_path):
+    path = _written(tmp_path)
+    shard = path / "tokens" / "00001.npy"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(ValueError, match=r"tokens/00001.npy is \d+ bytes, the manifest says"):
+        meshfeed.open_source(path)
+
+
+def test_corrupt_header_names_the_file(tmp_path):
+    path = _written(tmp_path)
+    shard = path / "image" / "00002.npy"
+    shard.write_bytes(b"garbage!" + shard.read_bytes()[8:])
+    with pytest.raises(ValueError, match=r"image/00002.npy is not a .npy array"):
+        meshfeed.open_source(path)
+
+
+def test_checksum_mismatch_names_the_file(tmp_path):
+    path = _written(tmp_path)
+    shard = path / "label" / "00000.npy"
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0xFF  # same size, one byte flipped
+    shard.write_bytes(bytes(raw))
+    meshfeed.open_source(path)  # sizes and headers still agree
+    with pytest.raises(ValueError, match=r"label/00000.npy does not match its checksum"):
+        meshfeed.open_source(path, verify=True)
+
+
+def test_shards_with_different_dtypes_name_the_file(tmp_path):
+    path = _written(tmp_path)
+    shard = path / "label" / "00001.npy"
+    np.save(shard, np.load(shard).astype(np.int32))
+    manifest = json.loads((path / "meshfeed.json").read_text())
+    manifest["shards"][1]["files"]["label"]["bytes"] = shard.stat().st_size
+    (path / "meshfeed.json").write_text(json.dumps(manifest))
+    with pytest.raises(
+        ValueError, match=r"label/00001.npy holds int32\[\] rows but the manifest says int64"
+    ):
+        meshfeed.open_source(path)
+
+
+def test_unfinished_write_and_bad_input(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"meshfeed\.json does not exist"):
+        meshfeed.open_source(tmp_path)
+    _written(tmp_path)
+    with pytest.raises(FileExistsError, match="already holds a dataset"):
+        meshfeed.write_source(tmp_path / "data", original())
+    with pytest.raises(ValueError, match="different lengths"):
+        meshfeed.write_source(tmp_path / "x", {"a": np.zeros(3), "b": np.zeros(4)})
+    with pytest.raises(ValueError, match="record 1 has fields"):
+        meshfeed.write_source(tmp_path / "y", [{"a": np.zeros(2)}, {"a": np.zeros(3)}])
+    with pytest.raises(ValueError, match="shard_size=0 must be an int >= 1"):
+        meshfeed.write_source(tmp_path / "z", original(), shard_size=0)
+    with pytest.raises(ValueError, match="holds Python objects"):
+        meshfeed.write_source(tmp_path / "o", {"a": np.array([b"x", b"yy"], dtype=object)})
+
+
+def test_loads_on_two_processes_reading_only_their_rows(tmp_path):
+    path = _written(tmp_path)
+    results = run_in_processes(
+        round_trip, "store", str(path), num_processes=2, devices_per_process=4
+    )
+    for result in results:
+        assert result["mismatches"] == 0
+        assert result["asked"] == result["needed"]
+    assert not set(results[0]["asked"]) & set(results[1]["asked"])
+    assert sorted(results[0]["asked"] + results[1]["asked"]) == list(range(N))
