@@ -6,9 +6,10 @@ ahead. The thread does numpy work only and never calls JAX: a numpy gather, a ``
 and waiting on record-transform workers release the GIL, so reading runs on another
 core, and placing the global ``jax.Array`` stays on the consuming thread, where JAX's
 asynchronous dispatch already overlaps it with the previous step. (Placing on the
-thread as well was tried: while the main thread ran a step with an all-reduce on 8 CPU
-devices, XLA's rendezvous deadlocked about once in 20 short trainings; with the thread
-kept to numpy, none in 80.)
+thread as well was tried. Besides making the consumer wait on a wake-up every step, it
+made XLA:CPU's all-reduce in the main thread's step miss participants -- an abort after
+40 s -- about once in 20 short trainings of 8 CPU devices; with the thread kept to numpy,
+none in 120.)
 
 Handoffs are what a thread costs: every sleep and wake-up is a context switch (5-10 us
 here, as much as reading a small batch). So the reader fills the buffer to ``depth``
