@@ -54,6 +54,10 @@ def main() -> None:
         panels.append(
             (data["decode_throughput"], "C: PNG decode + crop, by workers", "samples_per_s")
         )
+    if "source_throughput" in data:
+        panels.append(
+            (data["source_throughput"], "P, R: Parquet and ArrayRecord files", "samples_per_s")
+        )
     if "memory" in data:
         panels.append((data["memory"], "D: 4 GiB memmap, peak RSS (GiB)", "peak_rss_gib"))
     if "input_wait" in data:

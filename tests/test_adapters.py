@@ -47,9 +47,16 @@ def test_two_processes_each_read_only_their_ids(tmp_path, kind):
 
 
 def test_parquet_reads_only_row_groups_with_requested_ids(tmp_path):
-    source = meshfeed.ParquetSource(_where(tmp_path, "parquet"))  # row groups of 20
+    where = _where(tmp_path, "parquet")  # row groups of 20
+    source = meshfeed.ParquetSource(where)
     source[np.array([0, 5, 19, 61])]
     assert source.row_groups_read == 2
+    source[np.array([1, 62, 95])]  # two cached, one new
+    assert source.row_groups_read == 3
+    uncached = meshfeed.ParquetSource(where, cache_bytes=0)
+    uncached[np.array([0, 61])]
+    uncached[np.array([1, 62])]
+    assert uncached.row_groups_read == 4
 
 
 def test_variable_length_values_are_object_arrays(tmp_path):

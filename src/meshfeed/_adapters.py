@@ -12,6 +12,7 @@ loader says so if one reaches it untransformed.
 
 from __future__ import annotations
 
+import collections
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -178,20 +179,28 @@ class ArrayRecordSource:
 def _stack(
     records: list[Mapping[str, Any]], fields: Mapping[str, FieldSpec], name: str, ids: np.ndarray
 ) -> dict[str, np.ndarray]:
-    out = {k: np.empty((len(records), *s.shape), s.dtype) for k, s in fields.items()}
-    for row, record in enumerate(records):
-        for key, spec in fields.items():
-            value = record[key]
-            if spec.dtype != OBJECT:
-                value = np.asarray(value)
-                if value.shape != spec.shape:
-                    raise ValueError(
-                        f"field {key!r} of example {int(ids[row])} in {name} has shape "
-                        f"{value.shape}, example 0 has {spec.shape}; pass variable=[{key!r}] "
-                        "to get it as an object array (then pad or decode it in a "
-                        "record_transform)."
-                    )
-            out[key][row] = value
+    out = {}
+    for key, spec in fields.items():
+        values = [record[key] for record in records]
+        if spec.dtype == OBJECT:
+            column = np.empty(len(values), OBJECT)
+            for row, value in enumerate(values):
+                column[row] = value
+            out[key] = column
+            continue
+        try:
+            column = np.stack(values) if values else np.empty((0, *spec.shape), spec.dtype)
+        except ValueError:
+            column = None
+        if column is None or column.shape[1:] != spec.shape:
+            row = next(i for i, v in enumerate(values) if np.shape(v) != spec.shape)
+            raise ValueError(
+                f"field {key!r} of example {int(ids[row])} in {name} has shape "
+                f"{np.shape(values[row])}, example 0 has {spec.shape}; pass "
+                f"variable=[{key!r}] to get it as an object array (then pad or decode it "
+                "in a record_transform)."
+            )
+        out[key] = column.astype(spec.dtype, copy=False)
     return out
 
 
@@ -272,7 +281,12 @@ def _hf_spec(feature: Any, name: str) -> FieldSpec:
 class ParquetSource:
     """A Parquet file (local path or fsspec URL), read a row group at a time.
 
-    Reads only the row groups that hold requested ids, and only the chosen columns.
+    Parquet's unit of reading is the row group, so a step reads the row groups that hold
+    its ids, and only the chosen columns. A shuffled order touches many row groups per
+    step; decoded row groups are kept in an LRU cache of ``cache_bytes`` so a process
+    decodes each one about once per epoch when its share fits (else prefer small row
+    groups, or convert with ``meshfeed.write_source``, which reads single rows).
+
     Numeric columns are numpy arrays; fixed-size list columns (``pa.list_(t, k)``,
     nested for more dimensions) are ``[k, ...]`` arrays; variable-length lists, strings
     and binary columns are object arrays.
@@ -280,9 +294,12 @@ class ParquetSource:
     Args:
       path: the file.
       columns: the columns to read (default: all).
+      cache_bytes: memory for decoded row groups (0: no cache).
     """
 
-    def __init__(self, path: str, *, columns: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, path: str, *, columns: Sequence[str] | None = None, cache_bytes: int = 256 << 20
+    ) -> None:
         pq = _require("pyarrow.parquet", "parquet")
         pa = _require("pyarrow", "parquet")
         self.path = str(path)
@@ -301,6 +318,9 @@ class ParquetSource:
         self._starts = np.cumsum([0, *sizes])
         self._n = int(self._starts[-1])
         self.row_groups_read = 0
+        self._cache_bytes = cache_bytes
+        self._cache: collections.OrderedDict[int, dict[str, np.ndarray]] = collections.OrderedDict()
+        self._cached = 0
 
     @property
     def fields(self) -> Mapping[str, FieldSpec]:
@@ -309,6 +329,22 @@ class ParquetSource:
     def __len__(self) -> int:
         return self._n
 
+    def _group(self, g: int) -> dict[str, np.ndarray]:
+        if g in self._cache:
+            self._cache.move_to_end(g)
+            return self._cache[g]
+        table = self._file.read_row_group(g, columns=self._columns)
+        self.row_groups_read += 1
+        group = {n: _arrow_column(table.column(n), spec) for n, spec in self._fields.items()}
+        size = sum(a.nbytes for a in group.values())
+        if size <= self._cache_bytes:
+            self._cache[g] = group
+            self._cached += size
+            while self._cached > self._cache_bytes:
+                _, dropped = self._cache.popitem(last=False)
+                self._cached -= sum(a.nbytes for a in dropped.values())
+        return group
+
     def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         ids = _ids(ids, self._n, self.path)
         out = {k: np.empty((len(ids), *s.shape), s.dtype) for k, s in self._fields.items()}
@@ -316,10 +352,8 @@ class ParquetSource:
         for g in np.unique(group_of).tolist():
             where = np.flatnonzero(group_of == g)
             local = ids[where] - self._starts[g]
-            table = self._file.read_row_group(g, columns=self._columns).take(local)
-            self.row_groups_read += 1
-            for name, spec in self._fields.items():
-                out[name][where] = _arrow_column(table.column(name), spec)
+            for name, values in self._group(g).items():
+                out[name][where] = values[local]
         return out
 
     def __repr__(self) -> str:
