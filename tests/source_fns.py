@@ -112,13 +112,33 @@ def build_source(kind: str, where: str) -> Any:
         )
     if kind == "torch":
         return meshfeed.TorchSource(TorchDataset())
+    if kind == "mix":
+        return meshfeed.mix(halves(), [0.5, 0.5], length=N)
     raise ValueError(f"unknown kind {kind!r}")
+
+
+def halves() -> list[meshfeed.ArraySource]:
+    data = original()
+    return [
+        meshfeed.ArraySource({k: v[: N // 2] for k, v in data.items()}),
+        meshfeed.ArraySource({k: v[N // 2 :] for k, v in data.items()}),
+    ]
+
+
+def expected(kind: str, source: Any) -> dict[str, np.ndarray]:
+    """What each id of ``source`` should hold: the original data (mixtures: mapped)."""
+    data = original()
+    if kind != "mix":
+        return data
+    which, local = source.locate(np.arange(N))
+    return {k: v[which * (N // 2) + local] for k, v in data.items()}
 
 
 def round_trip(kind: str, where: str) -> dict[str, Any]:
     """Loads one shuffled epoch; returns mismatches and the ids asked for vs needed."""
-    source = CountingSource(build_source(kind, where))
-    data = original()
+    built = build_source(kind, where)
+    source = CountingSource(built)
+    data = expected(kind, built)
     mesh = meshfeed.make_mesh(data=jax.device_count())
     loader = meshfeed.Loader(
         source,

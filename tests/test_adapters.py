@@ -35,7 +35,7 @@ def test_reads_the_original_values(tmp_path, kind):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [*KINDS, "mix"])
 def test_two_processes_each_read_only_their_ids(tmp_path, kind):
     results = run_in_processes(
         round_trip, kind, _where(tmp_path, kind), num_processes=2, devices_per_process=4
@@ -96,3 +96,21 @@ def test_hf_refuses_an_iterable_dataset():
     iterable = datasets.Dataset.from_dict({"a": [1, 2]}).to_iterable_dataset()
     with pytest.raises(TypeError, match=r"HFSource takes a datasets\.Dataset"):
         meshfeed.HFSource(iterable)
+
+
+@pytest.mark.parametrize(
+    ("make", "module", "extra"),
+    [
+        (lambda: meshfeed.ParquetSource("x.parquet"), "pyarrow", "parquet"),
+        (lambda: meshfeed.HFSource(None), "datasets", "hf"),
+        (lambda: meshfeed.ArrayRecordSource("x", None), "array_record", "arrayrecord"),
+    ],
+)
+def test_a_missing_library_names_the_extra(monkeypatch, make, module, extra):
+    import sys
+
+    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ImportError, match=rf"pip install 'meshfeed\[{extra}\]'"):
+        make()
