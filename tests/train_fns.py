@@ -137,3 +137,56 @@ def fit_params(mode: str) -> dict[str, Any]:
         "eval": history.eval,
         "train": history.train,
     }
+
+
+def _local_copy(x: jax.Array) -> np.ndarray:
+    """A replicated array's value, on any number of processes."""
+    return np.asarray(x.addressable_shards[0].data)
+
+
+def fit_with_checkpoints(directory: str, num_steps: int, every: int) -> dict[str, Any]:
+    """``fit`` for ``num_steps`` (the whole run's) with checkpoints under ``directory``."""
+    mesh = meshfeed.make_mesh(data=jax.device_count())
+    state = meshfeed.TrainState.create(init_params(), OPTIMIZER, mesh=mesh)
+    step = meshfeed.make_train_step(loss_fn, OPTIMIZER, mesh=mesh, mode="jit")
+    stream = loader(mesh)
+    history = meshfeed.fit(
+        step,
+        state,
+        stream,
+        num_steps=num_steps,
+        progress=False,
+        checkpoint_dir=directory,
+        checkpoint_every=every,
+    )
+    return {
+        "params": {n: _local_copy(v) for n, v in history.state.params.items()},
+        "step": stream.step,
+        "steps": history.steps,
+    }
+
+
+def restore_and_peek(directory: str, seed: int = 4) -> dict[str, Any]:
+    """Restores the newest checkpoint; the loader's position and its next batch's labels."""
+    mesh = meshfeed.make_mesh(data=jax.device_count())
+    target = meshfeed.TrainState.create(init_params(), OPTIMIZER, mesh=mesh)
+    stream = meshfeed.Loader(
+        source(),
+        global_batch_size=GLOBAL_BATCH_SIZE,
+        sharding=meshfeed.batch_sharding(mesh),
+        last_batch="pad",
+        num_epochs=None,
+        seed=seed,
+    )
+    try:
+        state = meshfeed.restore_checkpoint(directory, target, stream)
+    except ValueError as error:
+        return {"error": str(error)}
+    batch = next(iter(stream))
+    labels = [(s.index[0].start, np.asarray(s.data)) for s in batch["y"].addressable_shards]
+    return {
+        "step": stream.step - 1,
+        "ids": stream.ids(stream.step - 1),
+        "labels": labels,
+        "w1": _local_copy(state.params["w1"]),
+    }

@@ -11,6 +11,8 @@ from meshfeed._adapters import HFSource as HFSource
 from meshfeed._adapters import ParquetSource as ParquetSource
 from meshfeed._adapters import TorchSource as TorchSource
 from meshfeed._bench import bench_loader as bench_loader
+from meshfeed._checkpoint import restore_checkpoint as restore_checkpoint
+from meshfeed._checkpoint import save_checkpoint as save_checkpoint
 from meshfeed._fit import History as History
 from meshfeed._fit import fit as fit
 from meshfeed._launch import initialize as initialize
@@ -77,6 +79,8 @@ __all__ = [
     "plan",
     "plot_sharding",
     "reshard",
+    "restore_checkpoint",
+    "save_checkpoint",
     "show_sharding",
     "write_source",
 ]

@@ -13,6 +13,7 @@ and is reported apart, as ``History.loader_share``.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -25,6 +26,8 @@ from jax.sharding import PartitionSpec as P
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from meshfeed._checkpoint import Checkpoints
+from meshfeed._loader import Loader
 from meshfeed._train import Batch, _valid_rows
 
 EvalFn = Callable[[Any, Batch], Mapping[str, jax.Array]]
@@ -61,6 +64,8 @@ def fit(
     log_every: int = 20,
     progress: bool = True,
     description: str = "train",
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    checkpoint_every: int | None = None,
 ) -> History:
     """Trains ``state`` with ``step`` on the batches of ``loader``.
 
@@ -76,11 +81,38 @@ def fit(
       log_every: steps between logged metrics (each log waits for the devices).
       progress: show a progress bar (process 0 only).
       description: the progress bar's label.
+      checkpoint_dir: save the state and the loader's position here (Orbax, every
+        process together) every ``checkpoint_every`` steps and after the last; on start,
+        resume from the newest checkpoint there, if any. ``loader`` must then be a
+        ``meshfeed.Loader`` and ``num_steps`` counts the whole run, restarts included,
+        so relaunching the same command finishes the same run.
+      checkpoint_every: steps between checkpoints (with ``checkpoint_dir``).
 
     Returns:
       A ``History``; ``history.state`` is the trained state.
     """
-    total = _total_steps(loader, num_steps)
+    checkpoints, done = None, 0
+    if checkpoint_dir is not None:
+        if not isinstance(loader, Loader):
+            raise TypeError(
+                f"checkpoint_dir needs a meshfeed.Loader to resume exactly; got "
+                f"{type(loader).__name__}."
+            )
+        if not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+            raise ValueError(
+                f"checkpoint_every={checkpoint_every!r} must be an int >= 1 with checkpoint_dir."
+            )
+        checkpoints = Checkpoints(checkpoint_dir)
+        latest = checkpoints.latest_step()
+        if latest is not None:
+            state = checkpoints.restore(state, loader)
+            done = latest
+    elif checkpoint_every is not None:
+        raise ValueError("checkpoint_every needs checkpoint_dir (where to save).")
+    if checkpoints is not None and num_steps is not None:
+        total = num_steps  # the whole run's
+    else:
+        total = done + _total_steps(loader, num_steps)
     if log_every < 1:
         raise ValueError(f"log_every={log_every} must be >= 1.")
     if (eval_loader is None) != (eval_fn is None):
@@ -89,7 +121,7 @@ def fit(
     evaluate = None if eval_fn is None or eval_loader is None else _evaluator(eval_fn)
     batch_size = getattr(loader, "global_batch_size", None)
 
-    history = History(state=state)
+    history = History(state=state, steps=done)
     show = progress and jax.process_index() == 0
     console = Console(file=sys.stdout)
     # Off a terminal (CI logs, pipes) a bar cannot redraw: print a line per log instead.
@@ -110,8 +142,8 @@ def fit(
     metrics: Mapping[str, jax.Array] = {}
     rows = 0
     with bar:
-        task = bar.add_task("train", total=total, info="")
-        for k in range(1, total + 1):
+        task = bar.add_task("train", total=total, completed=done, info="")
+        for k in range(done + 1, total + 1):
             t = time.perf_counter()
             try:
                 batch = next(iterator)
@@ -132,6 +164,8 @@ def fit(
             state, metrics = step(state, batch)
             in_flight, previous = previous, _an_output(metrics, state)
             history.steps = k
+            if checkpoints is not None and (k % checkpoint_every == 0 or k == total):  # type: ignore[operator]
+                checkpoints.save(k, state, loader)  # type: ignore[arg-type]
             if k % log_every == 0 or k == total:
                 logged = {"step": float(k), **_floats(metrics)}
                 elapsed = time.perf_counter() - start
@@ -154,6 +188,8 @@ def fit(
                         + "  ".join(f"{n} {v:.4f}" for n, v in result.items() if n != "step")
                     )
         jax.block_until_ready(state)
+    if checkpoints is not None:
+        checkpoints.close()
     history.seconds = time.perf_counter() - start
     history.samples_per_s = rows / history.seconds if history.seconds else 0.0
     history.input_wait_share = wait / history.seconds if history.seconds else 0.0
