@@ -108,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("-n", "--processes", type=int, default=2, help="processes (default 2)")
     launch.add_argument("--devices-per-process", type=int, default=4, help="CPU devices each")
     launch.add_argument("--timeout", type=float, default=None, help="seconds before stopping")
+    launch.add_argument(
+        "--port", type=int, default=None, help="coordinator port (default: a free one)"
+    )
     launch.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
     demo = sub.add_parser(
@@ -194,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             num_processes=args.processes,
             devices_per_process=args.devices_per_process,
             timeout_s=args.timeout,
+            port=args.port,
         )
     if args.command == "demo":
         from meshfeed._demo import run_demo

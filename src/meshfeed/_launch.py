@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from meshfeed._mesh import ENV_NUM_PROCESSES
+
 ENV_COORDINATOR = "MESHFEED_COORDINATOR"
-ENV_NUM_PROCESSES = "MESHFEED_NUM_PROCESSES"
 ENV_PROCESS_ID = "MESHFEED_PROCESS_ID"
 ENV_DEVICES = "MESHFEED_DEVICES_PER_PROCESS"
 
@@ -35,6 +36,20 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def check_port(port: int) -> None:
+    """Raises if ``port`` on 127.0.0.1 cannot host the coordinator."""
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        raise ValueError(f"port={port!r} must be an int in 1..65535.")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise OSError(
+                f"port {port} on 127.0.0.1 is in use; pass another port, or none to let "
+                "meshfeed pick a free one."
+            ) from None
 
 
 def initialize() -> None:
@@ -147,6 +162,7 @@ def start_processes(
     log_dir: Path | None = None,
     on_line: LineHandler | None = None,
     extra_env: Mapping[str, str] | None = None,
+    port: int | None = None,
 ) -> list[Child]:
     """Starts ``num_processes`` copies of ``argv`` wired to one coordinator.
 
@@ -159,7 +175,9 @@ def start_processes(
             f"num_processes={num_processes} and devices_per_process={devices_per_process} "
             "must both be >= 1."
         )
-    coordinator = f"127.0.0.1:{free_port()}"
+    if port is not None:
+        check_port(port)
+    coordinator = f"127.0.0.1:{port or free_port()}"
     children = []
     for i in range(num_processes):
         env = process_env(i, num_processes, devices_per_process, coordinator)
@@ -241,6 +259,7 @@ def launch(
     num_processes: int = 2,
     devices_per_process: int = 4,
     timeout_s: float | None = None,
+    port: int | None = None,
 ) -> int:
     """Runs ``argv`` as ``num_processes`` connected processes on this machine.
 
@@ -264,7 +283,11 @@ def launch(
             sys.stdout.flush()
 
     children = start_processes(
-        argv, num_processes=num_processes, devices_per_process=devices_per_process, on_line=show
+        argv,
+        num_processes=num_processes,
+        devices_per_process=devices_per_process,
+        on_line=show,
+        port=port,
     )
     try:
         failed, timed_out = supervise(children, timeout_s=timeout_s)

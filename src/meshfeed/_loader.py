@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from meshfeed._mesh import check_sharding
+from meshfeed._mesh import check_sharding, launched_without_initialize
 from meshfeed._pipeline import Prefetcher
 from meshfeed._plan import Field, Plan, make_plan
 from meshfeed._records import RecordFn, RecordStage
@@ -98,9 +98,12 @@ class Loader:
         num_workers: int = 0,
     ) -> None:
         _check_args(source, global_batch_size, strategy, seed, num_epochs, last_batch, transform)
+        why = launched_without_initialize()
+        if why is not None:
+            raise RuntimeError(why)
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
             raise ValueError(
-                f"prefetch={prefetch!r} must be an int >= 0 (0 builds each batch on demand)."
+                f"prefetch={prefetch!r} must be an int >= 0 (0 reads each batch on demand)."
             )
         _check_records(record_transform, num_workers)
         if check_every is not None and (not isinstance(check_every, int) or check_every < 1):
@@ -194,6 +197,14 @@ class Loader:
                 self._step += 1
                 yield batch
             return
+        if not self._checked_output and (end is None or self._step < end):
+            # The first batch is read here, so output that cannot be placed (a transform
+            # that changes the row count, variable-length values) fails before any thread.
+            batch = self._checked(self._step, self.batch(self._step))
+            self._step += 1
+            yield batch
+            if end is not None and self._step >= end:
+                return
         ahead = self._prefetcher(end)
         try:
             while True:

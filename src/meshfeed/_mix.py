@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed._sources import FieldSpec, Source
+from meshfeed._sources import FieldSpec, Source, describe
 
 BLOCK = 10_000
 
@@ -145,7 +145,8 @@ def mix(
     for i, s in enumerate(sources[1:], start=1):
         if dict(s.fields) != first:
             raise ValueError(
-                f"sources[{i}] has fields {dict(s.fields)}, sources[0] has {first}; every "
+                f"sources[{i}] has fields {describe(s.fields)}, sources[0] has "
+                f"{describe(first)}; every "
                 "source of a mixture needs the same fields, shapes and dtypes."
             )
     if length is not None and (not isinstance(length, int) or length < 1):

@@ -25,6 +25,12 @@ class FieldSpec(NamedTuple):
     dtype: np.dtype
 
 
+def describe(fields: Mapping[str, FieldSpec]) -> str:
+    """``{image: uint8[28, 28], label: int32[]}``, for messages."""
+    parts = (f"{name}: {np.dtype(s.dtype)}{list(s.shape)}" for name, s in fields.items())
+    return "{" + ", ".join(parts) + "}"
+
+
 @runtime_checkable
 class Source(Protocol):
     """Random access to examples by integer ids.

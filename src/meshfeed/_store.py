@@ -30,7 +30,7 @@ from typing import Any, cast
 import numpy as np
 
 from meshfeed._files import Blob, NpyRows, _fsspec, is_url, npz_members
-from meshfeed._sources import FieldSpec
+from meshfeed._sources import FieldSpec, describe
 
 MANIFEST = "meshfeed.json"
 FORMAT = "meshfeed.source/1"
@@ -91,7 +91,8 @@ def _records_to_shards(
             specs = got
         elif got != specs:
             raise ValueError(
-                f"record {i} has fields {got}, the first record {specs}; every record needs "
+                f"record {i} has fields {describe(got)}, the first record {describe(specs)}; "
+                "every record needs "
                 "the same fields, shapes and dtypes (pad variable-length values to a fixed "
                 "size first)."
             )
