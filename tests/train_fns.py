@@ -190,3 +190,46 @@ def restore_and_peek(directory: str, seed: int = 4) -> dict[str, Any]:
         "labels": labels,
         "w1": _local_copy(state.params["w1"]),
     }
+
+
+def steps_and_shapes(n: int, last_batch: str) -> list[tuple[int, ...]]:
+    """Every batch's global shape over one epoch of ``n`` examples (batch 8)."""
+    mesh = meshfeed.make_mesh(data=jax.device_count())
+    data = meshfeed.ArraySource({"x": np.arange(n * 3, dtype=np.float32).reshape(n, 3)})
+    stream = meshfeed.Loader(
+        data, global_batch_size=8, sharding=meshfeed.batch_sharding(mesh), last_batch=last_batch
+    )  # type: ignore[arg-type]
+    return [tuple(batch["x"].shape) for batch in stream]
+
+
+class _FailsOnProcessOne:
+    """The training source, except that process 1's read of step 3 raises."""
+
+    def __init__(self) -> None:
+        self._source, self._reads = source(), 0
+
+    @property
+    def fields(self) -> Any:
+        return self._source.fields
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        self._reads += 1
+        if jax.process_index() == 1 and self._reads == 4:
+            raise OSError("disk gone on process 1")
+        return self._source[ids]
+
+
+def fit_with_a_failing_read() -> None:
+    mesh = meshfeed.make_mesh(data=jax.device_count())
+    state = meshfeed.TrainState.create(init_params(), OPTIMIZER, mesh=mesh)
+    step = meshfeed.make_train_step(loss_fn, OPTIMIZER, mesh=mesh)
+    stream = meshfeed.Loader(
+        _FailsOnProcessOne(),
+        global_batch_size=GLOBAL_BATCH_SIZE,
+        sharding=meshfeed.batch_sharding(mesh),
+        num_epochs=None,
+    )
+    meshfeed.fit(step, state, stream, num_steps=50, progress=False)
