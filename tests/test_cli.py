@@ -58,6 +58,24 @@ def test_spec_joins_axes_with_plus():
     assert "P(('data', 'model'), None)" in out and "[14:16]" in out
 
 
+def test_bench_matmul_prints_the_table_and_each_layout():
+    out = _meshfeed("bench", "matmul", "--size", "64", "--mesh", "data=4,model=2", "--repeats", "2")
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["name"] for r in lines] == [
+        "one device",
+        "replicated",
+        "rows",
+        "allgather",
+        "reduce_scatter",
+        "2d",
+        "auto",
+    ]
+    assert all(r["ms"] > 0 and r["tflops"] > 0 for r in lines)
+    assert "strategy" in out and "TFLOP/s" in out and "bytes moved" in out
+    two_d = out.split("== 2d\n")[1]
+    assert two_d.startswith("a: ") and "('data', 'model')" in two_d.splitlines()[0]
+
+
 def test_bench_loader_prints_json_lines():
     out = _meshfeed(
         "bench",

@@ -131,10 +131,13 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench",
-        help="time every loading strategy on your shapes, against the numpy floor",
-        epilog="example: meshfeed bench loader --shape 2048 --dtype int32 --batch 64",
+        help="time every loading strategy (or matmul strategy) on your shapes",
+        epilog="examples: meshfeed bench loader --shape 2048 --dtype int32 --batch 64; "
+        "meshfeed bench matmul --size 4096 --mesh data=4,model=2",
     )
-    bench.add_argument("what", choices=["loader"], help="what to time")
+    bench.add_argument("what", choices=["loader", "matmul"], help="what to time")
+    bench.add_argument("--size", type=int, default=4096, help="matmul: square matrix size")
+    bench.add_argument("--repeats", type=int, default=5, help="matmul: timed runs, median")
     bench.add_argument("--shape", type=parse_shape, default=(28, 28, 1), help="per example")
     bench.add_argument("--dtype", default="uint8")
     bench.add_argument("--examples", type=int, default=20_000)
@@ -212,6 +215,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             _cpu_devices(math.prod(args.mesh.values()))
         import meshfeed
 
+        if args.what == "matmul":
+            from meshfeed._bench_matmul import bench_matmul, table
+
+            rows, pictures = bench_matmul(size=args.size, mesh=args.mesh, repeats=args.repeats)
+            for strategy, picture in pictures.items():
+                print(f"== {strategy}\n{picture}")
+            print(table(rows))
+            for line in rows:
+                print(json.dumps({"benchmark": "matmul", "size": args.size, **line}))
+            return 0
         for line in meshfeed.bench_loader(
             shape=args.shape,
             dtype=args.dtype,
