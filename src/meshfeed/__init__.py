@@ -5,6 +5,7 @@ one process or many, exactly and resumably. Importing meshfeed touches no device
 ``jax.distributed.initialize`` (or ``meshfeed.initialize``) may still follow.
 """
 
+from meshfeed import ops as ops
 from meshfeed._adapters import ArrayRecordSource as ArrayRecordSource
 from meshfeed._adapters import GrainSource as GrainSource
 from meshfeed._adapters import HFSource as HFSource
@@ -76,6 +77,7 @@ __all__ = [
     "masked_mean",
     "mix",
     "open_source",
+    "ops",
     "plan",
     "plot_sharding",
     "reshard",

@@ -10,6 +10,7 @@ with ``show_sharding``.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Any
@@ -21,7 +22,7 @@ from jax.sharding import NamedSharding
 
 from meshfeed._mesh import make_mesh
 from meshfeed._show import show_sharding
-from meshfeed.ops import MATMUL_STRATEGIES, bytes_moved, layouts, matmul
+from meshfeed.ops import MATMUL_STRATEGIES, MatmulStrategy, bytes_moved, layouts, matmul
 
 
 def _median_seconds(run: Any, repeats: int) -> float:
@@ -63,16 +64,16 @@ def bench_matmul(
         }
     ]
     pictures = {}
-    strategies = [s for s in MATMUL_STRATEGIES if len(axes) == 2 or s not in ("2d", "auto")]
+    strategies: list[MatmulStrategy] = [
+        s for s in MATMUL_STRATEGIES if len(axes) == 2 or s not in ("2d", "auto")
+    ]
     for strategy in strategies:
         spec_a, spec_b, _ = layouts(the_mesh, strategy)
         placed_a = jax.device_put(a, NamedSharding(the_mesh, spec_a))
         placed_b = jax.device_put(b, NamedSharding(the_mesh, spec_b))
         out = matmul(placed_a, placed_b, mesh=the_mesh, strategy=strategy)
-        seconds = _median_seconds(
-            lambda a=placed_a, b=placed_b, s=strategy: matmul(a, b, mesh=the_mesh, strategy=s),
-            repeats,
-        )
+        run = functools.partial(matmul, placed_a, placed_b, mesh=the_mesh, strategy=strategy)
+        seconds = _median_seconds(run, repeats)
         moved = bytes_moved(the_mesh, strategy, size, size, size, 4)
         rows.append(
             {
