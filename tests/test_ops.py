@@ -29,7 +29,7 @@ def _check(results, expected_strategies):
 
 def test_every_strategy_on_a_1d_mesh():
     results = check_strategies({"data": 8})
-    _check(results, ["replicated", "rows", "allgather", "reduce_scatter"])
+    _check(results, ["replicated", "rows", "allgather", "reduce_scatter", "auto"])
     assert results["rows"]["spec"] == normal(P("data", None))
 
 

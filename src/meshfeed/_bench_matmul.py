@@ -64,9 +64,7 @@ def bench_matmul(
         }
     ]
     pictures = {}
-    strategies: list[MatmulStrategy] = [
-        s for s in MATMUL_STRATEGIES if len(axes) == 2 or s not in ("2d", "auto")
-    ]
+    strategies: list[MatmulStrategy] = [s for s in MATMUL_STRATEGIES if len(axes) == 2 or s != "2d"]
     for strategy in strategies:
         spec_a, spec_b, _ = layouts(the_mesh, strategy)
         placed_a = jax.device_put(a, NamedSharding(the_mesh, spec_a))

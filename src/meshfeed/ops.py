@@ -16,12 +16,14 @@ strategy                  a, b placed              communication        product
 ``"2d"``                  a ``P(x, y)``,           all-gather a over    ``P(x, y)``
                           b ``P(x, y)``            y, b over x
 ``"auto"``                a rows over x, b         ``jax.jit`` decides  as XLA chose
-                          columns over y
+                          columns over y (1-D:
+                          a rows, b whole)
 ========================  =======================  ===================  ==================
 
 ``"2d"`` is SUMMA with each panel gathered whole: device ``(i, j)`` needs row block ``i``
 of ``a`` and column block ``j`` of ``b`` over all of ``K``, gathered along the other axis,
-then multiplies locally; it needs a 2-D mesh ``(x, y)``. A shape that does not divide
+then multiplies locally; it needs a 2-D mesh ``(x, y)``, as ``"auto"`` does for its
+split of ``b`` (on a 1-D mesh ``"auto"`` splits ``a``'s rows only). A shape that does not divide
 over the devices it is split across raises ``ValueError`` naming it.
 """
 
@@ -77,6 +79,8 @@ def layouts(mesh: Mesh, strategy: MatmulStrategy) -> tuple[P, P, P]:
         return P(None, every), P(every, None), P()
     if strategy == "reduce_scatter":
         return P(None, every), P(every, None), P(every, None)
+    if strategy == "auto" and len(every) == 1:
+        return P(every, None), P(), P(every, None)
     if strategy in ("2d", "auto"):
         if len(every) != 2:
             raise ValueError(
