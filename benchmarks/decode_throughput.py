@@ -40,18 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_fns import CROP, decode_crop, decode_crop_seeded, encode_all
 
 import meshfeed
-from meshfeed._bench import measure
+from meshfeed._bench import measure, to_global
 
 BATCH = 256
-
-
-def _to_devices(batches: Iterator[dict[str, np.ndarray]]) -> Iterator[Any]:
-    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=8))
-    for b in batches:
-        yield {
-            k: jax.make_array_from_process_local_data(sharding, v, (BATCH, *v.shape[1:]))
-            for k, v in b.items()
-        }
 
 
 def _meshfeed(encoded: np.ndarray, labels: np.ndarray, workers: int) -> Callable[[], Iterator]:
@@ -108,7 +99,7 @@ def _torch(encoded: np.ndarray, labels: np.ndarray, workers: int) -> Callable[[]
             generator=torch.Generator().manual_seed(0),
         )
         while True:
-            yield from _to_devices(iter(loader))
+            yield from to_global(iter(loader), BATCH)
 
     return run
 
@@ -150,7 +141,7 @@ def _grain(encoded: np.ndarray, labels: np.ndarray, workers: int) -> Callable[[]
         )
         if workers:
             ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
-        yield from _to_devices(iter(ds))
+        yield from to_global(iter(ds), BATCH)
 
     return run
 
@@ -170,7 +161,7 @@ def _tfdata(encoded: np.ndarray, labels: np.ndarray, workers: int) -> Callable[[
 
         ds = ds.map(decode, num_parallel_calls=workers or None).batch(BATCH, drop_remainder=True)
         ds = ds.repeat().prefetch(2)
-        yield from _to_devices({k: v.numpy() for k, v in b.items()} for b in ds)
+        yield from to_global(({k: v.numpy() for k, v in b.items()} for b in ds), BATCH)
 
     return run
 

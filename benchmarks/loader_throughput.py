@@ -41,7 +41,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 import meshfeed
-from meshfeed._bench import measure
+from meshfeed._bench import measure, to_global
 
 Batches = Callable[[], Iterator[Any]]
 
@@ -137,15 +137,6 @@ def _collate(records: Any) -> dict[str, np.ndarray]:
     return {k: np.stack([r[k] for r in records]) for k in records[0]}
 
 
-def _to_devices(batches: Iterator[dict[str, np.ndarray]], batch: int) -> Iterator[Any]:
-    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
-    for b in batches:
-        yield {
-            k: jax.make_array_from_process_local_data(sharding, v, (batch, *v.shape[1:]))
-            for k, v in b.items()
-        }
-
-
 def _grain(arrays: dict[str, np.ndarray], batch: int) -> Batches | str:
     try:
         import grain
@@ -160,7 +151,7 @@ def _grain(arrays: dict[str, np.ndarray], batch: int) -> Batches | str:
                 .shuffle(seed=epoch)
                 .batch(batch // jax.process_count(), drop_remainder=True, batch_fn=_collate)
             )
-            yield from _to_devices(iter(ds), batch)
+            yield from to_global(iter(ds), batch)
             epoch += 1
 
     return run
@@ -183,7 +174,7 @@ def _torch(arrays: dict[str, np.ndarray], batch: int) -> Batches | str:
             generator=torch.Generator().manual_seed(0),
         )
         while True:
-            yield from _to_devices(iter(loader), batch)
+            yield from to_global(iter(loader), batch)
 
     return run
 

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from format_fns import decode_record, write_arrayrecord, write_parquet
 
 import meshfeed
-from meshfeed._bench import measure
+from meshfeed._bench import measure, to_global
 
 BATCH = 256
 Run = Callable[[], Iterator[Any]]
@@ -51,15 +51,6 @@ Run = Callable[[], Iterator[Any]]
 
 def _sharding() -> Any:
     return meshfeed.batch_sharding(meshfeed.make_mesh(data=8))
-
-
-def _to_devices(batches: Iterator[dict[str, np.ndarray]]) -> Iterator[Any]:
-    sharding = _sharding()
-    for b in batches:
-        yield {
-            k: jax.make_array_from_process_local_data(sharding, v, (BATCH, *v.shape[1:]))
-            for k, v in b.items()
-        }
 
 
 def _loader(make_source: Callable[[], meshfeed.Source]) -> Run:
@@ -104,7 +95,7 @@ def _torch(dataset: _Batched) -> Run | str:
             generator=torch.Generator().manual_seed(0),
         )
         while True:
-            yield from _to_devices(iter(loader))
+            yield from to_global(iter(loader), BATCH)
 
     return run
 
@@ -141,7 +132,7 @@ def arrayrecord_entries(path: str) -> dict[str, tuple[str, Run | str]]:
                 .map(decode_record)
                 .batch(BATCH, drop_remainder=True)
             )
-            yield from _to_devices(iter(ds))
+            yield from to_global(iter(ds), BATCH)
             epoch += 1
 
     reader = ArrayRecordDataSource([path])

@@ -48,6 +48,20 @@ def measure(
             return done * batch / elapsed
 
 
+def to_global(batches: Iterator[dict[str, np.ndarray]], global_batch_size: int) -> Iterator[Any]:
+    """A peer loader's host batches (this process's rows) as global ``jax.Array``s,
+    split over every device with ``make_array_from_process_local_data`` -- how every
+    benchmark entry ends, so that peers and meshfeed deliver the same thing."""
+    sharding = batch_sharding(make_mesh(data=jax.device_count()))
+    for batch in batches:
+        yield {
+            k: jax.make_array_from_process_local_data(
+                sharding, v, (global_batch_size, *v.shape[1:])
+            )
+            for k, v in batch.items()
+        }
+
+
 def bench_loader(
     *,
     shape: Sequence[int] = (28, 28, 1),
