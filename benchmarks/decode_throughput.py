@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_fns import CROP, decode_crop, decode_crop_seeded, encode_all
 
 import meshfeed
-from meshfeed._bench import measure, to_global
+from common import measure, to_global
 
 BATCH = 256
 

@@ -1,8 +1,9 @@
-"""Workload E, input wait: the demo's convnet trained by ``fit``; time spent waiting for input.
+"""Workload E, input wait: a small convnet trained by ``fit``; time spent waiting for input.
 
-One process, 8 CPU devices, scikit-learn's digits (global batch 64), the demo's model
-and step (mode ``"jit"``), trained for a fixed number of steps by ``meshfeed.fit`` with
-the loader's ``prefetch`` at 0, 1, 2 and 4, on two sources:
+One process, 8 CPU devices, scikit-learn's digits (global batch 64), a convnet of the
+demo's shape (``common.digits_loss``, mode ``"jit"``), trained for a fixed number of
+steps by ``meshfeed.fit`` with the loader's ``prefetch`` at 0, 1, 2 and 4, on two
+sources:
 
 - ``memory``: the digits in memory (reading a batch takes microseconds);
 - ``remote``: the same digits behind 2 ms of latency per read, as a batch fetched from
@@ -38,7 +39,8 @@ import numpy as np
 import optax
 
 import meshfeed
-from meshfeed._demo import GLOBAL_BATCH_SIZE, LEARNING_RATE, digits, init_params, loss_fn
+from common import DIGITS_BATCH_SIZE as GLOBAL_BATCH_SIZE
+from common import DIGITS_LEARNING_RATE, digits, digits_loss, digits_params
 
 LATENCY_S = 0.002
 
@@ -62,7 +64,7 @@ class Remote:
 
 
 def run(source: str, prefetch: int, steps: int) -> dict[str, float]:
-    train, _ = digits()
+    train = digits()
     mesh = meshfeed.make_mesh(data=8)
     data = meshfeed.ArraySource(train)
     loader = meshfeed.Loader(
@@ -72,9 +74,9 @@ def run(source: str, prefetch: int, steps: int) -> dict[str, float]:
         num_epochs=None,
         prefetch=prefetch,
     )
-    optimizer = optax.adam(LEARNING_RATE)
-    state = meshfeed.TrainState.create(init_params(), optimizer, mesh=mesh)
-    step = meshfeed.make_train_step(loss_fn, optimizer, mesh=mesh)
+    optimizer = optax.adam(DIGITS_LEARNING_RATE)
+    state = meshfeed.TrainState.create(digits_params(), optimizer, mesh=mesh)
+    step = meshfeed.make_train_step(digits_loss, optimizer, mesh=mesh)
     state, _ = step(state, loader.batch(0))  # compile outside the timed loop
     jax.block_until_ready(state)
     history = meshfeed.fit(step, state, loader, num_steps=steps, log_every=50, progress=False)

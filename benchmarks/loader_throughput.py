@@ -41,7 +41,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 import meshfeed
-from meshfeed._bench import measure, to_global
+from common import measure, to_global
 
 Batches = Callable[[], Iterator[Any]]
 

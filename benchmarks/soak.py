@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from soak_fns import shift
 
 import meshfeed
-from meshfeed._demo import GLOBAL_BATCH_SIZE, digits
+from common import DIGITS_BATCH_SIZE as GLOBAL_BATCH_SIZE
+from common import digits
 
 
 def _rss(pid: int | str = "self") -> int:
@@ -63,7 +64,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100_000)
     args = parser.parse_args()
     steps = 2_000 if args.smoke else args.steps
-    train, _ = digits()
+    train = digits()
     loader = meshfeed.Loader(
         meshfeed.ArraySource(train),
         global_batch_size=GLOBAL_BATCH_SIZE,

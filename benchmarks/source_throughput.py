@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from format_fns import decode_record, write_arrayrecord, write_parquet
 
 import meshfeed
-from meshfeed._bench import measure, to_global
+from common import measure, to_global
 
 BATCH = 256
 Run = Callable[[], Iterator[Any]]

@@ -53,7 +53,7 @@ def batches(strategy):
 
 
 loader, reference = batches("per_process")
-print(loader.plan)
+print(meshfeed.show_plan(loader.plan), end="")
 for strategy in ("global", "per_device", "per_process", "reshard"):
     _, got = batches(strategy)
     same = all(np.array_equal(g[k], r[k]) for g, r in zip(got, reference, strict=True) for k in r)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import meshfeed
+import train_fns
 from meshfeed.testing import run_in_processes
 from train_fns import fit_with_checkpoints, restore_and_peek, source
 
@@ -61,3 +62,23 @@ def test_checkpoint_arguments_are_checked(tmp_path):
         meshfeed.fit(lambda s, b: (s, {}), None, [], num_steps=1, checkpoint_dir=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no checkpoint under"):
         meshfeed.restore_checkpoint(tmp_path / "empty", {"x": np.zeros(2)})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"log_every": 0}, "log_every=0 must be >= 1"),
+        ({"num_steps": 0}, "num_steps=0 must be an int >= 1"),
+        ({"eval_fn": train_fns.eval_fn}, "pass eval_loader and eval_fn together"),
+        ({"checkpoint_every": 0}, "checkpoint_every=0 must be an int >= 1"),
+    ],
+)
+def test_fit_checks_every_argument_before_it_touches_the_checkpoint_dir(tmp_path, kwargs, match):
+    mesh = meshfeed.make_mesh(data=8)
+    state = meshfeed.TrainState.create(train_fns.init_params(), train_fns.OPTIMIZER, mesh=mesh)
+    step = meshfeed.make_train_step(train_fns.loss_fn, train_fns.OPTIMIZER, mesh=mesh)
+    directory = tmp_path / "run"
+    args = {"checkpoint_dir": str(directory), "checkpoint_every": 2, "num_steps": 4, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        meshfeed.fit(step, state, train_fns.loader(mesh), **args)
+    assert not directory.exists()

@@ -281,3 +281,13 @@ def test_a_state_that_is_not_one_is_refused():
     state = _loader().state()
     with pytest.raises(ValueError, match="past this loader's 6 steps"):
         _loader().restore({**state, "step": 7})
+
+
+def test_arguments_are_read_only_attributes():
+    loader = _loader(seed=3)
+    assert loader.seed == 3 and loader.options.seed == 3 and loader.prefetch == 2
+    with pytest.raises(AttributeError, match=r"Loader\.seed is read-only.*seed=5"):
+        loader.seed = 5  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        loader.plan = None  # type: ignore[misc]
+    assert loader.seed == 3 and loader.ids(0).tolist() == _loader(seed=3).ids(0).tolist()

@@ -95,3 +95,16 @@ def test_plot_sharding_writes_a_png_of_the_expected_size(tmp_path):
     assert "<svg" in svg.read_text()
     with pytest.raises(ValueError, match=r"must end in \.png or \.svg"):
         meshfeed.plot_sharding(sharding, tmp_path / "layout.jpg", shape=(256, 128))
+
+
+def test_plot_sharding_leaves_the_matplotlib_backend_alone(tmp_path):
+    import matplotlib
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")  # a backend plot_sharding would not pick itself
+    try:
+        sharding = NamedSharding(_mesh(), P("data"))
+        meshfeed.plot_sharding(sharding, tmp_path / "layout.png", shape=(8,))
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(before)

@@ -11,35 +11,50 @@ from meshfeed._adapters import GrainSource as GrainSource
 from meshfeed._adapters import HFSource as HFSource
 from meshfeed._adapters import ParquetSource as ParquetSource
 from meshfeed._adapters import TorchSource as TorchSource
-from meshfeed._bench import bench_loader as bench_loader
+from meshfeed._arrays import ArraySource as ArraySource
 from meshfeed._checkpoint import restore_checkpoint as restore_checkpoint
 from meshfeed._checkpoint import save_checkpoint as save_checkpoint
+from meshfeed._fit import EvalFn as EvalFn
 from meshfeed._fit import History as History
+from meshfeed._fit import StepFn as StepFn
 from meshfeed._fit import fit as fit
 from meshfeed._launch import initialize as initialize
 from meshfeed._launch import launch as launch
 from meshfeed._loader import Loader as Loader
 from meshfeed._mesh import DATA as DATA
 from meshfeed._mesh import MODEL as MODEL
+from meshfeed._mesh import AxisTypes as AxisTypes
 from meshfeed._mesh import batch_sharding as batch_sharding
 from meshfeed._mesh import make_mesh as make_mesh
+from meshfeed._mix import Mixture as Mixture
 from meshfeed._mix import mix as mix
+from meshfeed._options import LoaderOptions as LoaderOptions
+from meshfeed._options import Transform as Transform
+from meshfeed._plan import STRATEGIES as STRATEGIES
+from meshfeed._plan import Cost as Cost
 from meshfeed._plan import Plan as Plan
+from meshfeed._plan import Strategy as Strategy
 from meshfeed._plan import plan as plan
 from meshfeed._plot import plot_sharding as plot_sharding
+from meshfeed._records import RecordFn as RecordFn
 from meshfeed._replicas import check_replicas as check_replicas
+from meshfeed._schedule import LastBatch as LastBatch
 from meshfeed._schedule import Permutation as Permutation
 from meshfeed._schedule import Schedule as Schedule
+from meshfeed._shardings import ShardingArg as ShardingArg
 from meshfeed._show import show_sharding as show_sharding
-from meshfeed._sources import ArraySource as ArraySource
+from meshfeed._show_plan import show_plan as show_plan
 from meshfeed._sources import FieldSpec as FieldSpec
 from meshfeed._sources import Source as Source
+from meshfeed._state import LoaderState as LoaderState
 from meshfeed._store import ShardedSource as ShardedSource
 from meshfeed._store import open_source as open_source
 from meshfeed._store import write_source as write_source
-from meshfeed._strategies import STRATEGIES as STRATEGIES
 from meshfeed._strategies import reshard as reshard
 from meshfeed._train import MODES as MODES
+from meshfeed._train import Batch as Batch
+from meshfeed._train import LossFn as LossFn
+from meshfeed._train import Mode as Mode
 from meshfeed._train import TrainState as TrainState
 from meshfeed._train import make_train_step as make_train_step
 from meshfeed._train import masked_mean as masked_mean
@@ -53,21 +68,35 @@ __all__ = [
     "STRATEGIES",
     "ArrayRecordSource",
     "ArraySource",
+    "AxisTypes",
+    "Batch",
+    "Cost",
+    "EvalFn",
     "FieldSpec",
     "GrainSource",
     "HFSource",
     "History",
+    "LastBatch",
     "Loader",
+    "LoaderOptions",
+    "LoaderState",
+    "LossFn",
+    "Mixture",
+    "Mode",
     "ParquetSource",
     "Permutation",
     "Plan",
+    "RecordFn",
     "Schedule",
     "ShardedSource",
+    "ShardingArg",
     "Source",
+    "StepFn",
+    "Strategy",
     "TorchSource",
     "TrainState",
+    "Transform",
     "batch_sharding",
-    "bench_loader",
     "check_replicas",
     "fit",
     "initialize",
@@ -83,6 +112,7 @@ __all__ = [
     "reshard",
     "restore_checkpoint",
     "save_checkpoint",
+    "show_plan",
     "show_sharding",
     "write_source",
 ]

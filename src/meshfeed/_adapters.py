@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed._sources import FieldSpec
+from meshfeed._files import Blob, is_url
+from meshfeed._sources import FieldSpec, check_ids, gather_by_part, locate
 
 OBJECT = np.dtype(object)
 
@@ -31,13 +32,6 @@ def _require(module: str, extra: str) -> Any:
         raise ImportError(
             f"this source needs {module.split('.')[0]}: pip install 'meshfeed[{extra}]'."
         ) from None
-
-
-def _ids(ids: np.ndarray, n: int, name: str) -> np.ndarray:
-    ids = np.asarray(ids, dtype=np.int64)
-    if len(ids) and (ids.min() < 0 or ids.max() >= n):
-        raise IndexError(f"ids must be in [0, {n}) for {name}.")
-    return ids
 
 
 class _Records:
@@ -81,7 +75,7 @@ class _Records:
         return self._n
 
     def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        ids = _ids(ids, self._n, self.name)
+        ids = check_ids(ids, self._n, self.name)
         return _stack([self._record(i) for i in ids.tolist()], self._fields, self.name, ids)
 
     def __repr__(self) -> str:
@@ -166,7 +160,7 @@ class ArrayRecordSource:
         return len(self._records)
 
     def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        ids = _ids(ids, len(self), self._records.name)
+        ids = check_ids(ids, len(self), self._records.name)
         raws = self._reader.__getitems__(ids.tolist())  # one batched read
         self.records_read += len(raws)
         decoded = [self._decoded(r) for r in raws]
@@ -236,7 +230,7 @@ class HFSource:
         return self._n
 
     def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        ids = _ids(ids, self._n, "HFSource")
+        ids = check_ids(ids, self._n, "HFSource")
         rows = self._dataset[ids]
         out = {}
         for name, spec in self._fields.items():
@@ -303,13 +297,8 @@ class ParquetSource:
         pq = _require("pyarrow.parquet", "parquet")
         pa = _require("pyarrow", "parquet")
         self.path = str(path)
-        if "://" in self.path:
-            from meshfeed._files import _fsspec
-
-            fs, inner = _fsspec().core.url_to_fs(self.path)
-            self._file = pq.ParquetFile(fs.open(inner, "rb"))
-        else:
-            self._file = pq.ParquetFile(self.path)
+        # Local files through pyarrow's own reader; URLs through fsspec.
+        self._file = pq.ParquetFile(Blob(self.path).open() if is_url(self.path) else self.path)
         schema = self._file.schema_arrow
         self._columns = list(columns) if columns is not None else list(schema.names)
         self._fields = {c: _arrow_spec(pa, schema.field(c).type) for c in self._columns}
@@ -346,15 +335,14 @@ class ParquetSource:
         return group
 
     def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        ids = _ids(ids, self._n, self.path)
-        out = {k: np.empty((len(ids), *s.shape), s.dtype) for k, s in self._fields.items()}
-        group_of = np.searchsorted(self._starts, ids, side="right") - 1
-        for g in np.unique(group_of).tolist():
-            where = np.flatnonzero(group_of == g)
-            local = ids[where] - self._starts[g]
-            for name, values in self._group(g).items():
-                out[name][where] = values[local]
-        return out
+        ids = check_ids(ids, self._n, self.path)
+        group, local = locate(self._starts, ids)
+        return gather_by_part(
+            group,
+            local,
+            self._fields,
+            lambda g, rows: {n: v[rows] for n, v in self._group(g).items()},
+        )
 
     def __repr__(self) -> str:
         return f"ParquetSource({self.path!r}, {self._n} rows; {self._columns})"

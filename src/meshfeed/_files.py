@@ -1,23 +1,28 @@
-"""Rows of ``.npy`` files read by byte range, on local disk or behind an fsspec URL.
+"""Fixed-size rows read by byte range, from local files or behind an fsspec URL.
 
 A ``.npy`` file is a short header and then the rows, one after another, each
-``row_bytes`` long. So the rows a process needs are byte ranges: consecutive ids are one
-range, and nothing else of the file is read -- not on disk (``pread``, which maps
-nothing into the process) and not on an object store (``cat_ranges``, one request per
-range, issued together). A ``.npy`` member stored uncompressed in a ``.npz`` is the
-same thing at an offset inside the zip.
+``row_bytes`` long; so is a whole ``np.memmap`` of a file. The rows a process needs are
+therefore byte ranges: consecutive ids are one range, and nothing else of the file is
+read -- not on disk (``preadv`` into the output buffer, which maps nothing into the
+process) and not on an object store (``cat_ranges``, one request per range, issued
+together). A ``.npy`` member stored uncompressed in a ``.npz`` is the same thing at an
+offset inside the zip.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
 import struct
 import weakref
 import zipfile
-from typing import Any
+from collections.abc import Sequence
+from typing import IO, Any
 
 import numpy as np
+
+from meshfeed._sources import check_ids
 
 _MAGIC = b"\x93NUMPY"
 
@@ -26,7 +31,8 @@ def is_url(path: str) -> bool:
     return "://" in path
 
 
-def _fsspec() -> Any:
+def require_fsspec() -> Any:
+    """The ``fsspec`` module, or an ``ImportError`` naming the extra to install."""
     try:
         import fsspec
     except ImportError:
@@ -44,7 +50,7 @@ class Blob:
         self.path = path
         self._fd: int | None = None
         if is_url(path):
-            self._fs, self._fs_path = _fsspec().core.url_to_fs(path)
+            self._fs, self._fs_path = require_fsspec().core.url_to_fs(path)
         else:
             self._fs, self._fs_path = None, path
 
@@ -56,24 +62,24 @@ class Blob:
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.path} does not exist.") from None
 
+    def open(self) -> IO[bytes]:
+        """A binary file object over the whole file (for zip and Parquet readers)."""
+        if self._fs is None:
+            return open(self.path, "rb")  # the caller closes it
+        return self._fs.open(self._fs_path, "rb")
+
     def read(self, start: int, end: int) -> bytes:
-        return self.read_ranges([start], [end])[0]
-
-    def read_ranges(self, starts: list[int], ends: list[int]) -> list[bytes]:
+        """Bytes ``[start, end)``; fewer if the file ends first."""
         if self._fs is not None:
-            paths = [self._fs_path] * len(starts)
-            return list(self._fs.cat_ranges(paths, starts, ends))
-        fd = self._open()
-        out = []
-        for start, end in zip(starts, ends, strict=True):
-            out.append(os.pread(fd, end - start, start))
-        return out
+            return bytes(self._fs.cat_ranges([self._fs_path], [start], [end])[0])
+        return os.pread(self._open(), end - start, start)
 
-    def read_into(self, views: list[memoryview], starts: list[int]) -> None:
-        """Fills each view from its offset (local files: no intermediate copy)."""
+    def read_into(self, views: Sequence[memoryview], starts: Sequence[int]) -> None:
+        """Fills each view from its offset (local files: straight into the view)."""
         if self._fs is not None:
             ends = [s + len(v) for v, s in zip(views, starts, strict=True)]
-            for view, data in zip(views, self.read_ranges(starts, ends), strict=True):
+            paths = [self._fs_path] * len(starts)
+            for view, data in zip(views, self._fs.cat_ranges(paths, starts, ends), strict=True):
                 if len(data) != len(view):
                     raise OSError(f"{self.path} ended early: it is truncated.")
                 view[:] = data
@@ -100,58 +106,84 @@ class Blob:
         return {**self.__dict__, "_fd": None}
 
 
-class NpyRows:
+def runs(ordered: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end positions of the runs of consecutive values in sorted unique ids."""
+    starts = np.flatnonzero(np.diff(ordered, prepend=ordered[0] - 2) != 1)
+    return starts, np.append(starts[1:], len(ordered))
+
+
+class RowFile:
+    """``rows`` fixed-size rows of ``shape`` and ``dtype``, from byte ``offset`` of a blob.
+
+    ``read(ids)`` reads each distinct row once, consecutive rows as one range, straight
+    into a fresh buffer; ``bytes_read`` counts the row bytes read so far.
+    """
+
+    def __init__(
+        self,
+        blob: Blob,
+        *,
+        offset: int,
+        rows: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        name: str,
+    ) -> None:
+        self.blob = blob
+        self.offset = offset
+        self.rows = rows
+        self.row_shape = shape
+        self.dtype = np.dtype(dtype)
+        self.name = name
+        self.row_bytes = math.prod(shape) * self.dtype.itemsize
+        self.bytes_read = 0
+
+    def read(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` (in any order, repeats allowed)."""
+        ids = check_ids(ids, self.rows, self.name)
+        out = np.empty((len(ids), *self.row_shape), self.dtype)
+        if not len(ids) or not self.row_bytes:
+            return out
+        unique, inverse = np.unique(ids, return_inverse=True)
+        buffer = np.empty((len(unique), self.row_bytes), np.uint8)
+        starts, ends = runs(unique)
+        views = [
+            memoryview(buffer[a:b]).cast("B")  # type: ignore[arg-type]
+            for a, b in zip(starts, ends, strict=True)
+        ]
+        self.blob.read_into(views, [self.offset + int(unique[a]) * self.row_bytes for a in starts])
+        self.bytes_read += buffer.nbytes
+        np.take(buffer, inverse.reshape(-1), axis=0, out=out.reshape(len(ids), -1).view(np.uint8))
+        return out
+
+
+class NpyRows(RowFile):
     """The rows of one ``.npy`` array (a file, or a stored ``.npz`` member at ``at``)."""
 
     def __init__(self, blob: Blob, *, at: int = 0, name: str | None = None) -> None:
-        self.blob = blob
-        self.name = name or blob.path
-        self.shape, self.dtype, self.data_offset = _read_header(blob, at, self.name)
-        if self.dtype.hasobject:
+        name = name or blob.path
+        shape, dtype, data_offset = _read_header(blob, at, name)
+        if dtype.hasobject:
             raise ValueError(
-                f"{self.name} holds Python objects (dtype {self.dtype}), which .npy stores "
+                f"{name} holds Python objects (dtype {dtype}), which .npy stores "
                 "pickled; meshfeed reads fixed-size rows only. Pad the field to a fixed "
                 "shape, or keep variable-length values in Parquet or ArrayRecord."
             )
-        if not self.shape:
-            raise ValueError(f"{self.name} is a 0-d array; it needs a leading example dimension.")
-        self.rows = self.shape[0]
-        self.row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
-        self.bytes_read = 0
+        if not shape:
+            raise ValueError(f"{name} is a 0-d array; it needs a leading example dimension.")
+        super().__init__(
+            blob, offset=data_offset, rows=shape[0], shape=shape[1:], dtype=dtype, name=name
+        )
 
     def check_size(self, size: int | None = None) -> None:
-        """Raises if the file is shorter (or longer) than its header says."""
-        want = self.data_offset + self.rows * self.row_bytes
+        """Raises if the file is shorter than its header says."""
+        want = self.offset + self.rows * self.row_bytes
         got = self.blob.size() if size is None else size
         if got < want:
             raise ValueError(
                 f"{self.name} is truncated: its header says {self.rows} rows of "
                 f"{self.row_bytes} bytes ({want} bytes in all), the file has {got}."
             )
-
-    def read(self, ids: np.ndarray) -> np.ndarray:
-        """Rows ``ids`` (sorted or not, repeats allowed) of this array."""
-        out = np.empty((len(ids), *self.shape[1:]), self.dtype)
-        if not len(ids) or not self.row_bytes:
-            return out
-        if ids.min() < 0 or ids.max() >= self.rows:
-            raise IndexError(f"ids outside [0, {self.rows}) for {self.name}.")
-        order = np.argsort(ids, kind="stable")
-        ordered = ids[order]
-        unique, inverse = np.unique(ordered, return_inverse=True)
-        rows = np.empty((len(unique), self.row_bytes), np.uint8)
-        # Consecutive ids are one range.
-        starts = np.flatnonzero(np.diff(unique, prepend=unique[0] - 2) != 1)
-        ends = np.append(starts[1:], len(unique))
-        views = [
-            memoryview(rows[a:b]).cast("B")  # type: ignore[arg-type]
-            for a, b in zip(starts, ends, strict=True)
-        ]
-        offsets = [self.data_offset + int(unique[a]) * self.row_bytes for a in starts]
-        self.blob.read_into(views, offsets)
-        self.bytes_read += rows.nbytes
-        out.reshape(len(ids), -1).view(np.uint8)[order] = rows[inverse]
-        return out
 
 
 def _read_header(blob: Blob, at: int, name: str) -> tuple[tuple[int, ...], np.dtype, int]:
@@ -187,25 +219,18 @@ def _read_header(blob: Blob, at: int, name: str) -> tuple[tuple[int, ...], np.dt
 
 def npz_members(blob: Blob) -> dict[str, NpyRows]:
     """The arrays of an ``.npz``, each read in place (members must be stored, not deflated)."""
-    if blob._fs is not None:
-        handle: Any = blob._fs.open(blob._fs_path, "rb")
-    else:
-        handle = open(blob.path, "rb")  # noqa: SIM115 -- closed below
     members = {}
-    try:
-        with zipfile.ZipFile(handle) as archive:
-            for info in archive.infolist():
-                field = info.filename.removesuffix(".npy")
-                if info.compress_type != zipfile.ZIP_STORED:
-                    raise ValueError(
-                        f"{blob.path} member {info.filename!r} is compressed "
-                        "(np.savez_compressed), so its rows cannot be read in place; save "
-                        "with np.savez, or write the arrays with meshfeed.write_source."
-                    )
-                local = blob.read(info.header_offset, info.header_offset + 30)
-                name_len, extra_len = struct.unpack("<HH", local[26:30])
-                at = info.header_offset + 30 + name_len + extra_len
-                members[field] = NpyRows(blob, at=at, name=f"{blob.path}[{field}]")
-    finally:
-        handle.close()
+    with blob.open() as handle, zipfile.ZipFile(handle) as archive:
+        for info in archive.infolist():
+            field = info.filename.removesuffix(".npy")
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise ValueError(
+                    f"{blob.path} member {info.filename!r} is compressed "
+                    "(np.savez_compressed), so its rows cannot be read in place; save "
+                    "with np.savez, or write the arrays with meshfeed.write_source."
+                )
+            local = blob.read(info.header_offset, info.header_offset + 30)
+            name_len, extra_len = struct.unpack("<HH", local[26:30])
+            at = info.header_offset + 30 + name_len + extra_len
+            members[field] = NpyRows(blob, at=at, name=f"{blob.path}[{field}]")
     return members

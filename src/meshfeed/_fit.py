@@ -28,7 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from meshfeed._checkpoint import Checkpoints
 from meshfeed._loader import Loader
-from meshfeed._train import Batch, _valid_rows
+from meshfeed._train import Batch, valid_rows
 
 EvalFn = Callable[[Any, Batch], Mapping[str, jax.Array]]
 StepFn = Callable[[Any, Batch], tuple[Any, Mapping[str, jax.Array]]]
@@ -91,7 +91,6 @@ def fit(
     Returns:
       A ``History``; ``history.state`` is the trained state.
     """
-    checkpoints, done = None, 0
     if checkpoint_dir is not None:
         if not isinstance(loader, Loader):
             raise TypeError(
@@ -102,21 +101,28 @@ def fit(
             raise ValueError(
                 f"checkpoint_every={checkpoint_every!r} must be an int >= 1 with checkpoint_dir."
             )
-        checkpoints = Checkpoints(checkpoint_dir)
-        latest = checkpoints.latest_step()
-        if latest is not None:
-            state = checkpoints.restore(state, loader)
-            done = latest
     elif checkpoint_every is not None:
         raise ValueError("checkpoint_every needs checkpoint_dir (where to save).")
-    if checkpoints is not None and num_steps is not None:
-        total = num_steps  # the whole run's
-    else:
-        total = done + _total_steps(loader, num_steps)
+    if num_steps is not None and (not isinstance(num_steps, int) or num_steps < 1):
+        raise ValueError(f"num_steps={num_steps!r} must be an int >= 1, or None.")
+    if num_steps is None:
+        _length(loader)
     if log_every < 1:
         raise ValueError(f"log_every={log_every} must be >= 1.")
     if (eval_loader is None) != (eval_fn is None):
         raise ValueError("pass eval_loader and eval_fn together, or neither.")
+    # Every argument is checked: only now touch the checkpoint directory.
+    checkpoints, done = None, 0
+    if checkpoint_dir is not None:
+        checkpoints = Checkpoints(checkpoint_dir)
+        latest = checkpoints.latest_step()
+        if latest is not None:
+            state = checkpoints.restore(state, loader)  # type: ignore[arg-type]
+            done = latest
+    if checkpoints is not None and num_steps is not None:
+        total = num_steps  # the whole run's
+    else:
+        total = done + _total_steps(loader, num_steps)
     every: int = eval_every or getattr(loader, "steps_per_epoch", None) or total
     evaluate = None if eval_fn is None or eval_loader is None else _evaluator(eval_fn)
     batch_size = getattr(loader, "global_batch_size", None)
@@ -200,20 +206,22 @@ def fit(
 
 def _total_steps(loader: Iterable[Batch], num_steps: int | None) -> int:
     if num_steps is not None:
-        if not isinstance(num_steps, int) or num_steps < 1:
-            raise ValueError(f"num_steps={num_steps!r} must be an int >= 1, or None.")
         return num_steps
-    try:
-        remaining = len(loader) - getattr(loader, "step", 0)  # type: ignore[arg-type]
-    except TypeError:
-        raise ValueError(
-            "the loader is endless (or has no len()); pass num_steps= to say when to stop."
-        ) from None
+    remaining = _length(loader) - getattr(loader, "step", 0)
     if remaining < 1:
         raise ValueError(
             "the loader has no steps left; call loader.reset() or restore an earlier state."
         )
     return remaining
+
+
+def _length(loader: Iterable[Batch]) -> int:
+    try:
+        return len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(
+            "the loader is endless (or has no len()); pass num_steps= to say when to stop."
+        ) from None
 
 
 def _floats(metrics: Mapping[str, jax.Array]) -> dict[str, float]:
@@ -235,7 +243,7 @@ def _evaluator(eval_fn: EvalFn) -> Callable[[Any, Iterable[Batch]], dict[str, fl
                 replicated = NamedSharding(mesh, P())
 
                 def one(p: Any, b: Batch) -> tuple[Any, jax.Array]:
-                    n = _valid_rows(b)
+                    n = valid_rows(b)
                     return {k: jnp.asarray(v) * n for k, v in eval_fn(p, b).items()}, n
 
                 compiled[mesh] = jax.jit(one, out_shardings=replicated)

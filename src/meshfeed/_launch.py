@@ -24,11 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from meshfeed._mesh import ENV_NUM_PROCESSES
-
-ENV_COORDINATOR = "MESHFEED_COORDINATOR"
-ENV_PROCESS_ID = "MESHFEED_PROCESS_ID"
-ENV_DEVICES = "MESHFEED_DEVICES_PER_PROCESS"
+from meshfeed._env import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
 
 def free_port() -> int:
@@ -107,7 +103,6 @@ def process_env(
             ENV_COORDINATOR: coordinator,
             ENV_NUM_PROCESSES: str(num_processes),
             ENV_PROCESS_ID: str(process_id),
-            ENV_DEVICES: str(devices_per_process),
             "JAX_PLATFORMS": env.get("JAX_PLATFORMS", "cpu"),
             "PYTHONUNBUFFERED": "1",
         }

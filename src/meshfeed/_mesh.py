@@ -11,7 +11,6 @@ entry of the spec alone.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from typing import Any, Literal, TypeAlias
 
@@ -144,7 +143,7 @@ def process_rows(sharding: NamedSharding, global_batch_size: int) -> np.ndarray:
 
 def process_map(devices: Sequence[Device], processes: int | None) -> dict[Device, int]:
     """Each device's process: the real one, or with ``processes=N`` the devices split,
-    in order, into N equal groups (to look at a layout that is not running here)."""
+    in order, into N equal groups (to plan for a process count not running here)."""
     if processes is None:
         return {d: d.process_index for d in devices}
     ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
@@ -206,19 +205,3 @@ def check_sharding(
                     f"pad that dimension to a multiple of {parts}, or do not shard it."
                 )
     return sharding
-
-
-# Set by meshfeed launch / run_in_processes in every process they start.
-ENV_NUM_PROCESSES = "MESHFEED_NUM_PROCESSES"
-
-
-def launched_without_initialize() -> str | None:
-    """Why this process should have called ``meshfeed.initialize()``, or ``None``."""
-    expected = int(os.environ.get(ENV_NUM_PROCESSES, "1") or 1)
-    if expected > 1 and jax.process_count() == 1:
-        return (
-            f"this process was started as one of {expected} (by meshfeed launch or "
-            "run_in_processes) but jax.distributed is not initialised, so it sees only its "
-            "own devices; call meshfeed.initialize() before building meshes or loaders."
-        )
-    return None

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed._sources import FieldSpec, Source, describe
+from meshfeed._sources import FieldSpec, Source, check_ids, describe, gather_by_part
 
 BLOCK = 10_000
 
@@ -98,16 +98,9 @@ class Mixture:
         return which, seen % np.asarray(self._lengths, dtype=np.int64)[which]
 
     def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        ids = np.asarray(ids, dtype=np.int64)
-        if len(ids) and (ids.min() < 0 or ids.max() >= self._len):
-            raise IndexError(f"ids must be in [0, {self._len}) for this mixture.")
+        ids = check_ids(ids, self._len, "this mixture")
         which, local = self.locate(ids)
-        out = {k: np.empty((len(ids), *s.shape), s.dtype) for k, s in self.fields.items()}
-        for s in np.unique(which).tolist():
-            where = np.flatnonzero(which == s)
-            for name, values in self.sources[s][local[where]].items():
-                out[name][where] = values
-        return out
+        return gather_by_part(which, local, self.fields, lambda s, rows: self.sources[s][rows])
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{w:.3g}" for w in self.weights)

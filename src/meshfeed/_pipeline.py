@@ -17,7 +17,11 @@ and then sleeps until the consumer has taken half of it, instead of waking for e
 step; the consumer sleeps only when the buffer is empty. The consumer gets steps in
 order, an error raised while reading is raised in the consumer (with its traceback),
 and ``close`` stops the thread and drops what it read ahead, so nothing prefetched is
-ever counted as consumed.
+ever counted as consumed. The first step is produced before the thread starts, so an
+error in it (output that cannot be placed, say) is raised before any thread exists.
+
+``Inline`` is the same interface with no thread at all (``prefetch=0``), so the loader
+has one iteration path whichever it uses.
 """
 
 from __future__ import annotations
@@ -30,6 +34,26 @@ from typing import Any
 _END = object()
 
 
+class Inline:
+    """Yields ``(step, produce(step))`` for ``step`` from ``start`` on, each on demand."""
+
+    def __init__(self, produce: Callable[[int], Any], *, start: int) -> None:
+        self._produce = produce
+        self.next_step = start
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        return self
+
+    def __next__(self) -> tuple[int, Any]:
+        step = self.next_step
+        item = (step, self._produce(step))
+        self.next_step = step + 1
+        return item
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
 class Prefetcher:
     """Yields ``(step, produce(step))`` for ``step`` in ``[start, end)``, produced ahead."""
 
@@ -38,6 +62,7 @@ class Prefetcher:
     ) -> None:
         if depth < 1:
             raise ValueError(f"prefetch depth={depth} must be >= 1.")
+        self.next_step = start
         self._produce = produce
         self._depth = depth
         self._refill_at = depth // 2  # the reader wakes when this many or fewer are left
@@ -46,6 +71,9 @@ class Prefetcher:
         self._reader_asleep = False
         self._consumer_asleep = False
         self._stopped = False
+        if end is None or start < end:  # the first step here, before any thread
+            self._items.append((start, produce(start)))
+            start += 1
         self._thread = threading.Thread(
             target=self._run, args=(start, end), name="meshfeed-prefetch", daemon=True
         )
@@ -91,6 +119,7 @@ class Prefetcher:
             raise StopIteration
         if isinstance(item, BaseException):
             raise item
+        self.next_step = item[0] + 1
         return item
 
     def close(self) -> None:

@@ -1,4 +1,4 @@
-"""The planner: what each strategy costs for a given sharding, shape and process layout.
+"""The planner: what each strategy costs for a given sharding, shape and process count.
 
 For every strategy and every process: the rows it asks the source for per step, the
 bytes those rows weigh, the bytes it copies from host to its devices, and (for
@@ -11,22 +11,21 @@ computed anywhere -- also for a process count that is not running here (``proces
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
 from meshfeed._mesh import process_map
+from meshfeed._sources import FieldSpec, field_text
 
+Strategy = Literal["global", "per_device", "per_process", "reshard", "auto"]
+CONCRETE: tuple[Strategy, ...] = ("global", "per_device", "per_process", "reshard")
+STRATEGIES: tuple[Strategy, ...] = (*CONCRETE, "auto")
 Field = tuple[NamedSharding, tuple[int, ...], np.dtype]  # sharding, per-example shape, dtype
-CONCRETE = ("global", "per_device", "per_process", "reshard")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,53 +56,15 @@ class Plan:
         """The strategy in use: the one requested, or auto's choice."""
         return self.choice if self.requested == "auto" else self.requested
 
+    @property
+    def summary(self) -> str:
+        """One line: the strategy in use, and why (or what ``"auto"`` would pick)."""
+        if self.requested == "auto":
+            return f"auto -> {self.choice}: {self.reason}"
+        return f"strategy={self.requested!r} (auto would pick {self.choice}: {self.reason})"
+
     def __str__(self) -> str:
-        fields = ", ".join(f"{k} {v}" for k, v in self.fields.items())
-        table = Table(box=box.SIMPLE_HEAD, title_justify="left")
-        for heading in (
-            "strategy",
-            "rows read",
-            "bytes read",
-            "host->device",
-            "device<->device",
-        ):
-            table.add_column(heading, justify="left" if heading == "strategy" else "right")
-        for name, cost in self.costs.items():
-            mark = "  <-" if name == self.strategy else ""
-            table.add_row(
-                name + mark,
-                _per_process(cost.rows_read, str),
-                _per_process(cost.bytes_read, _bytes),
-                _per_process(cost.host_to_device, _bytes),
-                _bytes(cost.device_to_device),
-            )
-        out = io.StringIO()
-        Console(file=out, width=110, color_system=None, highlight=False).print(table)
-        how = (
-            f"auto -> {self.choice}: {self.reason}"
-            if self.requested == "auto"
-            else f"strategy={self.requested!r} (auto would pick {self.choice}: {self.reason})"
-        )
-        return (
-            f"plan for global_batch_size={self.global_batch_size} on {self.processes} "
-            f"process(es); fields: {fields}\nper step and per process ('x each': the same on every "
-            "process; 'x/y': process 0/process 1); device<->device: all devices together\n"
-            f"{out.getvalue().rstrip()}\n{how}\n"
-        )
-
-
-def _bytes(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
-def _per_process(values: Mapping[int, int], fmt: Any) -> str:
-    distinct = set(values.values())
-    if len(distinct) == 1:
-        return f"{fmt(next(iter(distinct)))} each"
-    return "/".join(fmt(values[p]) for p in sorted(values))
+        return self.summary
 
 
 def load_sharding(sharding: NamedSharding, global_batch_size: int) -> NamedSharding:
@@ -224,7 +185,7 @@ def make_plan(
         requested=requested,
         global_batch_size=global_batch_size,
         processes=len(needed),
-        fields={n: f"{np.dtype(d).name}{list(s)}" for n, (_, s, d) in fields.items()},
+        fields={n: field_text(FieldSpec(s, d)) for n, (_, s, d) in fields.items()},
     )
 
 
@@ -242,11 +203,11 @@ def plan(
       shape: the global shape, ``(global_batch_size, ...)``.
       dtype: the element type.
       processes: plan as if the mesh's devices were split, in order, over this many
-        processes (default: the real process layout).
+        processes (default: the processes running here).
 
     Returns:
       A ``Plan``: ``plan.costs[strategy]`` per strategy, ``plan.choice`` and
-      ``plan.reason`` for ``"auto"``; ``print(plan)`` shows a table.
+      ``plan.reason`` for ``"auto"``; ``meshfeed.show_plan(plan)`` draws them as a table.
     """
     if not isinstance(sharding, NamedSharding):
         raise TypeError(f"sharding is a {type(sharding).__name__}; pass a NamedSharding.")

@@ -10,14 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from meshfeed._show import Grid, describe, grid, label, notes
+from meshfeed._show import Grid, grid, label, notes, title
 
 _CELL_W, _CELL_H, _MARGIN_W, _MARGIN_H = 1.3, 0.75, 1.6, 1.4  # inches
 
 
 def figure_size(g: Grid) -> tuple[float, float]:
     """The figure's (width, height) in inches for a grid."""
-    longest = max([len(describe(g)), *(len(n) for n in notes(g))])
+    longest = max([len(title(g)), *(len(n) for n in notes(g))])
     return (
         max(_MARGIN_W + _CELL_W * len(g.columns) + 0.5, 0.075 * longest + 0.4),
         _MARGIN_H + _CELL_H * len(g.rows) + 0.25 * len(notes(g)),
@@ -48,10 +48,9 @@ def plot_sharding(
     if path.suffix.lower() not in (".png", ".svg"):
         raise ValueError(f"path={str(path)!r} must end in .png or .svg.")
     try:
+        # A Figure of its own, not pyplot: the user's backend and figures stay as they are.
         import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
         from matplotlib.patches import Rectangle
     except ImportError as error:  # pragma: no cover - depends on the environment
         raise ImportError(
@@ -60,7 +59,7 @@ def plot_sharding(
 
     g = grid(x, shape=shape, processes=processes)
     width, height = figure_size(g)
-    figure = plt.figure(figsize=(width, height), dpi=dpi)
+    figure = Figure(figsize=(width, height), dpi=dpi)
     axes = figure.add_axes(
         (
             _MARGIN_W / width,
@@ -69,7 +68,7 @@ def plot_sharding(
             _CELL_H * len(g.rows) / height,
         )
     )
-    colours = plt.get_cmap("tab10")
+    colours = matplotlib.colormaps["tab10"]
     for (r, c), devices in g.cells.items():
         owners = sorted({g.process_of[d] for d in devices})
         top = len(g.rows) - 1 - r
@@ -101,10 +100,9 @@ def plot_sharding(
     axes.set_xlabel(" ".join(f"dim {d}" for d in g.across), fontsize=8)
     axes.xaxis.set_label_position("top")
     axes.set_ylabel(" ".join(f"dim {d}" for d in g.down), fontsize=8)
-    figure.suptitle(describe(g), fontsize=9, y=1 - 0.15 / height, va="top")
+    figure.suptitle(title(g), fontsize=9, y=1 - 0.15 / height, va="top")
     lines = notes(g)
     for i, line in enumerate(lines):
         figure.text(0.02, (0.1 + 0.25 * (len(lines) - 1 - i)) / height, line, fontsize=8)
     figure.savefig(path, dpi=dpi)
-    plt.close(figure)
     return path

@@ -16,24 +16,28 @@ balanced Feistel network on the smallest even number of bits that covers ``N``, 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 LastBatch = Literal["drop", "pad"]
-PAD_ID = -1
+LAST_BATCH: tuple[LastBatch, ...] = ("drop", "pad")
+PAD_ID = -1  # the id of a padding row in a step's ids
+MASK = "mask"  # with last_batch="pad": the boolean field, True for real rows
 _ROUNDS = 6
 _BLOCK_POSITIONS = 16384  # ids computed together: amortises numpy's per-call cost
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_M64 = (1 << 64) - 1
 
 
-def _mix(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser: a cheap, well-mixing function of 64 bits."""
-    z = (z ^ (z >> _S30)) * _M1
-    z = (z ^ (z >> _S27)) * _M2
-    return z ^ (z >> _S31)
+def hash64(z: Any) -> Any:
+    """SplitMix64's finaliser: a cheap, well-mixing function of 64 bits.
+
+    Works on Python ints (masked to 64 bits) and on ``uint64`` arrays (which wrap). The
+    schedule's Feistel rounds use it on arrays, record transforms' seeds on ints.
+    """
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
 
 
 class Permutation:
@@ -53,7 +57,7 @@ class Permutation:
         left, right = x >> self._shift, x & self._mask
         with np.errstate(over="ignore"):
             for key in self._keys:
-                left, right = right, left ^ (_mix(right ^ key) & self._mask)
+                left, right = right, left ^ (hash64(right ^ key) & self._mask)
         return (left << self._shift) | right
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
@@ -96,10 +100,10 @@ class Schedule:
         else:
             self.steps_per_epoch = -(-num_examples // global_batch_size)
         self._block_steps = max(1, _BLOCK_POSITIONS // global_batch_size)
-        self._cache_key: tuple[int, int] | None = None
-        self._cache = np.zeros(0, dtype=np.int64)
-        self._permutation: Permutation | None = None
-        self._permutation_epoch = -1
+        # One (key, ids) pair, replaced whole: a reader on another thread sees either
+        # the old block or the new one, never the new key with the old ids.
+        self._cached: tuple[tuple[int, int], np.ndarray] | None = None
+        self._permutation: tuple[int, Permutation] | None = None  # (epoch, its order)
 
     def epoch_and_step(self, step: int) -> tuple[int, int]:
         return divmod(step, self.steps_per_epoch)
@@ -108,11 +112,12 @@ class Schedule:
         """The ``global_batch_size`` example ids of global step ``step`` (-1: padding)."""
         epoch, in_epoch = self.epoch_and_step(step)
         block, offset = divmod(in_epoch, self._block_steps)
-        if self._cache_key != (epoch, block):
-            self._cache = self._block_ids(epoch, block)
-            self._cache_key = (epoch, block)
+        cached = self._cached
+        if cached is None or cached[0] != (epoch, block):
+            cached = ((epoch, block), self._block_ids(epoch, block))
+            self._cached = cached
         b = self.global_batch_size
-        return self._cache[offset * b : (offset + 1) * b]
+        return cached[1][offset * b : (offset + 1) * b]
 
     def _block_ids(self, epoch: int, block: int) -> np.ndarray:
         b = self.global_batch_size
@@ -124,8 +129,9 @@ class Schedule:
         if not self.shuffle:
             ids[real] = positions[real]
             return ids
-        if self._permutation is None or self._permutation_epoch != epoch:
-            self._permutation = Permutation(self.num_examples, seed=self.seed, epoch=epoch)
-            self._permutation_epoch = epoch
-        ids[real] = self._permutation(positions[real])
+        permutation = self._permutation
+        if permutation is None or permutation[0] != epoch:
+            permutation = (epoch, Permutation(self.num_examples, seed=self.seed, epoch=epoch))
+            self._permutation = permutation
+        ids[real] = permutation[1](positions[real])
         return ids

@@ -105,7 +105,8 @@ def grid(x: Any, *, shape: Sequence[int] | None = None, processes: int | None = 
     )
 
 
-def describe(g: Grid) -> str:
+def title(g: Grid) -> str:
+    """The array (or shape), its spec and its mesh, in one line."""
     what = f"{g.dtype}{list(g.shape)}" if g.dtype is not None else f"shape {list(g.shape)}"
     if isinstance(g.sharding, NamedSharding):
         mesh = " x ".join(f"{k}={v}" for k, v in g.sharding.mesh.shape.items())
@@ -175,4 +176,4 @@ def show_sharding(
     out = io.StringIO()
     width = max(80, 18 * (len(g.columns) + 1))
     Console(file=out, width=width, color_system=None, highlight=False).print(table)
-    return "\n".join([describe(g), out.getvalue().rstrip(), *notes(g)]) + "\n"
+    return "\n".join([title(g), out.getvalue().rstrip(), *notes(g)]) + "\n"

@@ -5,15 +5,16 @@ A source is anything with ``__len__``, ``__getitem__(ids) -> {field: array}`` an
 data. The loader asks a source only for the ids its process needs, in one call per step,
 so a source's job is a fast vectorised gather; everything about order, batching and
 devices lives above it.
+
+The helpers below are what every source built from parts (shards, row groups, the
+sources of a mixture) needs: the ids' range check, and a gather that reads each part
+once per call and puts its rows where they belong.
 """
 
 from __future__ import annotations
 
-import mmap
-import os
-import weakref
-from collections.abc import Mapping
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -25,10 +26,19 @@ class FieldSpec(NamedTuple):
     dtype: np.dtype
 
 
+def field_text(spec: FieldSpec) -> str:
+    """``uint8[28, 28]``: one field's dtype and per-example shape, for messages."""
+    return f"{np.dtype(spec.dtype)}{list(spec.shape)}"
+
+
+def fields_text(fields: Mapping[str, FieldSpec]) -> str:
+    """``image: uint8[28, 28], label: int32[]``, for reprs and messages."""
+    return ", ".join(f"{name}: {field_text(spec)}" for name, spec in fields.items())
+
+
 def describe(fields: Mapping[str, FieldSpec]) -> str:
     """``{image: uint8[28, 28], label: int32[]}``, for messages."""
-    parts = (f"{name}: {np.dtype(s.dtype)}{list(s.shape)}" for name, s in fields.items())
-    return "{" + ", ".join(parts) + "}"
+    return "{" + fields_text(fields) + "}"
 
 
 @runtime_checkable
@@ -48,123 +58,37 @@ class Source(Protocol):
     def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]: ...
 
 
-class _FileRows:
-    """Rows of a read-only ``np.memmap`` read with ``pread``, not through the mapping.
+def check_ids(ids: object, n: int, name: str) -> np.ndarray:
+    """``ids`` as ``int64``; raises ``IndexError`` unless every id is in ``[0, n)``."""
+    out = np.asarray(ids, dtype=np.int64)
+    if len(out) and (out.min() < 0 or out.max() >= n):
+        raise IndexError(f"ids must be in [0, {n}) for {name}.")
+    return out
 
-    A gather through the mapping leaves every page it touched mapped into the process:
-    its resident size grows towards the file's size over an epoch. ``pread`` copies the
-    same bytes from the page cache into a fresh buffer and maps nothing.
+
+def locate(starts: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(part, id within the part) of each id, for parts starting at ``starts``.
+
+    ``starts`` is ascending and begins with 0 (a cumulative sum of part lengths).
     """
-
-    def __init__(self, array: Any) -> None:
-        self.path = str(array.filename)
-        self.offset = int(array.offset)
-        self.shape = tuple(array.shape[1:])
-        self.dtype = array.dtype
-        self.row_bytes = int(np.prod(self.shape, dtype=np.int64)) * array.dtype.itemsize
-        self._fd: int | None = None
-
-    @staticmethod
-    def usable(array: np.ndarray) -> bool:
-        return (
-            isinstance(array, np.memmap)
-            and isinstance(array.base, mmap.mmap)  # the whole mapping, not a view of it
-            and array.mode in ("r", "r+")  # "c" keeps private changes pread cannot see
-            and array.flags.c_contiguous
-            and bool(array.filename)
-        )
-
-    def _open(self) -> int:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
-            weakref.finalize(self, os.close, self._fd)
-        return self._fd
-
-    def __getitem__(self, ids: np.ndarray) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64)
-        out = np.empty((len(ids), *self.shape), self.dtype)
-        if not len(ids) or not self.row_bytes:
-            return out
-        fd = self._open()
-        order = np.argsort(ids, kind="stable")
-        ordered = ids[order]
-        rows = np.empty((len(ids), self.row_bytes), np.uint8)
-        # Consecutive ids are one read.
-        starts = np.flatnonzero(np.diff(ordered, prepend=ordered[0] - 2) != 1)
-        ends = np.append(starts[1:], len(ids))
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            view = memoryview(rows[a:b]).cast("B")  # type: ignore[arg-type]
-            at, done = self.offset + int(ordered[a]) * self.row_bytes, 0
-            while done < len(view):
-                got = os.preadv(fd, [view[done:]], at + done)
-                if got == 0:
-                    raise IndexError(f"ids {ordered[a]}..{ordered[b - 1]} are past the file's end.")
-                done += got
-        out.reshape(len(ids), -1).view(np.uint8)[order] = rows
-        return out
+    part = np.searchsorted(starts, ids, side="right") - 1
+    return part, ids - starts[part]
 
 
-class ArraySource:
-    """A source over equal-length arrays (numpy arrays or ``np.memmap``).
+def gather_by_part(
+    part: np.ndarray,
+    local: np.ndarray,
+    fields: Mapping[str, FieldSpec],
+    read: Callable[[int, np.ndarray], Mapping[str, np.ndarray]],
+) -> dict[str, np.ndarray]:
+    """Rows from several parts, in the order asked for.
 
-    Each step is one vectorised gather per field. A whole read-only memmap (as
-    ``np.load(path, mmap_mode="r")`` returns) is read with ``pread`` instead, so only
-    the rows asked for are copied and the process's resident memory stays at the size of
-    the batches, however large the file. ``pread=False`` gathers through the mapping
-    instead: faster while the file sits in the page cache (about 4x here), but every page
-    touched stays resident in the process.
-
-    Example:
-      >>> src = ArraySource({"image": np.zeros((10, 28, 28), np.uint8),
-      ...                    "label": np.arange(10)})
-      >>> src[np.array([3, 1])]["label"]
-      array([3, 1])
+    Row ``i`` is row ``local[i]`` of part ``part[i]``; ``read(p, local_ids)`` reads the
+    rows of part ``p``, called once per part that holds any.
     """
-
-    def __init__(self, arrays: Mapping[str, np.ndarray], *, pread: bool = True) -> None:
-        if not isinstance(arrays, Mapping) or not arrays:
-            raise TypeError(
-                "ArraySource takes a non-empty mapping of field name to array, e.g. "
-                "ArraySource({'image': x, 'label': y})."
-            )
-        data: dict[str, np.ndarray] = {}
-        for name, array in arrays.items():
-            if not isinstance(name, str):
-                raise TypeError(f"field names must be str, got {name!r}.")
-            if not isinstance(array, np.ndarray):
-                raise TypeError(
-                    f"field {name!r} is a {type(array).__name__}; pass a numpy array or "
-                    "np.memmap (np.asarray(x) for lists)."
-                )
-            if array.ndim == 0:
-                raise ValueError(
-                    f"field {name!r} is a 0-d array; give it a leading example dimension."
-                )
-            data[name] = array
-        lengths = {name: len(a) for name, a in data.items()}
-        if len(set(lengths.values())) > 1:
-            raise ValueError(
-                f"fields have different lengths {lengths}; every field needs one row per example."
-            )
-        self._arrays = data
-        self._readers: dict[str, Any] = {
-            name: _FileRows(a) if pread and _FileRows.usable(a) else a for name, a in data.items()
-        }
-        self._len = next(iter(lengths.values()))
-        self._fields = {
-            name: FieldSpec(tuple(a.shape[1:]), np.dtype(a.dtype)) for name, a in data.items()
-        }
-
-    @property
-    def fields(self) -> Mapping[str, FieldSpec]:
-        return self._fields
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        return {name: a[ids] for name, a in self._readers.items()}
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self._fields.items())
-        return f"ArraySource({self._len} examples; {fields})"
+    out = {k: np.empty((len(part), *s.shape), s.dtype) for k, s in fields.items()}
+    for p in np.unique(part).tolist():
+        where = np.flatnonzero(part == p)
+        for name, values in read(p, local[where]).items():
+            out[name][where] = values
+    return out

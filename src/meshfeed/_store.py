@@ -1,4 +1,4 @@
-"""meshfeed's own on-disk layout: a folder of ``.npy`` shards per field and a manifest.
+"""meshfeed's own folder format: ``.npy`` shards per field and a manifest.
 
 ::
 
@@ -29,8 +29,16 @@ from typing import Any, cast
 
 import numpy as np
 
-from meshfeed._files import Blob, NpyRows, _fsspec, is_url, npz_members
-from meshfeed._sources import FieldSpec, describe
+from meshfeed._files import Blob, NpyRows, is_url, npz_members, require_fsspec
+from meshfeed._sources import (
+    FieldSpec,
+    check_ids,
+    describe,
+    field_text,
+    fields_text,
+    gather_by_part,
+    locate,
+)
 
 MANIFEST = "meshfeed.json"
 FORMAT = "meshfeed.source/1"
@@ -46,7 +54,7 @@ class _Writer:
     def __init__(self, root: str) -> None:
         self.root = root
         if is_url(root):
-            self.fs, self.path = _fsspec().core.url_to_fs(root)
+            self.fs, self.path = require_fsspec().core.url_to_fs(root)
         else:
             self.fs, self.path = None, root
 
@@ -124,7 +132,7 @@ def write_source(
     *,
     shard_size: int = 65_536,
 ) -> dict[str, Any]:
-    """Writes ``data`` in meshfeed's layout under ``path`` (a folder or an fsspec URL).
+    """Writes ``data`` in meshfeed's folder format under ``path`` (a folder or an fsspec URL).
 
     Args:
       path: the folder to create; it must not hold a dataset already.
@@ -195,7 +203,7 @@ def write_source(
 
 
 class ShardedSource:
-    """A ``Source`` over ``.npy`` shards (meshfeed's layout, or one ``.npy``/``.npz``).
+    """A ``Source`` over ``.npy`` shards (a meshfeed folder, or one ``.npy``/``.npz``).
 
     Rows are read by byte range from the shards that hold them. ``bytes_read`` counts
     the row bytes read so far (headers aside), to see that a process reads only its own.
@@ -206,7 +214,7 @@ class ShardedSource:
         self.name = name
         self._shards = shards
         first = shards[0]
-        self._fields = {k: FieldSpec(tuple(r.shape[1:]), r.dtype) for k, r in first.items()}
+        self._fields = {k: FieldSpec(r.row_shape, r.dtype) for k, r in first.items()}
         self._starts = np.cumsum([0] + [next(iter(s.values())).rows for s in shards])
         self._len = int(self._starts[-1])
 
@@ -222,26 +230,23 @@ class ShardedSource:
         return sum(r.bytes_read for shard in self._shards for r in shard.values())
 
     def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        ids = np.asarray(ids, dtype=np.int64)
-        if len(ids) and (ids.min() < 0 or ids.max() >= self._len):
-            raise IndexError(f"ids must be in [0, {self._len}) for {self.name}.")
-        out = {k: np.empty((len(ids), *spec.shape), spec.dtype) for k, spec in self._fields.items()}
-        shard_of = np.searchsorted(self._starts, ids, side="right") - 1
-        for s in np.unique(shard_of).tolist():
-            where = np.flatnonzero(shard_of == s)
-            local = ids[where] - self._starts[s]
-            for k, rows in self._shards[s].items():
-                out[k][where] = rows.read(local)
-        return out
+        ids = check_ids(ids, self._len, self.name)
+        shard, local = locate(self._starts, ids)
+        return gather_by_part(shard, local, self._fields, self._read_shard)
+
+    def _read_shard(self, shard: int, local: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: rows.read(local) for name, rows in self._shards[shard].items()}
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self._fields.items())
         shards = len(self._shards)
-        return f"ShardedSource({self.name!r}, {self._len} examples in {shards} shards; {fields})"
+        return (
+            f"ShardedSource({self.name!r}, {self._len} examples in {shards} shards; "
+            f"{fields_text(self._fields)})"
+        )
 
 
 def open_source(path: str | os.PathLike[str], *, verify: bool = False) -> ShardedSource:
-    """Opens meshfeed's layout (a folder with ``meshfeed.json``), a ``.npy`` or a ``.npz``.
+    """Opens a meshfeed folder (one with ``meshfeed.json``), a ``.npy`` or a ``.npz``.
 
     Args:
       path: a local path or an fsspec URL (``file://``, ``memory://``, ``s3://``, ...).
@@ -295,10 +300,11 @@ def open_source(path: str | os.PathLike[str], *, verify: bool = False) -> Sharde
             file_path = _join(root, info["path"])
             rows = NpyRows(Blob(file_path))
             want_dtype, want_shape = np.dtype(spec["dtype"]), tuple(spec["shape"])
-            if rows.dtype != want_dtype or rows.shape[1:] != want_shape:
+            if rows.dtype != want_dtype or rows.row_shape != want_shape:
                 raise ValueError(
-                    f"{file_path} holds {rows.dtype}{list(rows.shape[1:])} rows but the "
-                    f"manifest says {want_dtype}{list(want_shape)}: shards of field "
+                    f"{file_path} holds {field_text(FieldSpec(rows.row_shape, rows.dtype))} "
+                    f"rows but the manifest says {field_text(FieldSpec(want_shape, want_dtype))}: "
+                    f"shards of field "
                     f"{name!r} disagree; rewrite the dataset."
                 )
             if rows.rows != entry["rows"]:

@@ -13,7 +13,7 @@ JAX guides, and they give the same parameters:
     rows; gradients are combined with ``psum`` over the batch axes.
 ``"pmap"``
     the legacy idiom: parameters broadcast with ``in_axes=None``, the batch reshaped to
-    ``[devices, per_device, ...]``, gradients averaged with ``pmean``-style collectives,
+    ``[devices, device_batch_size, ...]``, gradients averaged with ``pmean``-style collectives,
     replicated outputs with ``out_axes=None``.
 
 The loss is the mean over the *valid* rows of the global batch (``mask == True`` rows,
@@ -39,7 +39,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from meshfeed._mesh import DATA, Device, spec_axes
-from meshfeed._strategies import MASK
+from meshfeed._schedule import MASK
+from meshfeed._shardings import place_host
 
 Mode = Literal["jit", "shard_map", "pmap"]
 MODES: tuple[Mode, ...] = ("jit", "shard_map", "pmap")
@@ -84,9 +85,7 @@ def _place(x: Any, mesh: Mesh, replicated: NamedSharding) -> jax.Array:
     sharding = getattr(x, "sharding", None)
     if isinstance(x, jax.Array) and isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
         return x
-    host = np.asarray(x)
-    # make_array_from_callback, not device_put: no cross-process equality check.
-    return jax.make_array_from_callback(host.shape, replicated, lambda index: host[index])
+    return place_host(np.asarray(x), replicated)
 
 
 def masked_mean(values: jax.Array, batch: Batch) -> jax.Array:
@@ -102,7 +101,8 @@ def masked_mean(values: jax.Array, batch: Batch) -> jax.Array:
     return jnp.sum(values * mask) / jnp.maximum(count, 1)
 
 
-def _valid_rows(batch: Batch) -> jax.Array:
+def valid_rows(batch: Batch) -> jax.Array:
+    """The number of valid rows of ``batch`` (``mask`` True; every row without one)."""
     if MASK in batch:
         return jnp.sum(batch[MASK].astype(jnp.float32))
     leaf = next(iter(batch.values()))
@@ -215,7 +215,7 @@ def _local_step(
 
     def local(step: jax.Array, params: Any, opt_state: Any, batch: Batch) -> Any:
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
-        count = _valid_rows(batch)
+        count = valid_rows(batch)
         total = jnp.maximum(jax.lax.psum(count, axes), 1.0)
         grads = _weighted(grads, count, total, axes)
         metrics = _weighted({"loss": loss, **aux}, count, total, axes)

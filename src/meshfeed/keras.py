@@ -49,7 +49,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from meshfeed._fit import fit as _fit
-from meshfeed._strategies import MASK
+from meshfeed._schedule import MASK
+from meshfeed._shardings import place_host
 from meshfeed._train import masked_mean
 
 __all__ = ["KerasTrainer"]
@@ -182,14 +183,14 @@ class KerasTrainer:
             # Replicas must start equal: every process takes process 0's initial values.
             values = jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(values))
         placed = [
-            [_put(value, s) for value, s in zip(vals, group_shardings, strict=True)]
+            [place_host(value, s) for value, s in zip(vals, group_shardings, strict=True)]
             for vals, (_, group_shardings) in zip(values, groups, strict=True)
         ]
         return placed[0], placed[1], placed[2], self._fresh_metric_variables()
 
     def _fresh_metric_variables(self) -> list[list[jax.Array]]:
         return [
-            [_put(np.zeros(v.shape, v.dtype), self._replicated) for v in m.variables]
+            [place_host(np.zeros(v.shape, v.dtype), self._replicated) for v in m.variables]
             for m in [self._loss_tracker, *self._metrics]
         ]
 
@@ -377,11 +378,6 @@ def _metric(metric: Any, loss: Any) -> keras.metrics.Metric:
     if isinstance(found, keras.metrics.Metric):
         return found
     return keras.metrics.MeanMetricWrapper(found, name=str(metric))
-
-
-def _put(value: np.ndarray, sharding: NamedSharding) -> jax.Array:
-    # make_array_from_callback, not device_put: no cross-process equality check.
-    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 
 def _to_host(value: jax.Array) -> np.ndarray:

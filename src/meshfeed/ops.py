@@ -40,6 +40,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from meshfeed._shardings import place_host
+
+__all__ = ["MATMUL_STRATEGIES", "MatmulStrategy", "bytes_moved", "layouts", "matmul"]
+
 MatmulStrategy = Literal["replicated", "rows", "allgather", "reduce_scatter", "2d", "auto"]
 MATMUL_STRATEGIES: tuple[MatmulStrategy, ...] = (
     "replicated",
@@ -55,8 +59,7 @@ def _place(x: Any, sharding: NamedSharding) -> jax.Array:
     """``x`` (the same numpy value on every process, or a jax.Array) in ``sharding``."""
     if isinstance(x, jax.Array):
         return jax.device_put(x, sharding)
-    array = np.asarray(x)
-    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+    return place_host(np.asarray(x), sharding)
 
 
 def _divides(size: int, parts: int, what: str, strategy: str, axes: Any) -> None:

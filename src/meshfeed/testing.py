@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from meshfeed._env import ENV_PROCESS_ID
 from meshfeed._launch import initialize, python_argv, start_processes, supervise
 
 __all__ = [
@@ -64,7 +65,7 @@ def run_in_processes(
             pickle.dump(list(sys.path), f)
             pickle.dump((fn, args), f)
         children = start_processes(
-            python_argv("from meshfeed.testing import _child_main; _child_main()"),
+            python_argv("from meshfeed.testing import child_main; child_main()"),
             num_processes=num_processes,
             devices_per_process=devices_per_process,
             log_dir=out,
@@ -95,10 +96,10 @@ def run_in_processes(
         return results
 
 
-def _child_main() -> None:
-    """Entry point of a process started by ``run_in_processes``."""
+def child_main() -> None:
+    """Entry point of a process started by ``run_in_processes`` (not for direct use)."""
     out = Path(os.environ[_ENV_OUT])
-    process_id = int(os.environ["MESHFEED_PROCESS_ID"])
+    process_id = int(os.environ[ENV_PROCESS_ID])
     try:
         with Path(os.environ[_ENV_PAYLOAD]).open("rb") as f:
             sys.path[:0] = [p for p in pickle.load(f) if p not in sys.path]

@@ -1,4 +1,4 @@
-"""Quick loader measurements on the user's own shapes and mesh (``meshfeed bench loader``).
+"""``meshfeed bench loader``: quick loader measurements on the user's own shapes and mesh.
 
 Times every strategy on synthetic data of a given shape against the floor -- a numpy
 gather of the same number of shuffled rows plus ``make_array_from_process_local_data``
@@ -8,6 +8,7 @@ against Grain and PyTorch lives in the repository's ``benchmarks/``.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -16,50 +17,21 @@ from typing import Any
 import jax
 import numpy as np
 
-from meshfeed._loader import Loader
-from meshfeed._mesh import batch_sharding, make_mesh
-from meshfeed._sources import ArraySource
-from meshfeed._strategies import STRATEGIES, Strategy, reshard
+from meshfeed import STRATEGIES, ArraySource, Loader, Strategy, batch_sharding, make_mesh, reshard
 
 
-def measure(
-    run: Callable[[], Iterator[Any]],
-    batch: int,
-    seconds: float,
-    warmup: int = 3,
-    *,
-    steps: int | None = None,
-) -> float:
-    """Samples per second over ``seconds`` of steady-state iteration of ``run()``.
-
-    With ``steps``, over exactly that many steps instead: what several processes must
-    use when each step runs a collective, or they would stop after different counts and
-    leave one waiting for the others.
-    """
+def _samples_per_s(run: Callable[[], Iterator[Any]], batch: int, seconds: float) -> float:
+    """Samples per second over ``seconds`` of steady-state iteration of ``run()``."""
     it = run()
-    for _ in range(warmup):
+    for _ in range(3):  # warm up: compile, start threads
         jax.block_until_ready(next(it))
     done, start = 0, time.perf_counter()
     while True:
         jax.block_until_ready(next(it))
         done += 1
         elapsed = time.perf_counter() - start
-        if (steps is None and elapsed >= seconds) or (steps is not None and done >= steps):
+        if elapsed >= seconds:
             return done * batch / elapsed
-
-
-def to_global(batches: Iterator[dict[str, np.ndarray]], global_batch_size: int) -> Iterator[Any]:
-    """A peer loader's host batches (this process's rows) as global ``jax.Array``s,
-    split over every device with ``make_array_from_process_local_data`` -- how every
-    benchmark entry ends, so that peers and meshfeed deliver the same thing."""
-    sharding = batch_sharding(make_mesh(data=jax.device_count()))
-    for batch in batches:
-        yield {
-            k: jax.make_array_from_process_local_data(
-                sharding, v, (global_batch_size, *v.shape[1:])
-            )
-            for k, v in batch.items()
-        }
 
 
 def bench_loader(
@@ -116,9 +88,9 @@ def bench_loader(
 
         return run
 
-    rates = {"floor": measure(floor, global_batch_size, seconds)}
+    rates = {"floor": _samples_per_s(floor, global_batch_size, seconds)}
     for strategy in STRATEGIES:
-        rates[strategy] = measure(loader(strategy), global_batch_size, seconds)
+        rates[strategy] = _samples_per_s(loader(strategy), global_batch_size, seconds)
     return [
         {
             "name": name,
@@ -127,3 +99,10 @@ def bench_loader(
         }
         for name, rate in rates.items()
     ]
+
+
+def report_loader(**kwargs: Any) -> int:
+    """Runs ``bench_loader(**kwargs)`` and prints one JSON line per entry."""
+    for line in bench_loader(**kwargs):
+        print(json.dumps(line))
+    return 0

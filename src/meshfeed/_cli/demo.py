@@ -248,7 +248,7 @@ def run_demo(*, num_processes: int = 2, devices_per_process: int = 4, keras: boo
     if keras:
         env["KERAS_BACKEND"] = "jax"
     children = start_processes(
-        python_argv(f"from meshfeed._demo import demo_process; demo_process(keras={keras})"),
+        python_argv(f"from meshfeed._cli.demo import demo_process; demo_process(keras={keras})"),
         num_processes=num_processes,
         devices_per_process=devices_per_process,
         on_line=show,

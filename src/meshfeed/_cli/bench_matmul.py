@@ -11,6 +11,7 @@ with ``show_sharding``.
 from __future__ import annotations
 
 import functools
+import json
 import statistics
 import time
 from typing import Any
@@ -20,8 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from meshfeed._mesh import make_mesh
-from meshfeed._show import show_sharding
+from meshfeed import make_mesh, show_sharding
 from meshfeed.ops import MATMUL_STRATEGIES, MatmulStrategy, bytes_moved, layouts, matmul
 
 
@@ -106,3 +106,14 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['ratio_to_one_device']:>14.3f}"
         )
     return "\n".join(lines)
+
+
+def report_matmul(*, size: int, mesh: dict[str, int] | None, repeats: int) -> int:
+    """Runs ``bench_matmul`` and prints each layout, the table and one JSON line per entry."""
+    rows, pictures = bench_matmul(size=size, mesh=mesh, repeats=repeats)
+    for strategy, picture in pictures.items():
+        print(f"== {strategy}\n{picture}")
+    print(table(rows))
+    for line in rows:
+        print(json.dumps({"benchmark": "matmul", "size": size, **line}))
+    return 0

@@ -1,14 +1,13 @@
-"""The ``meshfeed`` command. Each subcommand parses its flags and calls one public function."""
+"""The ``meshfeed`` command. Each subcommand parses its flags and calls one function."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
 import sys
 from collections.abc import Sequence
-from typing import Any
+
+from meshfeed._cli.flags import SPEC_HELP, cpu_devices, parse_mesh, parse_shape, parse_spec
 
 EXAMPLES = """examples:
   meshfeed show --mesh data=4,model=2 --spec data,model --shape 256,128
@@ -18,46 +17,6 @@ EXAMPLES = """examples:
   meshfeed demo            (or: meshfeed demo --keras)
   meshfeed bench loader --shape 28,28,1 --dtype uint8 --batch 256
 """
-
-SPEC_HELP = (
-    "PartitionSpec, one entry per dimension separated by commas; join mesh axes on one "
-    "dimension with '+', and write 'none' for an unsplit dimension: data,model | "
-    "data+model | none,data"
-)
-
-
-def parse_mesh(text: str) -> dict[str, int]:
-    """``"data=4,model=2"`` -> ``{"data": 4, "model": 2}``."""
-    axes: dict[str, int] = {}
-    for part in text.split(","):
-        name, _, size = part.partition("=")
-        if not name or not size.lstrip("-").isdigit():
-            raise argparse.ArgumentTypeError(
-                f"--mesh {text!r}: write axis=size pairs separated by commas, e.g. data=4,model=2"
-            )
-        axes[name.strip()] = int(size)
-    return axes
-
-
-def parse_spec(text: str) -> tuple[Any, ...]:
-    """``"data+model,none"`` -> ``(("data", "model"), None)``."""
-    entries: list[Any] = []
-    for part in text.split(","):
-        part = part.strip()
-        if part.lower() in ("", "none", "-"):
-            entries.append(None)
-        elif "+" in part:
-            entries.append(tuple(a.strip() for a in part.split("+")))
-        else:
-            entries.append(part)
-    return tuple(entries)
-
-
-def parse_shape(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(d) for d in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shape {text!r}: write sizes like 256,128") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -147,47 +106,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cpu_devices(count: int) -> None:
-    """Simulates ``count`` CPU devices, before JAX starts its backend (CPU only)."""
-    import jax
-
-    # If JAX already started in this process, it keeps the devices it has.
-    with contextlib.suppress(RuntimeError):
-        jax.config.update("jax_num_cpu_devices", count)
-
-
-def _sharding(args: argparse.Namespace) -> Any:
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    import meshfeed
-
-    _cpu_devices(math.prod(args.mesh.values()))
-    mesh = meshfeed.make_mesh(**args.mesh)
-    missing = {a for e in args.spec if e for a in ((e,) if isinstance(e, str) else e)}
-    missing -= set(mesh.axis_names)
-    if missing:
-        raise SystemExit(f"meshfeed: --spec names {sorted(missing)}, not axes of --mesh.")
-    return NamedSharding(mesh, PartitionSpec(*args.spec))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "show":
+    if args.command in ("show", "plan"):
         import meshfeed
+        from meshfeed._cli.flags import sharding_from_flags
 
-        sharding = _sharding(args)
+        sharding = sharding_from_flags(args.mesh, args.spec)
+        if args.command == "plan":
+            plan = meshfeed.plan(sharding, args.shape, args.dtype, processes=args.processes)
+            print(meshfeed.show_plan(plan), end="")
+            return 0
         print(meshfeed.show_sharding(sharding, shape=args.shape, processes=args.processes), end="")
         if args.out:
             path = meshfeed.plot_sharding(
                 sharding, args.out, shape=args.shape, processes=args.processes
             )
             print(f"wrote {path}")
-        return 0
-    if args.command == "plan":
-        import meshfeed
-
-        sharding = _sharding(args)
-        print(meshfeed.plan(sharding, args.shape, args.dtype, processes=args.processes), end="")
         return 0
     if args.command == "launch":
         from meshfeed._launch import launch
@@ -203,39 +138,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             port=args.port,
         )
     if args.command == "demo":
-        from meshfeed._demo import run_demo
+        from meshfeed._cli.demo import run_demo
 
         return run_demo(
             num_processes=args.processes,
             devices_per_process=args.devices_per_process,
             keras=args.keras,
         )
-    if args.command == "bench":
-        if args.mesh:
-            _cpu_devices(math.prod(args.mesh.values()))
-        import meshfeed
+    if args.mesh:  # bench
+        cpu_devices(math.prod(args.mesh.values()))
+    if args.what == "matmul":
+        from meshfeed._cli.bench_matmul import report_matmul
 
-        if args.what == "matmul":
-            from meshfeed._bench_matmul import bench_matmul, table
+        return report_matmul(size=args.size, mesh=args.mesh, repeats=args.repeats)
+    from meshfeed._cli.bench import report_loader
 
-            rows, pictures = bench_matmul(size=args.size, mesh=args.mesh, repeats=args.repeats)
-            for strategy, picture in pictures.items():
-                print(f"== {strategy}\n{picture}")
-            print(table(rows))
-            for line in rows:
-                print(json.dumps({"benchmark": "matmul", "size": args.size, **line}))
-            return 0
-        for line in meshfeed.bench_loader(
-            shape=args.shape,
-            dtype=args.dtype,
-            examples=args.examples,
-            global_batch_size=args.batch,
-            mesh=args.mesh,
-            seconds=args.seconds,
-        ):
-            print(json.dumps(line))
-        return 0
-    return 2  # pragma: no cover - argparse rejects unknown commands
+    return report_loader(
+        shape=args.shape,
+        dtype=args.dtype,
+        examples=args.examples,
+        global_batch_size=args.batch,
+        mesh=args.mesh,
+        seconds=args.seconds,
+    )
 
 
 if __name__ == "__main__":
