@@ -50,14 +50,14 @@ def make_arrays(n: int = NUM_EXAMPLES) -> dict[str, np.ndarray]:
     }
 
 
-def _model_across_processes(data: int, model: int) -> list[jax.Device]:
+def _model_across_processes(data: int, model: int) -> list[Any]:
     """Devices ordered so that the devices of one model replica are far apart in
     jax.devices() order -- on several processes, whenever the process layout allows."""
     devices = jax.devices()
     return list(np.asarray(devices, dtype=object).reshape(model, data).T.reshape(-1))
 
 
-def make_layout(name: str, axis_types: str = "auto") -> dict[str, NamedSharding]:
+def make_layout(name: str, axis_types: meshfeed.AxisTypes = "auto") -> dict[str, NamedSharding]:
     """A sharding per field for one named layout."""
     if name == "data8":
         mesh = meshfeed.make_mesh(data=8, axis_types=axis_types)
@@ -99,11 +99,14 @@ def needed_ids(sharding: NamedSharding, ids: np.ndarray) -> np.ndarray:
     """Ids this process's devices hold, per JAX's own index map."""
     rows = set()
     for index in sharding.addressable_devices_indices_map((len(ids),)).values():
+        assert index is not None
         rows.update(range(*index[0].indices(len(ids))[:2]))
     return ids[sorted(rows)]
 
 
-def check_strategy(strategy: str, layout: str, *, last_batch: str = "pad") -> dict[str, Any]:
+def check_strategy(
+    strategy: meshfeed.Strategy, layout: str, *, last_batch: meshfeed.LastBatch = "pad"
+) -> dict[str, Any]:
     """Runs a loader over one epoch and checks every batch on this process.
 
     Checks: values equal source[schedule ids] (local shards, every field), the

@@ -19,7 +19,9 @@ from layouts import make_arrays, make_layout
 from meshfeed.testing import local_shards
 
 
-def run_stream(state: dict[str, Any] | None, skip: int, strategy: str) -> dict[str, Any]:
+def run_stream(
+    state: dict[str, Any] | None, skip: int, strategy: meshfeed.Strategy
+) -> dict[str, Any]:
     """Skips ``skip`` steps (or restores ``state``), then records every later batch."""
     loader = meshfeed.Loader(
         meshfeed.ArraySource(make_arrays(60)),

@@ -107,7 +107,7 @@ def test_reshard_moves_to_the_target_inside_and_outside_jit(axis_types):
     )
     batch = next(iter(loader))
     assert batch["tokens"].sharding.is_equivalent_to(
-        NamedSharding(loader.sharding["tokens"].mesh, P(("data", "model"))), 2
+        NamedSharding(shardings["tokens"].mesh, P(("data", "model"))), 2
     )
     eager = meshfeed.reshard(batch, loader.sharding)
     inside = jax.jit(lambda b: meshfeed.reshard(b, shardings))(batch)

@@ -47,6 +47,6 @@ def test_plan_rows_are_the_rows_the_source_is_asked_for(num_processes, devices):
 
 def test_plan_rejects_bad_input():
     with pytest.raises(TypeError, match="pass a NamedSharding"):
-        meshfeed.plan(P("data"), (8,))
+        meshfeed.plan(P("data"), (8,))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no batch dimension"):
         meshfeed.plan(NamedSharding(meshfeed.make_mesh(data=8), P()), ())

@@ -70,7 +70,7 @@ def test_single_npy_and_stored_npz(tmp_path):
     npy = meshfeed.open_source(tmp_path / "tokens.npy")
     assert list(npy.fields) == ["tokens"]
     np.testing.assert_array_equal(npy[np.array([5, 1])]["tokens"], data["tokens"][[5, 1]])
-    np.savez(tmp_path / "all.npz", **data)
+    np.savez(tmp_path / "all.npz", **data)  # type: ignore[arg-type]
     npz = meshfeed.open_source(tmp_path / "all.npz")
     np.testing.assert_array_equal(npz[np.array([9, 8])]["image"], data["image"][[9, 8]])
 

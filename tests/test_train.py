@@ -45,7 +45,7 @@ def test_hybrid_mlp_with_hidden_layer_over_model_matches_single_device(reference
 def test_each_step_function_compiles_once(mode):
     compiles = []
 
-    def listener(event, duration, **kwargs):
+    def listener(event, duration_secs, **kwargs):
         if event == "/jax/core/compile/backend_compile_duration":
             compiles.append(event)
 
@@ -56,6 +56,7 @@ def test_each_step_function_compiles_once(mode):
     state, _ = step(state, batches[0][1])
     jax.block_until_ready(state)
     jax.monitoring.register_event_duration_secs_listener(listener)
+    metrics = None
     try:
         for _, batch in batches[1:]:  # includes the padded step 7
             state, metrics = step(state, batch)

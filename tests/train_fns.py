@@ -192,13 +192,13 @@ def restore_and_peek(directory: str, seed: int = 4) -> dict[str, Any]:
     }
 
 
-def steps_and_shapes(n: int, last_batch: str) -> list[tuple[int, ...]]:
+def steps_and_shapes(n: int, last_batch: meshfeed.LastBatch) -> list[tuple[int, ...]]:
     """Every batch's global shape over one epoch of ``n`` examples (batch 8)."""
     mesh = meshfeed.make_mesh(data=jax.device_count())
     data = meshfeed.ArraySource({"x": np.arange(n * 3, dtype=np.float32).reshape(n, 3)})
     stream = meshfeed.Loader(
         data, global_batch_size=8, sharding=meshfeed.batch_sharding(mesh), last_batch=last_batch
-    )  # type: ignore[arg-type]
+    )
     return [tuple(batch["x"].shape) for batch in stream]
 
 

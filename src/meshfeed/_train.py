@@ -37,6 +37,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from jax.typing import ArrayLike
 
 from meshfeed._mesh import DATA, Device, spec_axes
 from meshfeed._schedule import MASK
@@ -88,14 +89,15 @@ def _place(x: Any, mesh: Mesh, replicated: NamedSharding) -> jax.Array:
     return place_host(np.asarray(x), replicated)
 
 
-def masked_mean(values: jax.Array, batch: Batch) -> jax.Array:
+def masked_mean(values: ArrayLike, batch: Mapping[str, ArrayLike]) -> jax.Array:
     """Mean of per-row ``values`` over the valid rows of ``batch`` (all rows if no mask).
 
     Safe on a batch with no valid row (returns 0), which a device can get from padding.
     """
+    values = jnp.asarray(values)
     if MASK not in batch:
         return jnp.mean(values)
-    mask = batch[MASK].astype(values.dtype)
+    mask = jnp.asarray(batch[MASK]).astype(values.dtype)
     mask = mask.reshape(mask.shape + (1,) * (values.ndim - mask.ndim))
     count = jnp.sum(jnp.broadcast_to(mask, values.shape))
     return jnp.sum(values * mask) / jnp.maximum(count, 1)
