@@ -59,7 +59,7 @@ def test_parquet_reads_only_row_groups_with_requested_ids(tmp_path):
     assert uncached.row_groups_read == 4
 
 
-def test_variable_length_values_are_object_arrays(tmp_path):
+def test_variable_length_lists_are_ragged_and_bytes_object_arrays(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -67,16 +67,18 @@ def test_variable_length_values_are_object_arrays(tmp_path):
     blobs = [b"a", b"bcd", b"", b"ef"]
     pq.write_table(pa.table({"tokens": tokens, "blob": blobs}), tmp_path / "v.parquet")
     source = meshfeed.ParquetSource(str(tmp_path / "v.parquet"))
-    assert source.fields["tokens"].dtype == np.dtype(object)
+    assert source.fields["tokens"] == meshfeed.FieldSpec((None,), np.dtype(np.int64))
     got = source[np.array([2, 0])]
+    assert isinstance(got["tokens"], meshfeed.Ragged)
     np.testing.assert_array_equal(got["tokens"][0], [0, 1, 2, 3])
+    np.testing.assert_array_equal(source.lengths("tokens"), [3, 1, 4, 2])
     assert got["blob"].tolist() == [b"", b"a"]
 
     mesh = meshfeed.make_mesh(data=2, devices=jax.devices()[:2])
     loader = meshfeed.Loader(
         source, global_batch_size=2, sharding=meshfeed.batch_sharding(mesh), prefetch=0
     )
-    with pytest.raises(ValueError, match=r"field 'tokens' holds variable-length values"):
+    with pytest.raises(ValueError, match=r"field 'tokens' holds variable-length documents"):
         next(iter(loader))
 
 

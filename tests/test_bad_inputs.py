@@ -205,7 +205,8 @@ CASES: list[tuple[str, Callable[..., Any], type[BaseException], str]] = [
         "ArraySource field a list",
         lambda t, p, m: meshfeed.ArraySource({"a": [1, 2, 3]}),  # type: ignore[dict-item]
         TypeError,
-        "field 'a' is a list; pass a numpy array or np.memmap (np.asarray(x) for lists).",
+        "field 'a' is a list; pass a numpy array, np.memmap or meshfeed.Ragged "
+        "(np.asarray(x) for lists of numbers, Ragged.from_list(x) for lists of documents).",
     ),
     (
         "mesh larger than the devices",
@@ -247,8 +248,8 @@ CASES: list[tuple[str, Callable[..., Any], type[BaseException], str]] = [
         lambda t, p, m: meshfeed.write_source(f"{t}/r", [{"a": np.zeros(2)}, {"a": np.zeros(3)}]),
         ValueError,
         "record 1 has fields {a: float64[3]}, the first record {a: float64[2]}; every record "
-        "needs the same fields, shapes and dtypes (pad variable-length values to a fixed "
-        "size first).",
+        "needs the same fields, shapes and dtypes (name variable-length fields in "
+        "ragged=[...], or pad them to a fixed size first).",
     ),
     (
         "mixture of sources with other fields",

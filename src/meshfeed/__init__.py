@@ -8,10 +8,11 @@ one process or many, exactly and resumably. Importing meshfeed touches no device
 from meshfeed import ops as ops
 from meshfeed._adapters import ArrayRecordSource as ArrayRecordSource
 from meshfeed._adapters import GrainSource as GrainSource
-from meshfeed._adapters import HFSource as HFSource
-from meshfeed._adapters import ParquetSource as ParquetSource
 from meshfeed._adapters import TorchSource as TorchSource
 from meshfeed._arrays import ArraySource as ArraySource
+from meshfeed._arrow import HFSource as HFSource
+from meshfeed._arrow import ParquetSource as ParquetSource
+from meshfeed._attention import segment_mask as segment_mask
 from meshfeed._checkpoint import restore_checkpoint as restore_checkpoint
 from meshfeed._checkpoint import save_checkpoint as save_checkpoint
 from meshfeed._fit import EvalFn as EvalFn
@@ -30,12 +31,15 @@ from meshfeed._mix import Mixture as Mixture
 from meshfeed._mix import mix as mix
 from meshfeed._options import LoaderOptions as LoaderOptions
 from meshfeed._options import Transform as Transform
+from meshfeed._pack import Packed as Packed
+from meshfeed._pack import pack as pack
 from meshfeed._plan import STRATEGIES as STRATEGIES
 from meshfeed._plan import Cost as Cost
 from meshfeed._plan import Plan as Plan
 from meshfeed._plan import Strategy as Strategy
 from meshfeed._plan import plan as plan
 from meshfeed._plot import plot_sharding as plot_sharding
+from meshfeed._ragged import Ragged as Ragged
 from meshfeed._records import RecordFn as RecordFn
 from meshfeed._replicas import check_replicas as check_replicas
 from meshfeed._schedule import LastBatch as LastBatch
@@ -49,7 +53,6 @@ from meshfeed._sources import Source as Source
 from meshfeed._state import LoaderState as LoaderState
 from meshfeed._store import ShardedSource as ShardedSource
 from meshfeed._store import open_source as open_source
-from meshfeed._store import write_source as write_source
 from meshfeed._strategies import reshard as reshard
 from meshfeed._train import MODES as MODES
 from meshfeed._train import Batch as Batch
@@ -58,6 +61,7 @@ from meshfeed._train import Mode as Mode
 from meshfeed._train import TrainState as TrainState
 from meshfeed._train import make_train_step as make_train_step
 from meshfeed._train import masked_mean as masked_mean
+from meshfeed._writer import write_source as write_source
 
 __version__ = "0.1.0"
 
@@ -83,9 +87,11 @@ __all__ = [
     "LossFn",
     "Mixture",
     "Mode",
+    "Packed",
     "ParquetSource",
     "Permutation",
     "Plan",
+    "Ragged",
     "RecordFn",
     "Schedule",
     "ShardedSource",
@@ -107,11 +113,13 @@ __all__ = [
     "mix",
     "open_source",
     "ops",
+    "pack",
     "plan",
     "plot_sharding",
     "reshard",
     "restore_checkpoint",
     "save_checkpoint",
+    "segment_mask",
     "show_plan",
     "show_sharding",
     "write_source",

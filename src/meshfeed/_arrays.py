@@ -1,4 +1,4 @@
-"""``ArraySource``: a source over numpy arrays and ``np.memmap`` files."""
+"""``ArraySource``: a source over numpy arrays, ``np.memmap`` files and ``Ragged`` fields."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from meshfeed._files import Blob, RowFile
+from meshfeed._ragged import Ragged
 from meshfeed._sources import FieldSpec, fields_text
 
 
-def _whole_file_memmap(array: np.ndarray) -> TypeGuard[np.memmap]:
+def _whole_file_memmap(array: object) -> TypeGuard[np.memmap]:
     """A read-only memmap of a whole file's rows, which ``pread`` can read instead."""
     return (
         isinstance(array, np.memmap)
@@ -36,7 +37,7 @@ def _pread_rows(array: np.memmap) -> RowFile:
 
 
 class ArraySource:
-    """A source over equal-length arrays (numpy arrays or ``np.memmap``).
+    """A source over equal-length arrays (numpy arrays, ``np.memmap`` or ``Ragged``).
 
     Each step is one vectorised gather per field. A whole read-only memmap (as
     ``np.load(path, mmap_mode="r")`` returns) is read with ``pread`` instead, so only
@@ -45,7 +46,8 @@ class ArraySource:
     it touched mapped into the process, so its resident size grows towards the file's
     over an epoch. ``pread=False`` gathers through the mapping all the same: faster
     while the file sits in the page cache (about 4x here), but every page touched stays
-    resident in the process.
+    resident in the process. A ``Ragged`` field gives a ``Ragged`` of the documents
+    asked for, and ``lengths(field)`` gives every document's length.
 
     Example:
       >>> src = ArraySource({"image": np.zeros((10, 28, 28), np.uint8),
@@ -54,20 +56,24 @@ class ArraySource:
       array([3, 1])
     """
 
-    def __init__(self, arrays: Mapping[str, np.ndarray], *, pread: bool = True) -> None:
+    def __init__(self, arrays: Mapping[str, np.ndarray | Ragged], *, pread: bool = True) -> None:
         if not isinstance(arrays, Mapping) or not arrays:
             raise TypeError(
                 "ArraySource takes a non-empty mapping of field name to array, e.g. "
                 "ArraySource({'image': x, 'label': y})."
             )
-        data: dict[str, np.ndarray] = {}
+        data: dict[str, np.ndarray | Ragged] = {}
         for name, array in arrays.items():
             if not isinstance(name, str):
                 raise TypeError(f"field names must be str, got {name!r}.")
+            if isinstance(array, Ragged):
+                data[name] = array
+                continue
             if not isinstance(array, np.ndarray):
                 raise TypeError(
-                    f"field {name!r} is a {type(array).__name__}; pass a numpy array or "
-                    "np.memmap (np.asarray(x) for lists)."
+                    f"field {name!r} is a {type(array).__name__}; pass a numpy array, "
+                    "np.memmap or meshfeed.Ragged (np.asarray(x) for lists of numbers, "
+                    "Ragged.from_list(x) for lists of documents)."
                 )
             if array.ndim == 0:
                 raise ValueError(
@@ -79,6 +85,7 @@ class ArraySource:
             raise ValueError(
                 f"fields have different lengths {lengths}; every field needs one row per example."
             )
+        self._ragged = {name: a for name, a in data.items() if isinstance(a, Ragged)}
         self._gathers: dict[str, Any] = {
             name: _pread_rows(a).read if pread and _whole_file_memmap(a) else a.__getitem__
             for name, a in data.items()
@@ -95,8 +102,17 @@ class ArraySource:
     def __len__(self) -> int:
         return self._len
 
-    def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+    def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
         return {name: gather(ids) for name, gather in self._gathers.items()}
+
+    def lengths(self, field: str) -> np.ndarray:
+        """Every document's length in the ragged ``field``."""
+        if field not in self._ragged:
+            raise ValueError(
+                f"lengths({field!r}): that is not a ragged field of this source; its ragged "
+                f"fields are {sorted(self._ragged)}."
+            )
+        return self._ragged[field].lengths
 
     def __repr__(self) -> str:
         return f"ArraySource({self._len} examples; {fields_text(self._fields)})"

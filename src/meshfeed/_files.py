@@ -22,6 +22,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from meshfeed._ragged import Ragged, empty
 from meshfeed._sources import check_ids
 
 _MAGIC = b"\x93NUMPY"
@@ -145,15 +146,28 @@ class RowFile:
         if not len(ids) or not self.row_bytes:
             return out
         unique, inverse = np.unique(ids, return_inverse=True)
-        buffer = np.empty((len(unique), self.row_bytes), np.uint8)
         starts, ends = runs(unique)
+        rows = self.read_spans(unique[starts], unique[ends - 1] + 1)
+        flat = rows.reshape(len(unique), -1).view(np.uint8)
+        np.take(flat, inverse.reshape(-1), axis=0, out=out.reshape(len(ids), -1).view(np.uint8))
+        return out
+
+    def read_spans(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        """Rows ``[start, stop)`` of each span, one span after another, each one range."""
+        sizes = np.asarray(stops, np.int64) - np.asarray(starts, np.int64)
+        out = np.empty((int(sizes.sum()), *self.row_shape), self.dtype)
+        if not len(out) or not self.row_bytes:
+            return out
+        buffer = out.reshape(len(out), -1).view(np.uint8)
+        at = np.concatenate([[0], np.cumsum(sizes)])
+        keep = np.flatnonzero(sizes)
         views = [
-            memoryview(buffer[a:b]).cast("B")  # type: ignore[arg-type]
-            for a, b in zip(starts, ends, strict=True)
+            memoryview(buffer[at[i] : at[i + 1]]).cast("B")  # type: ignore[arg-type]
+            for i in keep.tolist()
         ]
-        self.blob.read_into(views, [self.offset + int(unique[a]) * self.row_bytes for a in starts])
+        offsets = [self.offset + int(starts[i]) * self.row_bytes for i in keep.tolist()]
+        self.blob.read_into(views, offsets)
         self.bytes_read += buffer.nbytes
-        np.take(buffer, inverse.reshape(-1), axis=0, out=out.reshape(len(ids), -1).view(np.uint8))
         return out
 
 
@@ -184,6 +198,63 @@ class NpyRows(RowFile):
                 f"{self.name} is truncated: its header says {self.rows} rows of "
                 f"{self.row_bytes} bytes ({want} bytes in all), the file has {got}."
             )
+
+
+class RaggedRows:
+    """The documents of one ragged field's shard: a values ``.npy`` and an offsets ``.npy``.
+
+    The offsets (8 bytes a document) are read whole on first use and kept; each read
+    then takes the values of the documents asked for as byte ranges, consecutive
+    documents as one range.
+    """
+
+    def __init__(self, values: NpyRows, offsets: NpyRows) -> None:
+        if offsets.row_shape or offsets.dtype.kind not in "iu":
+            raise ValueError(
+                f"{offsets.name} must hold 1-D integer offsets, not {offsets.dtype}"
+                f"{[offsets.rows, *offsets.row_shape]}."
+            )
+        self.values, self.offsets_file = values, offsets
+        self.rows = offsets.rows - 1
+        self.row_shape = (None, *values.row_shape)
+        self.dtype = values.dtype
+        self.name = values.name
+        self._offsets: np.ndarray | None = None
+
+    @property
+    def offsets(self) -> np.ndarray:
+        if self._offsets is None:
+            offsets = self.offsets_file.read_spans(np.array([0]), np.array([self.rows + 1]))
+            self._offsets = offsets.astype(np.int64)
+            if self._offsets[0] != 0 or (np.diff(self._offsets) < 0).any():
+                raise ValueError(f"{self.offsets_file.name} holds offsets that decrease: corrupt?")
+            if self._offsets[-1] != self.values.rows:
+                raise ValueError(
+                    f"{self.offsets_file.name} ends at {int(self._offsets[-1])} but "
+                    f"{self.values.name} holds {self.values.rows} values: they do not belong "
+                    "together."
+                )
+        return self._offsets
+
+    @property
+    def bytes_read(self) -> int:
+        return self.values.bytes_read + self.offsets_file.bytes_read
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def read(self, ids: np.ndarray) -> Ragged:
+        """Documents ``ids`` (in any order, repeats allowed)."""
+        ids = check_ids(ids, self.rows, self.name)
+        unique, inverse = np.unique(ids, return_inverse=True)
+        if not len(unique):
+            return empty(0, self.dtype, self.values.row_shape)
+        offsets = self.offsets
+        starts, ends = runs(unique)
+        values = self.values.read_spans(offsets[unique[starts]], offsets[unique[ends - 1] + 1])
+        lengths = offsets[unique + 1] - offsets[unique]
+        documents = Ragged(values, np.concatenate([[0], np.cumsum(lengths)]))
+        return documents.take(inverse.reshape(-1))
 
 
 def _read_header(blob: Blob, at: int, name: str) -> tuple[tuple[int, ...], np.dtype, int]:

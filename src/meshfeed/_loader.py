@@ -234,11 +234,11 @@ class Loader:
 
 
 def _plan_fields(sharding: ShardingArg, fields: Mapping[str, FieldSpec]) -> dict[str, Field]:
-    """The source's fields with their shardings, for the planner (before any transform)."""
+    """The source's fixed-shape fields with their shardings, for the planner."""
     out = {}
     for name, spec in fields.items():
         s = sharding if not isinstance(sharding, Mapping) else sharding.get(name)
-        if s is not None:
+        if s is not None and not spec.ragged:  # a ragged field's size is not known ahead
             out[name] = (fit_to_rank(s, 1 + len(spec.shape)), spec.shape, spec.dtype)
     if not out:  # a transform renames every field: plan the rows alone
         s = sharding if not isinstance(sharding, Mapping) else next(iter(sharding.values()))

@@ -97,7 +97,7 @@ class Mixture:
         seen = block * self._counts[which] + self._prefix[r, which]
         return which, seen % np.asarray(self._lengths, dtype=np.int64)[which]
 
-    def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+    def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
         ids = check_ids(ids, self._len, "this mixture")
         which, local = self.locate(ids)
         return gather_by_part(which, local, self.fields, lambda s, rows: self.sources[s][rows])

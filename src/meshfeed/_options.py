@@ -149,7 +149,9 @@ def check_source(source: Source, options: LoaderOptions) -> dict[str, FieldSpec]
             "last_batch='pad'."
         )
     fields = dict(source.fields)
-    transformed = options.transform is not None
+    # A transform may rename fields and change shapes: its output is checked on the
+    # first batch instead.
+    transformed = options.transform is not None or options.record_transform is not None
     sharding = options.sharding
     if isinstance(sharding, NamedSharding):
         named: dict[str, Any] = dict.fromkeys(fields, sharding)
@@ -169,7 +171,7 @@ def check_source(source: Source, options: LoaderOptions) -> dict[str, FieldSpec]
             s,
             name=name,
             global_batch_size=b,
-            shape=None if transformed or spec is None else spec.shape,
+            shape=None if transformed or spec is None or spec.ragged else spec.shape,
         )
     return fields
 

@@ -10,11 +10,13 @@ can run it on a background thread; placing the rows on devices is the strategy's
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from meshfeed._mesh import check_sharding
 from meshfeed._options import LoaderOptions, Transform
+from meshfeed._ragged import Ragged, empty
 from meshfeed._records import RecordStage
 from meshfeed._schedule import MASK, Schedule
 from meshfeed._shardings import FieldShardings
@@ -30,20 +32,26 @@ class SourceRows:
     def epoch(self, step: int) -> int:
         return self._schedule.epoch_and_step(step)[0]
 
-    def read(self, step: int, rows: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def read(self, step: int, rows: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
         """The values of batch rows ``rows`` of ``step``, and their example ids."""
         batch_ids = self._schedule.ids(step)
         ids = batch_ids if len(rows) == len(batch_ids) else batch_ids[rows]
         valid = ids >= 0
         if valid.all():
-            return self._source[ids], ids
-        data = {
-            name: np.zeros((len(ids), *spec.shape), spec.dtype)
-            for name, spec in self._fields.items()
-        }
-        if valid.any():
-            for name, array in self._source[ids[valid]].items():
-                data[name][valid] = array
+            return dict(self._source[ids]), ids
+        real: Mapping[str, Any] = self._source[ids[valid]] if valid.any() else {}
+        data: dict[str, Any] = {}
+        for name, spec in self._fields.items():
+            if spec.ragged:  # padding rows are empty documents
+                data[name] = (
+                    Ragged.expand(valid, real[name])
+                    if real
+                    else empty(len(ids), spec.dtype, spec.shape[1:])
+                )  # type: ignore[arg-type]
+            else:
+                data[name] = np.zeros((len(ids), *spec.shape), spec.dtype)
+                if real:
+                    data[name][valid] = real[name]
         return data, ids
 
 
@@ -97,6 +105,13 @@ class StepReader:
                 "dict of field name -> numpy array."
             )
         for name, array in data.items():
+            if isinstance(array, Ragged):
+                raise ValueError(
+                    f"field {name!r} holds variable-length documents (Ragged) and cannot go "
+                    "to devices as they are; pack them into fixed rows with "
+                    "meshfeed.pack(source, seq_len), or pad them with record_transform= "
+                    "(per example) or transform= (per batch)."
+                )
             if not isinstance(array, np.ndarray) or array.ndim == 0 or len(array) != rows:
                 got = getattr(array, "shape", type(array).__name__)
                 raise ValueError(

@@ -6,6 +6,11 @@ data. The loader asks a source only for the ids its process needs, in one call p
 so a source's job is a fast vectorised gather; everything about order, batching and
 devices lives above it.
 
+A field is fixed-shape (a numpy array per batch, ``FieldSpec.shape`` the per-example
+shape) or ragged (a ``Ragged`` per batch, ``FieldSpec.shape`` ``(None, ...)``: documents
+of any length). A source with ragged fields may also offer ``lengths(field)``, every
+document's length read from offsets rather than values; ``meshfeed.pack`` plans with it.
+
 The helpers below are what every source built from parts (shards, row groups, the
 sources of a mixture) needs: the ids' range check, and a gather that reads each part
 once per call and puts its rows where they belong.
@@ -14,21 +19,29 @@ once per call and puts its rows where they belong.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+from meshfeed._ragged import Ragged, assemble, is_ragged_shape
+
 
 class FieldSpec(NamedTuple):
-    """Per-example shape and dtype of one field."""
+    """Per-example shape and dtype of one field; a ragged field's shape starts with None."""
 
-    shape: tuple[int, ...]
+    shape: tuple[Any, ...]  # ints; a ragged field's first entry is None
     dtype: np.dtype
+
+    @property
+    def ragged(self) -> bool:
+        """Documents of any length (``shape`` ``(None, ...)``): a ``Ragged`` per batch."""
+        return is_ragged_shape(self.shape)
 
 
 def field_text(spec: FieldSpec) -> str:
-    """``uint8[28, 28]``: one field's dtype and per-example shape, for messages."""
-    return f"{np.dtype(spec.dtype)}{list(spec.shape)}"
+    """``uint8[28, 28]`` (``int32[*]`` for a ragged field), for messages."""
+    dims = ", ".join("*" if d is None else str(d) for d in spec.shape)
+    return f"{np.dtype(spec.dtype)}[{dims}]"
 
 
 def fields_text(fields: Mapping[str, FieldSpec]) -> str:
@@ -41,13 +54,16 @@ def describe(fields: Mapping[str, FieldSpec]) -> str:
     return "{" + fields_text(fields) + "}"
 
 
+Column = np.ndarray | Ragged  # one field's values for a batch of ids
+
+
 @runtime_checkable
 class Source(Protocol):
     """Random access to examples by integer ids.
 
     ``source[ids]`` takes a 1-D ``int64`` array of ids in ``[0, len(source))`` (in any
     order, possibly repeated) and returns one array per field whose first dimension
-    follows ``ids``.
+    follows ``ids`` (a ``Ragged`` for a ragged field).
     """
 
     @property
@@ -55,7 +71,7 @@ class Source(Protocol):
 
     def __len__(self) -> int: ...
 
-    def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]: ...
+    def __getitem__(self, ids: np.ndarray) -> Mapping[str, Column]: ...
 
 
 def check_ids(ids: object, n: int, name: str) -> np.ndarray:
@@ -79,16 +95,26 @@ def gather_by_part(
     part: np.ndarray,
     local: np.ndarray,
     fields: Mapping[str, FieldSpec],
-    read: Callable[[int, np.ndarray], Mapping[str, np.ndarray]],
-) -> dict[str, np.ndarray]:
+    read: Callable[[int, np.ndarray], Mapping[str, Column]],
+) -> dict[str, Column]:
     """Rows from several parts, in the order asked for.
 
     Row ``i`` is row ``local[i]`` of part ``part[i]``; ``read(p, local_ids)`` reads the
     rows of part ``p``, called once per part that holds any.
     """
-    out = {k: np.empty((len(part), *s.shape), s.dtype) for k, s in fields.items()}
+    out: dict[str, Any] = {
+        k: np.empty((len(part), *s.shape), s.dtype) for k, s in fields.items() if not s.ragged
+    }
+    pieces: dict[str, list[tuple[np.ndarray, Ragged]]] = {
+        k: [] for k, s in fields.items() if s.ragged
+    }
     for p in np.unique(part).tolist():
         where = np.flatnonzero(part == p)
         for name, values in read(p, local[where]).items():
-            out[name][where] = values
-    return out
+            if name in pieces:
+                pieces[name].append((where, values))  # type: ignore[arg-type]  # a Ragged
+            else:
+                out[name][where] = values
+    for name, parts in pieces.items():
+        out[name] = assemble(len(part), parts, fields[name].dtype)
+    return {name: out[name] for name in fields}  # in the source's order

@@ -1,0 +1,171 @@
+"""The packing plan: which piece of which document goes in which packed row.
+
+Planned once, from the documents' lengths alone, so it is the same on every process
+and needs no data. Documents are taken in a keyed shuffled order (``seed``) and packed
+in windows of ``window`` documents, each window on its own: no global sort, bounded
+work per window, and windows could be planned in parallel. Within a window,
+``"best_fit"`` puts each piece in the open row it fills most tightly (a sorted list of
+the rows' free space, searched with ``bisect``), ``"first_fit"`` in the first open row
+it fits; ``max_segments`` closes a row once it holds that many pieces. A document longer
+than ``seq_len`` is cut into ``seq_len`` pieces (``"split"``), cut to its first
+``seq_len`` tokens (``"truncate"``), skipped (``"drop"``) or refused (``"error"``).
+
+The plan is four arrays -- per piece its document, start and length, and where each
+row's pieces start -- about 12 bytes a document.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import itertools
+from typing import Literal
+
+import numpy as np
+
+from meshfeed._schedule import Permutation
+
+Algorithm = Literal["best_fit", "first_fit"]
+LongDocs = Literal["split", "truncate", "drop", "error"]
+ALGORITHMS: tuple[Algorithm, ...] = ("best_fit", "first_fit")
+LONG_DOCS: tuple[LongDocs, ...] = ("split", "truncate", "drop", "error")
+
+
+class PackPlan:
+    """Which piece of which document goes in which row: ``rows + 1`` row starts into
+    the pieces, and per piece its document, its start in the document and its length."""
+
+    def __init__(
+        self, doc: np.ndarray, start: np.ndarray, length: np.ndarray, row_starts: np.ndarray
+    ) -> None:
+        self.doc, self.start, self.length, self.row_starts = doc, start, length, row_starts
+
+    @property
+    def rows(self) -> int:
+        return len(self.row_starts) - 1
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.doc, self.start, self.length, self.row_starts))
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for a in (self.doc, self.start, self.length, self.row_starts):
+            h.update(np.ascontiguousarray(a.astype(np.int64)).tobytes())
+        return h.hexdigest()[:16]
+
+
+def _pieces(
+    docs: np.ndarray, lengths: np.ndarray, seq_len: int, long_docs: LongDocs, stats: dict
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pieces (document, start, length) of one window's documents, in order."""
+    stats["empty_documents"] += int((lengths == 0).sum())
+    keep = lengths > 0
+    docs, lengths = docs[keep], lengths[keep]
+    long = lengths > seq_len
+    if long.any():
+        if long_docs == "error":
+            i = int(np.argmax(long))
+            raise ValueError(
+                f"document {int(docs[i])} has {int(lengths[i])} tokens, more than "
+                f"seq_len={seq_len}, and long_docs='error'; pass long_docs='split' (cut it "
+                "into pieces), 'truncate' or 'drop', or a larger seq_len."
+            )
+        if long_docs == "drop":
+            stats["dropped_documents"] += int(long.sum())
+            stats["dropped_tokens"] += int(lengths[long].sum())
+            docs, lengths = docs[~long], lengths[~long]
+        elif long_docs == "truncate":
+            stats["truncated_tokens"] += int((lengths[long] - seq_len).sum())
+            lengths = np.minimum(lengths, seq_len)
+        else:
+            stats["split_documents"] += int(long.sum())
+            stats["split_tokens"] += int(lengths[long].sum())
+    stats["documents"] += len(docs)
+    counts = -(-lengths // seq_len)  # pieces per document (1 unless split)
+    doc = np.repeat(docs, counts)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    start = (np.arange(len(doc)) - first) * seq_len
+    length = np.minimum(np.repeat(lengths, counts) - start, seq_len)
+    return doc, start, length
+
+
+def _best_fit(lengths: list[int], seq_len: int, cap: int | None) -> list[list[int]]:
+    """Bins of piece indices: each piece into the open bin it fills most tightly."""
+    shift = 1 << 32  # (remaining, bin) as one int: remaining * shift + bin, sorted
+    free: list[int] = []
+    bins: list[list[int]] = []
+    for i, n in enumerate(lengths):
+        j = bisect.bisect_left(free, n * shift)
+        if j < len(free):
+            key = free.pop(j)
+            b, remaining = key % shift, key // shift - n
+            bins[b].append(i)
+        else:
+            b, remaining = len(bins), seq_len - n
+            bins.append([i])
+        if remaining > 0 and (cap is None or len(bins[b]) < cap):
+            bisect.insort(free, remaining * shift + b)
+    return bins
+
+
+def _first_fit(lengths: list[int], seq_len: int, cap: int | None) -> list[list[int]]:
+    """Bins of piece indices: each piece into the first open bin it fits."""
+    remaining = np.full(max(1, len(lengths)), -1, np.int64)
+    bins: list[list[int]] = []
+    for i, n in enumerate(lengths):
+        fits = remaining[: len(bins)] >= n
+        b = int(np.argmax(fits)) if len(bins) and fits.any() else len(bins)
+        if b == len(bins):
+            bins.append([])
+            remaining[b] = seq_len
+        bins[b].append(i)
+        remaining[b] -= n
+        if cap is not None and len(bins[b]) >= cap:
+            remaining[b] = -1
+    return bins
+
+
+def plan_packing(
+    lengths: np.ndarray,
+    seq_len: int,
+    *,
+    seed: int,
+    algorithm: Algorithm,
+    window: int,
+    long_docs: LongDocs,
+    max_segments: int | None,
+) -> tuple[PackPlan, dict[str, int]]:
+    """The plan for documents of ``lengths``, and its counts (see ``Packed.stats``)."""
+    n = len(lengths)
+    lengths = lengths.astype(np.int64, copy=False)
+    stats: dict[str, int] = dict.fromkeys(
+        ("documents", "empty_documents", "split_documents", "split_tokens", "truncated_tokens",
+         "dropped_documents", "dropped_tokens"),
+        0,
+    )  # fmt: skip
+    order = Permutation(n, seed=seed, epoch=0)
+    pack = _best_fit if algorithm == "best_fit" else _first_fit
+    doc_type = np.int32 if n < 2**31 else np.int64
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    for w in range(0, n, window):
+        docs = order(np.arange(w, min(n, w + window)))
+        doc, start, length = _pieces(docs, lengths[docs], seq_len, long_docs, stats)
+        bins = pack(length.tolist(), seq_len, max_segments)
+        placed = np.fromiter(itertools.chain.from_iterable(bins), np.int64, len(doc))
+        sizes = np.fromiter((len(b) for b in bins), np.int64, len(bins))
+        parts.append((doc[placed].astype(doc_type), start[placed], length[placed], sizes))
+    if not parts or not sum(len(p[0]) for p in parts):
+        raise ValueError("pack found no tokens to pack: every document is empty or was dropped.")
+    start_type = np.int32 if int(lengths.max()) < 2**31 else np.int64
+    length_type = np.uint16 if seq_len < 2**16 else np.int32
+    sizes = np.concatenate([p[3] for p in parts])
+    row_starts = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=row_starts[1:])
+    plan = PackPlan(
+        np.concatenate([p[0] for p in parts]),
+        np.concatenate([p[1] for p in parts]).astype(start_type),
+        np.concatenate([p[2] for p in parts]).astype(length_type),
+        row_starts,
+    )
+    return plan, stats
