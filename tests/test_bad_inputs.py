@@ -55,6 +55,11 @@ def _not_npy(tmp: str) -> Any:
     return meshfeed.open_source(f"{tmp}/c.npy")
 
 
+def _documents(**extra: Any) -> meshfeed.ArraySource:
+    docs = meshfeed.Ragged.from_list([np.arange(3), np.arange(40), np.arange(2)])
+    return meshfeed.ArraySource({"tokens": docs, **extra})
+
+
 def _without_initialize(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("MESHFEED_NUM_PROCESSES", "2")
     return _loader()
@@ -257,6 +262,53 @@ CASES: list[tuple[str, Callable[..., Any], type[BaseException], str]] = [
         ValueError,
         "sources[1] has fields {z: float64[]}, sources[0] has {x: float32[4], y: int32[]}; "
         "every source of a mixture needs the same fields, shapes and dtypes.",
+    ),
+    (
+        "Ragged offsets that decrease",
+        lambda t, p, m: meshfeed.Ragged(np.arange(5), np.array([0, 3, 2, 5])),
+        ValueError,
+        "Ragged offsets must not decrease, but offsets[2]=2 < offsets[1]=3.",
+    ),
+    (
+        "pack a field of 2-D documents",
+        lambda t, p, m: meshfeed.pack(
+            meshfeed.ArraySource(
+                {"tokens": meshfeed.Ragged.from_list([np.zeros((2, 3)), np.zeros((1, 3))])}
+            ),
+            8,
+        ),
+        ValueError,
+        "pack packs 1-D documents, but field 'tokens' has documents of float64[*, 3] (2-D "
+        "values); flatten them, or build the source without 'tokens'.",
+    ),
+    (
+        "pack with seq_len 0",
+        lambda t, p, m: meshfeed.pack(_documents(), 0),
+        ValueError,
+        "seq_len=0 must be an int >= 1 (tokens per packed row).",
+    ),
+    (
+        "pack a field the source lacks",
+        lambda t, p, m: meshfeed.pack(_documents(), 8, field="text"),
+        ValueError,
+        "pack(field='text'): the source has no such field; its fields are ['tokens']. Pass "
+        "field= naming the token field, one of ['tokens'].",
+    ),
+    (
+        "pack a source with a fixed-shape field",
+        lambda t, p, m: meshfeed.pack(_documents(label=np.arange(3)), 8),
+        ValueError,
+        "pack packs documents of any length, but field 'label' has a fixed shape (int64[]). A "
+        "packed row holds several documents, so a per-document value has no place in it: "
+        "give it one value per token (a ragged field aligned with 'tokens'), or build the "
+        "source without 'label'.",
+    ),
+    (
+        "pack a document longer than seq_len with long_docs='error'",
+        lambda t, p, m: meshfeed.pack(_documents(), 8, long_docs="error"),
+        ValueError,
+        "document 1 has 40 tokens, more than seq_len=8, and long_docs='error'; pass "
+        "long_docs='split' (cut it into pieces), 'truncate' or 'drop', or a larger seq_len.",
     ),
     (
         "launcher port in use",

@@ -242,9 +242,10 @@ def pack(
 def _check_fields(source: Source, field: str) -> None:
     fields = dict(source.fields)
     if field not in fields:
+        ragged = [k for k, s in fields.items() if s.ragged]
         raise ValueError(
             f"pack(field={field!r}): the source has no such field; its fields are "
-            f"{list(fields)}. Pass field= naming the token field."
+            f"{list(fields)}. Pass field= naming the token field, one of {ragged}."
         )
     for name in (SEGMENT_IDS, POSITIONS):
         if name in fields:
