@@ -26,3 +26,21 @@ def test_cli_help_lists_the_demo(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     assert "demo" in capsys.readouterr().out
+
+
+@pytest.mark.multiprocess
+def test_lm_demo_packs_trains_and_resumes_exactly():
+    run = subprocess.run(
+        [sys.executable, "-m", "meshfeed", "demo", "--lm"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = " ".join(run.stdout.split())  # rich wraps long lines
+    assert "2 processes x 4 CPU devices" in out and "'model': 2" in out
+    padding = float(re.findall(r"rows of 256: ([\d.]+)% padding", out)[0])
+    assert padding < 2.0, out
+    bits = float(re.findall(r"final loss ([\d.]+) bits per byte", out)[0])
+    assert bits <= 3.5, out
+    assert "the next batch is the uninterrupted stream's: True" in out, out

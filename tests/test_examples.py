@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-SINGLE = ["pmap_data_parallel", "three_ways", "matmul", "keras_multi_device", "four_strategies"]
+SINGLE = [
+    "pmap_data_parallel",
+    "three_ways",
+    "matmul",
+    "keras_multi_device",
+    "four_strategies",
+    "lm_bpe",
+]
 
 
 def _promised(name: str) -> list[str]:

@@ -172,3 +172,13 @@ def test_packed_sources_mix_and_load_with_every_strategy():
         loader = meshfeed.Loader(both, global_batch_size=8, sharding=sharding, strategy=strategy)
         batch = meshfeed.reshard(next(iter(loader)), sharding)
         pack_fns.check_rows({k: np.asarray(v) for k, v in batch.items()})
+
+
+def test_plot_packing_draws_the_rows(tmp_path):
+    import matplotlib.image
+
+    path = meshfeed.plot_packing(pack_fns.packed(), tmp_path / "packing.png", rows=5, dpi=60)
+    image = matplotlib.image.imread(path)
+    assert image.shape[0] > 100 and image[..., :3].std() > 0.05
+    with pytest.raises(ValueError, match=r"must end in \.png or \.svg"):
+        meshfeed.plot_packing(pack_fns.packed(), tmp_path / "packing.jpg")

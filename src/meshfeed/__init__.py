@@ -33,12 +33,16 @@ from meshfeed._options import LoaderOptions as LoaderOptions
 from meshfeed._options import Transform as Transform
 from meshfeed._pack import Packed as Packed
 from meshfeed._pack import pack as pack
+from meshfeed._pack_plan import Algorithm as Algorithm
+from meshfeed._pack_plan import LongDocs as LongDocs
+from meshfeed._pack_plan import PackPlan as PackPlan
 from meshfeed._plan import STRATEGIES as STRATEGIES
 from meshfeed._plan import Cost as Cost
 from meshfeed._plan import Plan as Plan
 from meshfeed._plan import Strategy as Strategy
 from meshfeed._plan import plan as plan
 from meshfeed._plot import plot_sharding as plot_sharding
+from meshfeed._plot_packing import plot_packing as plot_packing
 from meshfeed._ragged import Ragged as Ragged
 from meshfeed._records import RecordFn as RecordFn
 from meshfeed._replicas import check_replicas as check_replicas
@@ -48,6 +52,7 @@ from meshfeed._schedule import Schedule as Schedule
 from meshfeed._shardings import ShardingArg as ShardingArg
 from meshfeed._show import show_sharding as show_sharding
 from meshfeed._show_plan import show_plan as show_plan
+from meshfeed._sources import Column as Column
 from meshfeed._sources import FieldSpec as FieldSpec
 from meshfeed._sources import Source as Source
 from meshfeed._state import LoaderState as LoaderState
@@ -70,10 +75,12 @@ __all__ = [
     "MODEL",
     "MODES",
     "STRATEGIES",
+    "Algorithm",
     "ArrayRecordSource",
     "ArraySource",
     "AxisTypes",
     "Batch",
+    "Column",
     "Cost",
     "EvalFn",
     "FieldSpec",
@@ -84,9 +91,11 @@ __all__ = [
     "Loader",
     "LoaderOptions",
     "LoaderState",
+    "LongDocs",
     "LossFn",
     "Mixture",
     "Mode",
+    "PackPlan",
     "Packed",
     "ParquetSource",
     "Permutation",
@@ -115,6 +124,7 @@ __all__ = [
     "ops",
     "pack",
     "plan",
+    "plot_packing",
     "plot_sharding",
     "reshard",
     "restore_checkpoint",

@@ -116,10 +116,12 @@ class Packed:
     def pieces(self, row: int) -> list[tuple[int, int, int]]:
         """The pieces of ``row``, in order: (document id, start in it, length)."""
         plan = self.plan
-        a, b = plan.row_starts[row], plan.row_starts[row + 1]
+        pieces = np.arange(plan.row_starts[row], plan.row_starts[row + 1])
         return [
             (int(d), int(s), int(n))
-            for d, s, n in zip(plan.doc[a:b], plan.start[a:b], plan.length[a:b], strict=True)
+            for d, s, n in zip(
+                plan.doc[pieces], plan.start(pieces), plan.length[pieces], strict=True
+            )
         ]
 
     def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
@@ -151,7 +153,7 @@ class Packed:
                     f"field {name!r} has documents of other lengths than {self.field!r}; "
                     "pack packs fields alongside only when they align token for token."
                 )
-            start = documents.offsets[which.reshape(-1)] + plan.start[piece]
+            start = documents.offsets[which.reshape(-1)] + plan.start(piece)
             src = np.repeat(start - np.cumsum(length) + length, length) + np.arange(total)
             flat = np.zeros(n * seq_len, documents.dtype)
             flat[dest] = documents.values[src]

@@ -33,24 +33,36 @@ LONG_DOCS: tuple[LongDocs, ...] = ("split", "truncate", "drop", "error")
 
 class PackPlan:
     """Which piece of which document goes in which row: ``rows + 1`` row starts into
-    the pieces, and per piece its document, its start in the document and its length."""
+    the pieces, and per piece its document, its number in the document (piece ``k``
+    starts at token ``k * seq_len``) and its length -- in the narrowest integer types
+    that hold them."""
 
     def __init__(
-        self, doc: np.ndarray, start: np.ndarray, length: np.ndarray, row_starts: np.ndarray
+        self,
+        seq_len: int,
+        doc: np.ndarray,
+        piece: np.ndarray,
+        length: np.ndarray,
+        row_starts: np.ndarray,
     ) -> None:
-        self.doc, self.start, self.length, self.row_starts = doc, start, length, row_starts
+        self.seq_len = seq_len
+        self.doc, self.piece, self.length, self.row_starts = doc, piece, length, row_starts
 
     @property
     def rows(self) -> int:
         return len(self.row_starts) - 1
 
+    def start(self, pieces: np.ndarray) -> np.ndarray:
+        """Where these pieces start in their documents."""
+        return self.piece[pieces].astype(np.int64) * self.seq_len
+
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.doc, self.start, self.length, self.row_starts))
+        return sum(a.nbytes for a in (self.doc, self.piece, self.length, self.row_starts))
 
     def digest(self) -> str:
-        h = hashlib.sha256()
-        for a in (self.doc, self.start, self.length, self.row_starts):
+        h = hashlib.sha256(str(self.seq_len).encode())
+        for a in (self.doc, self.piece, self.length, self.row_starts):
             h.update(np.ascontiguousarray(a.astype(np.int64)).tobytes())
         return h.hexdigest()[:16]
 
@@ -58,7 +70,7 @@ class PackPlan:
 def _pieces(
     docs: np.ndarray, lengths: np.ndarray, seq_len: int, long_docs: LongDocs, stats: dict
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The pieces (document, start, length) of one window's documents, in order."""
+    """The pieces (document, piece number, length) of one window's documents, in order."""
     stats["empty_documents"] += int((lengths == 0).sum())
     keep = lengths > 0
     docs, lengths = docs[keep], lengths[keep]
@@ -84,10 +96,31 @@ def _pieces(
     stats["documents"] += len(docs)
     counts = -(-lengths // seq_len)  # pieces per document (1 unless split)
     doc = np.repeat(docs, counts)
-    first = np.repeat(np.cumsum(counts) - counts, counts)
-    start = (np.arange(len(doc)) - first) * seq_len
-    length = np.minimum(np.repeat(lengths, counts) - start, seq_len)
-    return doc, start, length
+    piece = np.arange(len(doc)) - np.repeat(np.cumsum(counts) - counts, counts)
+    length = np.minimum(np.repeat(lengths, counts) - piece * seq_len, seq_len)
+    return doc, piece, length
+
+
+def _total_pieces(lengths: np.ndarray, seq_len: int, long_docs: LongDocs) -> int:
+    """How many pieces the plan will hold (computed in chunks: no N-sized temporaries)."""
+    total = 0
+    for a in range(0, len(lengths), 1 << 16):
+        chunk = lengths[a : a + (1 << 16)].astype(np.int64)
+        chunk = chunk[chunk > 0]
+        if long_docs == "split":
+            total += int((-(-chunk // seq_len)).sum())
+        elif long_docs == "drop":
+            total += int((chunk <= seq_len).sum())
+        else:
+            total += len(chunk)
+    return total
+
+
+def _narrowest(largest: int) -> type:
+    for kind in (np.uint16, np.int32):
+        if largest < np.iinfo(kind).max:
+            return kind
+    return np.int64
 
 
 def _best_fit(lengths: list[int], seq_len: int, cap: int | None) -> list[list[int]]:
@@ -138,7 +171,7 @@ def plan_packing(
 ) -> tuple[PackPlan, dict[str, int]]:
     """The plan for documents of ``lengths``, and its counts (see ``Packed.stats``)."""
     n = len(lengths)
-    lengths = lengths.astype(np.int64, copy=False)
+    lengths = lengths.astype(_narrowest(int(lengths.max()) if n else 0), copy=False)
     stats: dict[str, int] = dict.fromkeys(
         ("documents", "empty_documents", "split_documents", "split_tokens", "truncated_tokens",
          "dropped_documents", "dropped_tokens"),
@@ -146,26 +179,33 @@ def plan_packing(
     )  # fmt: skip
     order = Permutation(n, seed=seed, epoch=0)
     pack = _best_fit if algorithm == "best_fit" else _first_fit
-    doc_type = np.int32 if n < 2**31 else np.int64
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    # The plan's arrays are allocated once, at their final size and narrowest types.
+    total = _total_pieces(lengths, seq_len, long_docs)
+    most_pieces = -(-int(lengths.max()) // seq_len) if n else 1
+    doc_out = np.empty(total, np.int32 if n < 2**31 else np.int64)
+    piece_out = np.empty(total, _narrowest(most_pieces))
+    length_out = np.empty(total, _narrowest(seq_len + 1))
+    sizes: list[np.ndarray] = []
+    at = 0
     for w in range(0, n, window):
         docs = order(np.arange(w, min(n, w + window)))
-        doc, start, length = _pieces(docs, lengths[docs], seq_len, long_docs, stats)
+        doc, piece, length = _pieces(
+            docs, lengths[docs].astype(np.int64), seq_len, long_docs, stats
+        )
         bins = pack(length.tolist(), seq_len, max_segments)
         placed = np.fromiter(itertools.chain.from_iterable(bins), np.int64, len(doc))
-        sizes = np.fromiter((len(b) for b in bins), np.int64, len(bins))
-        parts.append((doc[placed].astype(doc_type), start[placed], length[placed], sizes))
-    if not parts or not sum(len(p[0]) for p in parts):
+        end = at + len(doc)
+        doc_out[at:end], piece_out[at:end], length_out[at:end] = (
+            doc[placed],
+            piece[placed],
+            length[placed],
+        )
+        sizes.append(np.fromiter((len(b) for b in bins), np.int32, len(bins)))
+        at = end
+    if not at:
         raise ValueError("pack found no tokens to pack: every document is empty or was dropped.")
-    start_type = np.int32 if int(lengths.max()) < 2**31 else np.int64
-    length_type = np.uint16 if seq_len < 2**16 else np.int32
-    sizes = np.concatenate([p[3] for p in parts])
-    row_starts = np.zeros(len(sizes) + 1, np.int64)
-    np.cumsum(sizes, out=row_starts[1:])
-    plan = PackPlan(
-        np.concatenate([p[0] for p in parts]),
-        np.concatenate([p[1] for p in parts]).astype(start_type),
-        np.concatenate([p[2] for p in parts]).astype(length_type),
-        row_starts,
-    )
-    return plan, stats
+    counts = np.concatenate(sizes)
+    del sizes
+    row_starts = np.zeros(len(counts) + 1, np.int32 if total < 2**31 else np.int64)
+    np.cumsum(counts, out=row_starts[1:])
+    return PackPlan(seq_len, doc_out, piece_out, length_out, row_starts), stats

@@ -217,18 +217,24 @@ def train_digits_keras(*, epochs: int = 8, progress: bool = True) -> dict:
     return result
 
 
-def demo_process(*, keras: bool = False) -> None:
-    """Entry point of each demo process."""
+def demo_process(*, keras: bool = False, lm: str | None = None) -> None:
+    """Entry point of each demo process (``lm``: the checkpoint folder of the LM demo)."""
     import meshfeed
 
     meshfeed.initialize()
-    if keras:
+    if lm is not None:
+        from meshfeed._cli.lm import train_lm
+
+        train_lm(checkpoint_dir=lm)
+    elif keras:
         train_digits_keras()
     else:
         train_digits()
 
 
-def run_demo(*, num_processes: int = 2, devices_per_process: int = 4, keras: bool = False) -> int:
+def run_demo(
+    *, num_processes: int = 2, devices_per_process: int = 4, keras: bool = False, lm: bool = False
+) -> int:
     """Starts the demo processes and waits; returns the exit code.
 
     Shows process 0's output (less gloo's connection chatter); a failing process's
@@ -236,6 +242,7 @@ def run_demo(*, num_processes: int = 2, devices_per_process: int = 4, keras: boo
     """
     import shutil
     import sys
+    import tempfile
 
     from meshfeed._launch import python_argv, start_processes, supervise
 
@@ -247,14 +254,19 @@ def run_demo(*, num_processes: int = 2, devices_per_process: int = 4, keras: boo
     env = {"COLUMNS": str(shutil.get_terminal_size().columns)}  # rich sees a pipe
     if keras:
         env["KERAS_BACKEND"] = "jax"
-    children = start_processes(
-        python_argv(f"from meshfeed._cli.demo import demo_process; demo_process(keras={keras})"),
-        num_processes=num_processes,
-        devices_per_process=devices_per_process,
-        on_line=show,
-        extra_env=env,
-    )
-    failed, _ = supervise(children)
+    with tempfile.TemporaryDirectory(prefix="meshfeed-lm-") as checkpoints:
+        where = repr(checkpoints) if lm else None
+        code = (
+            f"from meshfeed._cli.demo import demo_process; demo_process(keras={keras}, lm={where})"
+        )
+        children = start_processes(
+            python_argv(code),
+            num_processes=num_processes,
+            devices_per_process=devices_per_process,
+            on_line=show,
+            extra_env=env,
+        )
+        failed, _ = supervise(children)
     if failed is None:
         return 0
     sys.stderr.write(f"process {failed.process_id} failed:\n{failed.output_tail()}")

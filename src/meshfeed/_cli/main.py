@@ -14,7 +14,7 @@ EXAMPLES = """examples:
   meshfeed show --mesh data=4,model=2 --spec data --shape 256,784 --processes 2 --out layout.png
   meshfeed plan --mesh data=4,model=2 --spec data --shape 256,784 --dtype uint8 --processes 2
   meshfeed launch -n 2 --devices-per-process 4 -- python train.py --epochs 3
-  meshfeed demo            (or: meshfeed demo --keras)
+  meshfeed demo            (or: meshfeed demo --keras, meshfeed demo --lm)
   meshfeed bench loader --shape 28,28,1 --dtype uint8 --batch 256
 """
 
@@ -87,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="train the Keras multi-device guide's convnet with meshfeed.keras.KerasTrainer",
     )
+    demo.add_argument(
+        "--lm",
+        action="store_true",
+        help="train a byte-level transformer on packed documents of Python's standard library",
+    )
 
     bench = sub.add_parser(
         "bench",
@@ -144,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             num_processes=args.processes,
             devices_per_process=args.devices_per_process,
             keras=args.keras,
+            lm=args.lm,
         )
     if args.mesh:  # bench
         cpu_devices(math.prod(args.mesh.values()))
