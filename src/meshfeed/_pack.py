@@ -28,6 +28,7 @@ from meshfeed._pack_plan import (
     Algorithm,
     LongDocs,
     PackPlan,
+    narrowest,
     plan_packing,
 )
 from meshfeed._ragged import Ragged
@@ -42,15 +43,18 @@ def _count(value: object) -> bool:
 
 
 def document_lengths(source: Source, field: str) -> np.ndarray:
-    """Every document's length: ``source.lengths(field)``, else read in chunks."""
+    """Every document's length, in the narrowest type that holds them (the plan keeps
+    them while it plans): ``source.lengths(field)``, else read in chunks."""
     lengths = getattr(source, "lengths", None)
     if callable(lengths):
-        return np.asarray(lengths(field), np.int64)
-    out = []
-    for a in range(0, len(source), _READ_CHUNK):
-        values = source[np.arange(a, min(len(source), a + _READ_CHUNK))][field]
-        out.append(values.lengths if isinstance(values, Ragged) else [len(v) for v in values])
-    return np.concatenate(out).astype(np.int64)
+        found = np.asarray(lengths(field))
+    else:
+        parts = []
+        for a in range(0, len(source), _READ_CHUNK):
+            values = source[np.arange(a, min(len(source), a + _READ_CHUNK))][field]
+            parts.append(values.lengths if isinstance(values, Ragged) else [len(v) for v in values])
+        found = np.concatenate(parts)
+    return found.astype(narrowest(int(found.max()) if len(found) else 0))
 
 
 def _dtype(source: Source, name: str) -> np.dtype:

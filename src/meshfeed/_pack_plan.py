@@ -63,7 +63,8 @@ class PackPlan:
     def digest(self) -> str:
         h = hashlib.sha256(str(self.seq_len).encode())
         for a in (self.doc, self.piece, self.length, self.row_starts):
-            h.update(np.ascontiguousarray(a.astype(np.int64)).tobytes())
+            h.update(a.dtype.str.encode())  # the same lengths give the same types everywhere
+            h.update(memoryview(np.ascontiguousarray(a)))  # type: ignore[arg-type]  # no copy
         return h.hexdigest()[:16]
 
 
@@ -116,7 +117,8 @@ def _total_pieces(lengths: np.ndarray, seq_len: int, long_docs: LongDocs) -> int
     return total
 
 
-def _narrowest(largest: int) -> type:
+def narrowest(largest: int) -> type:
+    """The narrowest of uint16, int32 and int64 that holds ``largest``."""
     for kind in (np.uint16, np.int32):
         if largest < np.iinfo(kind).max:
             return kind
@@ -171,7 +173,7 @@ def plan_packing(
 ) -> tuple[PackPlan, dict[str, int]]:
     """The plan for documents of ``lengths``, and its counts (see ``Packed.stats``)."""
     n = len(lengths)
-    lengths = lengths.astype(_narrowest(int(lengths.max()) if n else 0), copy=False)
+    lengths = lengths.astype(narrowest(int(lengths.max()) if n else 0), copy=False)
     stats: dict[str, int] = dict.fromkeys(
         ("documents", "empty_documents", "split_documents", "split_tokens", "truncated_tokens",
          "dropped_documents", "dropped_tokens"),
@@ -183,8 +185,8 @@ def plan_packing(
     total = _total_pieces(lengths, seq_len, long_docs)
     most_pieces = -(-int(lengths.max()) // seq_len) if n else 1
     doc_out = np.empty(total, np.int32 if n < 2**31 else np.int64)
-    piece_out = np.empty(total, _narrowest(most_pieces))
-    length_out = np.empty(total, _narrowest(seq_len + 1))
+    piece_out = np.empty(total, narrowest(most_pieces))
+    length_out = np.empty(total, narrowest(seq_len + 1))
     sizes: list[np.ndarray] = []
     at = 0
     for w in range(0, n, window):
