@@ -15,6 +15,31 @@ from meshfeed._show import Grid, grid, label, notes, title
 _CELL_W, _CELL_H, _MARGIN_W, _MARGIN_H = 1.3, 0.75, 1.6, 1.4  # inches
 
 
+def picture_path(path: str | Path) -> Path:
+    """``path`` as a ``Path``; raises unless it names a PNG or an SVG."""
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg"):
+        raise ValueError(f"path={str(path)!r} must end in .png or .svg.")
+    return path
+
+
+def require_matplotlib(caller: str) -> tuple[Any, Any, Any]:
+    """``matplotlib``, its ``Figure`` and ``Rectangle``, or an error naming the extra.
+
+    Pictures are drawn on a ``Figure`` of their own, never through pyplot, so the
+    user's backend and open figures stay as they are.
+    """
+    try:
+        import matplotlib
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Rectangle
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"{caller} draws with matplotlib; pip install 'meshfeed[plot]'."
+        ) from error
+    return matplotlib, Figure, Rectangle
+
+
 def figure_size(g: Grid) -> tuple[float, float]:
     """The figure's (width, height) in inches for a grid."""
     longest = max([len(title(g)), *(len(n) for n in notes(g))])
@@ -44,18 +69,8 @@ def plot_sharding(
     Returns:
       The path written.
     """
-    path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg"):
-        raise ValueError(f"path={str(path)!r} must end in .png or .svg.")
-    try:
-        # A Figure of its own, not pyplot: the user's backend and figures stay as they are.
-        import matplotlib
-        from matplotlib.figure import Figure
-        from matplotlib.patches import Rectangle
-    except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "plot_sharding draws with matplotlib; pip install 'meshfeed[plot]'."
-        ) from error
+    path = picture_path(path)
+    matplotlib, Figure, Rectangle = require_matplotlib("plot_sharding")
 
     g = grid(x, shape=shape, processes=processes)
     width, height = figure_size(g)

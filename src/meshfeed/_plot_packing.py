@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from meshfeed._pack import Packed
+from meshfeed._plot import picture_path, require_matplotlib
 
 
 def plot_packing(packed: Packed, path: str | Path, *, rows: int = 8, dpi: int = 100) -> Path:
@@ -14,19 +15,10 @@ def plot_packing(packed: Packed, path: str | Path, *, rows: int = 8, dpi: int = 
     Each document piece is a coloured span labelled with its document id; padding is
     white. The title gives the padding over all rows.
     """
-    path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg"):
-        raise ValueError(f"path={str(path)!r} must end in .png or .svg.")
+    path = picture_path(path)
     if not isinstance(packed, Packed):
         raise TypeError(f"plot_packing takes meshfeed.pack's result, got {type(packed).__name__}.")
-    try:
-        import matplotlib
-        from matplotlib.figure import Figure
-        from matplotlib.patches import Rectangle
-    except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "plot_packing draws with matplotlib; pip install 'meshfeed[plot]'."
-        ) from error
+    matplotlib, Figure, Rectangle = require_matplotlib("plot_packing")
     shown = min(rows, len(packed))
     figure = Figure(figsize=(10, 0.45 * shown + 1.0), dpi=dpi)
     axes = figure.add_axes((0.08, 0.12, 0.9, 0.72))
