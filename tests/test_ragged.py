@@ -154,3 +154,14 @@ def test_a_ragged_field_that_reaches_the_devices_says_to_pack_it():
     )
     with pytest.raises(ValueError, match=r"field 'tokens' holds variable-length documents .*pack"):
         next(iter(loader))
+
+
+def test_a_mixture_of_ragged_sources_tells_its_lengths_and_packs():
+    docs = ragged_fns.documents()
+    a = meshfeed.ArraySource({"tokens": meshfeed.Ragged.from_list(docs)})
+    b = meshfeed.ArraySource({"tokens": meshfeed.Ragged.from_list(docs[::-1])})
+    both = meshfeed.mix([a, b], weights=[0.5, 0.5])
+    got = both[np.arange(len(both))]["tokens"]
+    np.testing.assert_array_equal(both.lengths("tokens"), got.lengths)
+    packed = meshfeed.pack(both, 16)
+    assert packed.stats()["tokens"] == got.lengths.sum()

@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed._sources import FieldSpec, Source, check_ids, describe, gather_by_part
+from meshfeed._sources import (
+    FieldSpec,
+    Source,
+    check_ids,
+    describe,
+    document_lengths,
+    gather_by_part,
+)
 
 BLOCK = 10_000
 
@@ -101,6 +108,19 @@ class Mixture:
         ids = check_ids(ids, self._len, "this mixture")
         which, local = self.locate(ids)
         return gather_by_part(which, local, self.fields, lambda s, rows: self.sources[s][rows])
+
+    def lengths(self, field: str) -> np.ndarray:
+        """Every document's length in the ragged ``field``, from each source's lengths."""
+        if field not in self.fields or not self.fields[field].ragged:
+            raise ValueError(f"lengths({field!r}): that is not a ragged field of this mixture.")
+        per_source = [document_lengths(s, field) for s in self.sources]
+        out = np.empty(self._len, np.int64)
+        for a in range(0, self._len, BLOCK * 16):  # a chunk at a time: no N-sized ids
+            which, local = self.locate(np.arange(a, min(self._len, a + BLOCK * 16)))
+            for s in np.unique(which).tolist():
+                where = np.flatnonzero(which == s)
+                out[a + where] = per_source[s][local[where]]
+        return out
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{w:.3g}" for w in self.weights)

@@ -32,28 +32,19 @@ from meshfeed._pack_plan import (
     plan_packing,
 )
 from meshfeed._ragged import Ragged
-from meshfeed._sources import FieldSpec, Source, check_ids, field_text
+from meshfeed._sources import FieldSpec, Source, check_ids, document_lengths, field_text
 
 SEGMENT_IDS, POSITIONS = "segment_ids", "positions"
-_READ_CHUNK = 65_536  # documents read at a time when a source has no lengths()
 
 
 def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def document_lengths(source: Source, field: str) -> np.ndarray:
-    """Every document's length, in the narrowest type that holds them (the plan keeps
-    them while it plans): ``source.lengths(field)``, else read in chunks."""
-    lengths = getattr(source, "lengths", None)
-    if callable(lengths):
-        found = np.asarray(lengths(field))
-    else:
-        parts = []
-        for a in range(0, len(source), _READ_CHUNK):
-            values = source[np.arange(a, min(len(source), a + _READ_CHUNK))][field]
-            parts.append(values.lengths if isinstance(values, Ragged) else [len(v) for v in values])
-        found = np.concatenate(parts)
+def _narrow_lengths(source: Source, field: str) -> np.ndarray:
+    """The documents' lengths in the narrowest type that holds them (the plan keeps them
+    while it plans)."""
+    found = document_lengths(source, field)
     return found.astype(narrowest(int(found.max()) if len(found) else 0))
 
 
@@ -234,7 +225,7 @@ def pack(
         "long_docs": long_docs, "max_segments": max_segments,
     }  # fmt: skip
     plan, stats = plan_packing(
-        document_lengths(source, field),
+        _narrow_lengths(source, field),
         seq_len,
         seed=seed,
         algorithm=algorithm,

@@ -74,6 +74,19 @@ class Source(Protocol):
     def __getitem__(self, ids: np.ndarray) -> Mapping[str, Column]: ...
 
 
+def document_lengths(source: Source, field: str, *, chunk: int = 65_536) -> np.ndarray:
+    """Every document's length in ``field``: ``source.lengths(field)`` where the source
+    offers it (from offsets), else the documents read ``chunk`` at a time and measured."""
+    lengths = getattr(source, "lengths", None)
+    if callable(lengths):
+        return np.asarray(lengths(field))
+    parts = []
+    for a in range(0, len(source), chunk):
+        values = source[np.arange(a, min(len(source), a + chunk))][field]
+        parts.append(values.lengths if isinstance(values, Ragged) else [len(v) for v in values])
+    return np.concatenate(parts).astype(np.int64)
+
+
 def check_ids(ids: object, n: int, name: str) -> np.ndarray:
     """``ids`` as ``int64``; raises ``IndexError`` unless every id is in ``[0, n)``."""
     out = np.asarray(ids, dtype=np.int64)
