@@ -7,20 +7,22 @@ from typing import Any
 
 import numpy as np
 
-CROP = 24
+SIZE = 32
+CROP = 28
 
 
 def encode_all(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` 28x28 grey images with some structure, PNG-encoded; labels 0..9."""
+    """``n`` 32x32 RGB images with some structure (CIFAR's size), PNG-encoded; labels."""
     from PIL import Image
 
     rng = np.random.default_rng(0)
-    yy, xx = np.mgrid[:28, :28]
+    yy, xx = np.mgrid[:SIZE, :SIZE]
     encoded = np.empty(n, dtype=object)
     for i in range(n):
-        cx, cy, r = rng.uniform(6, 22), rng.uniform(6, 22), rng.uniform(3, 9)
-        disc = ((xx - cx) ** 2 + (yy - cy) ** 2 < r * r) * 200
-        image = np.clip(disc + rng.integers(0, 40, (28, 28)), 0, 255).astype(np.uint8)
+        cx, cy, r = rng.uniform(6, 26), rng.uniform(6, 26), rng.uniform(3, 11)
+        disc = ((xx - cx) ** 2 + (yy - cy) ** 2 < r * r)[..., None] * rng.integers(0, 200, 3)
+        noise = rng.integers(0, 40, (SIZE, SIZE, 3))
+        image = np.clip(disc + noise, 0, 255).astype(np.uint8)
         buffer = io.BytesIO()
         Image.fromarray(image).save(buffer, format="PNG")
         encoded[i] = buffer.getvalue()
@@ -34,9 +36,9 @@ def _decode(png: bytes) -> np.ndarray:
 
 
 def decode_crop(record: dict[str, Any], rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Decode and take a random 24x24 crop (meshfeed's record_transform signature)."""
+    """Decode and take a random 28x28 crop (meshfeed's record_transform signature)."""
     image = _decode(record["png"])
-    i, j = rng.integers(0, 28 - CROP + 1, 2)
+    i, j = rng.integers(0, SIZE - CROP + 1, 2)
     return {"image": image[i : i + CROP, j : j + CROP], "label": np.asarray(record["label"])}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -55,7 +56,17 @@ def source(n: int = 100) -> meshfeed.ArraySource:
     )
 
 
-def stream(fn: Any, num_workers: int, layout: str = "data8") -> list[dict[str, Any]]:
+def dies_saying_why_on_17(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """Writes its last words (with the time) to stderr, then exits at once."""
+    if int(record["label"]) == 17:
+        print(f"the decoder gave up at {time.time():.6f}", file=sys.stderr, flush=True)
+        os._exit(3)
+    return crop(record, rng)
+
+
+def stream(
+    fn: Any, num_workers: int, layout: str = "data8", worker_type: str = "processes"
+) -> list[dict[str, Any]]:
     """Every batch of one padded epoch, as this process's shards."""
     from layouts import make_layout
     from meshfeed.testing import local_shards
@@ -66,6 +77,7 @@ def stream(fn: Any, num_workers: int, layout: str = "data8") -> list[dict[str, A
         sharding=make_layout(layout)["label"],
         record_transform=fn,
         num_workers=num_workers,
+        worker_type=worker_type,  # type: ignore[arg-type]
         last_batch="pad",
         seed=7,
     )

@@ -31,6 +31,20 @@ def _loader(source: Any = None, **kw: Any) -> meshfeed.Loader:
     return meshfeed.Loader(_source() if source is None else source, **args)
 
 
+def _keep(record: Any, rng: Any) -> Any:
+    return record
+
+
+def _holds_a_lock() -> Any:
+    lock = threading.Lock()
+
+    def fn(record: Any, rng: Any) -> Any:
+        with lock:
+            return record
+
+    return fn
+
+
 def _first(**kw: Any) -> Any:
     return next(iter(_loader(**kw)))
 
@@ -110,7 +124,27 @@ CASES: list[tuple[str, Callable[..., Any], type[BaseException], str]] = [
         "negative prefetch",
         lambda t, p, m: _loader(prefetch=-1),
         ValueError,
-        "prefetch=-1 must be an int >= 0 (0 reads each batch on demand).",
+        "prefetch=-1 must be 'auto' (read-ahead that adapts) or an int >= 0 (steps read "
+        "ahead; 0 reads each batch on demand).",
+    ),
+    (
+        "prefetch a word other than auto",
+        lambda t, p, m: _loader(prefetch="fast"),
+        ValueError,
+        "prefetch='fast' must be 'auto' (read-ahead that adapts) or an int >= 0 (steps read "
+        "ahead; 0 reads each batch on demand).",
+    ),
+    (
+        "prefetch_bytes zero",
+        lambda t, p, m: _loader(prefetch_bytes=0),
+        ValueError,
+        "prefetch_bytes=0 must be an int >= 1 (the most bytes of batches read ahead).",
+    ),
+    (
+        "an unknown worker_type",
+        lambda t, p, m: _loader(record_transform=_keep, num_workers=2, worker_type="fork"),
+        ValueError,
+        "worker_type='fork' is unknown; pass 'processes' or 'threads'.",
     ),
     (
         "check_every zero",
@@ -132,11 +166,12 @@ CASES: list[tuple[str, Callable[..., Any], type[BaseException], str]] = [
         "record_transform='decode' must be a function fn(record, rng) -> record.",
     ),
     (
-        "record_transform a lambda, with workers",
-        lambda t, p, m: _loader(record_transform=lambda r, g: r, num_workers=1),
+        "record_transform holding a lock, with worker processes",
+        lambda t, p, m: _loader(record_transform=_holds_a_lock(), num_workers=1),
         TypeError,
-        "record_transform cannot be sent to worker processes ({pickle}); define it at "
-        "module level (not a lambda or a nested function), or pass num_workers=0.",
+        "record_transform cannot be sent to worker processes: TypeError: {pickle}. Keep what "
+        "it captures picklable (no locks, open files or sockets), or pass "
+        "worker_type='threads' or num_workers=0.",
     ),
     (
         "sharding a PartitionSpec",

@@ -285,7 +285,7 @@ def test_a_state_that_is_not_one_is_refused():
 
 def test_arguments_are_read_only_attributes():
     loader = _loader(seed=3)
-    assert loader.seed == 3 and loader.options.seed == 3 and loader.prefetch == 2
+    assert loader.seed == 3 and loader.options.seed == 3 and loader.prefetch == "auto"
     with pytest.raises(AttributeError, match=r"Loader\.seed is read-only.*seed=5"):
         loader.seed = 5  # type: ignore[misc]
     with pytest.raises(AttributeError):

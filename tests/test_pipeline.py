@@ -1,4 +1,5 @@
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -68,6 +69,97 @@ def test_an_error_while_prefetching_reaches_the_consumer():
 
 def test_prefetcher_rejects_a_bad_depth():
     with pytest.raises(ValueError, match="depth=0 must be >= 1"):
-        Prefetcher(lambda step: step, start=0, end=3, depth=0)
-    with pytest.raises(ValueError, match="prefetch=-1 must be an int >= 0"):
+        Prefetcher(lambda step: step, start=0, end=3, depth=0, budget_bytes=1 << 20)
+    with pytest.raises(ValueError, match=r"prefetch=-1 must be 'auto' \(read-ahead that adapts\)"):
         _loader(prefetch=-1)
+
+
+class _Slow:
+    """ArraySource behind ``latency_s`` per read, each read a random share longer or
+    shorter, so reads running together finish out of order."""
+
+    def __init__(self, n: int, latency_s: float) -> None:
+        self._inner = meshfeed.ArraySource({"id": np.arange(n), "x": np.ones((n, 256), np.float32)})
+        self._latency_s = latency_s
+        self._rng = np.random.default_rng(0)
+        self.calls_at_once = 0
+        self.most_at_once = 0
+        self._lock = threading.Lock()
+
+    @property
+    def fields(self):
+        return self._inner.fields
+
+    def __len__(self):
+        return len(self._inner)
+
+    def __getitem__(self, ids):
+        with self._lock:
+            self.calls_at_once += 1
+            self.most_at_once = max(self.most_at_once, self.calls_at_once)
+            delay = self._latency_s * self._rng.uniform(0.2, 1.8)
+        time.sleep(delay)
+        with self._lock:
+            self.calls_at_once -= 1
+        return self._inner[ids]
+
+
+def _slow_loader(source, **kwargs):
+    mesh = meshfeed.make_mesh(data=8)
+    return meshfeed.Loader(
+        source, global_batch_size=16, sharding=meshfeed.batch_sharding(mesh), **kwargs
+    )
+
+
+def test_auto_reads_a_slow_source_several_steps_at_once_in_order():
+    source = _Slow(1600, latency_s=0.02)
+    loader = _slow_loader(source, num_epochs=1)
+    got = _ids(loader)
+    assert got == _ids(_slow_loader(_Slow(1600, latency_s=0.0), prefetch=0))
+    assert loader.prefetch_depth > 4  # deepened from 2 while the loop waited
+    assert source.most_at_once > 2  # several reads in flight together
+
+
+def test_auto_stays_within_prefetch_bytes():
+    source = _Slow(1600, latency_s=0.02)
+    batch_bytes = 16 * (8 + 256 * 4)
+    loader = _slow_loader(source, prefetch_bytes=3 * batch_bytes)
+    for _ in loader:
+        pass
+    assert loader.prefetch_depth == 3
+    assert source.most_at_once <= 3
+
+
+def test_auto_does_not_deepen_for_a_reader_that_computes():
+    def busy(batch):  # CPU work in the reading thread: more threads would not help
+        end = time.thread_time() + 0.003
+        while time.thread_time() < end:
+            pass
+        return batch
+
+    loader = _slow_loader(meshfeed.ArraySource({"id": np.arange(800)}), transform=busy)
+    for _ in loader:
+        time.sleep(0.0005)
+    # One step deeper at most, if the host stalled the reader once; never the 128 steps
+    # that the waits alone and the memory budget would allow.
+    assert loader.prefetch_depth <= 3
+
+
+def test_a_fixed_depth_reads_that_many_at_once():
+    source = _Slow(800, latency_s=0.01)
+    loader = _slow_loader(source, prefetch=4)
+    assert _ids(loader) == _ids(_slow_loader(_Slow(800, latency_s=0.0), prefetch=0))
+    assert loader.prefetch_depth == 4 and 2 <= source.most_at_once <= 4
+
+
+def test_an_error_in_a_step_read_ahead_is_raised_at_that_step():
+    class FailsAt(_Slow):
+        def __getitem__(self, ids):
+            if 500 in ids:
+                raise RuntimeError("read of id 500 failed")
+            return super().__getitem__(ids)
+
+    loader = _slow_loader(FailsAt(800, latency_s=0.005), shuffle=False, prefetch=6)
+    with pytest.raises(RuntimeError, match="read of id 500 failed"):
+        list(loader)
+    assert loader.step == 500 // 16  # every batch before the failing one was handed out

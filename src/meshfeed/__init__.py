@@ -44,7 +44,8 @@ from meshfeed._plan import plan as plan
 from meshfeed._plot import plot_sharding as plot_sharding
 from meshfeed._plot_packing import plot_packing as plot_packing
 from meshfeed._ragged import Ragged as Ragged
-from meshfeed._records import RecordFn as RecordFn
+from meshfeed._record_rows import RecordFn as RecordFn
+from meshfeed._records import WorkerType as WorkerType
 from meshfeed._replicas import check_replicas as check_replicas
 from meshfeed._schedule import LastBatch as LastBatch
 from meshfeed._schedule import Permutation as Permutation
@@ -111,6 +112,7 @@ __all__ = [
     "TorchSource",
     "TrainState",
     "Transform",
+    "WorkerType",
     "batch_sharding",
     "check_replicas",
     "fit",

@@ -111,7 +111,12 @@ class TorchSource(_Records):
       dataset: each element a dict, a tuple (fields ``"0"``, ``"1"``, ...) or one value
         (field ``"x"``).
       variable: fields to return as object arrays (values that change shape).
+
+    A ``Dataset`` is written for worker processes, not threads, so the loader reads it
+    one call at a time (``thread_safe = False``).
     """
+
+    thread_safe = False
 
     def __init__(self, dataset: Any, *, variable: Sequence[str] = ()) -> None:
         require("torch", "torch")

@@ -11,6 +11,7 @@ Python value per example.
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -207,6 +208,7 @@ class ParquetSource:
         self._cache_bytes = cache_bytes
         self._cache: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
         self._cached = 0
+        self._lock = threading.Lock()
         self._lengths: dict[str, np.ndarray] = {}
 
     @property
@@ -217,6 +219,10 @@ class ParquetSource:
         return self._n
 
     def _group(self, g: int) -> dict[str, Any]:
+        with self._lock:  # one file reader and one cache, for every reading thread
+            return self._group_locked(g)
+
+    def _group_locked(self, g: int) -> dict[str, Any]:
         if g in self._cache:
             self._cache.move_to_end(g)
             return self._cache[g]

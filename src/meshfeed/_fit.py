@@ -50,6 +50,9 @@ class History:
     loader_share: float = 0.0
     """Share of wall time in ``next(loader)`` at all, including the time the previous
     step was still computing (placing the batch then overlaps it)."""
+    prefetch_depth: int | None = None
+    """Steps the loader read ahead at the end: with ``prefetch="auto"``, the depth it
+    settled on (``None`` for a loader that does not say)."""
 
 
 def fit(
@@ -182,6 +185,10 @@ def fit(
                     f"loss {logged['loss']:.4f}  {logged['samples_per_s']:,.0f} samples/s  "
                     f"input wait {100 * logged['input_wait_share']:.1f}%"
                 )
+                depth = getattr(loader, "prefetch_depth", None)
+                if depth is not None:
+                    logged["prefetch_depth"] = float(depth)
+                    info += f"  read-ahead {depth}"
                 bar.update(task, completed=k, info=info)
                 if show and not console.is_terminal:
                     console.print(f"{description}: step {k}/{total}  {info}")
@@ -200,6 +207,7 @@ def fit(
     history.samples_per_s = rows / history.seconds if history.seconds else 0.0
     history.input_wait_share = wait / history.seconds if history.seconds else 0.0
     history.loader_share = in_loader / history.seconds if history.seconds else 0.0
+    history.prefetch_depth = getattr(loader, "prefetch_depth", None)
     history.state = state
     return history
 

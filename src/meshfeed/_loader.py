@@ -19,11 +19,20 @@ import jax
 import numpy as np
 
 from meshfeed._env import require_initialized
-from meshfeed._options import LoaderOptions, Option, Transform, check_source, check_source_kind
+from meshfeed._options import (
+    PREFETCH_BYTES,
+    LoaderOptions,
+    Option,
+    Prefetch,
+    Transform,
+    check_source,
+    check_source_kind,
+)
 from meshfeed._pipeline import Inline, Prefetcher
 from meshfeed._plan import Field, Plan, Strategy, make_plan
 from meshfeed._reader import SourceRows, make_reader
-from meshfeed._records import RecordFn
+from meshfeed._record_rows import RecordFn
+from meshfeed._records import WorkerType
 from meshfeed._replicas import check_replicas
 from meshfeed._schedule import LastBatch, Schedule
 from meshfeed._shardings import FieldShardings, ShardingArg, fit_to_rank, load_shardings
@@ -51,17 +60,23 @@ class Loader:
         with zero rows and adds a boolean ``mask`` field (True for real rows).
       transform: a row-wise, vectorised function on the numpy dict of the rows a
         process loads, applied before they go to devices. It must keep the row count.
-      prefetch: steps read ahead (source, record transforms, ``transform``) on a
-        background thread (0: read each on demand). ``state()`` counts only the
-        batches handed out.
+      prefetch: steps read ahead (source, record transforms, ``transform``) on
+        background threads, several at once. ``"auto"`` (default) starts at 2 and
+        deepens while the loop waits on a slow source or busy workers
+        (``loader.prefetch_depth`` says where it settled); an int fixes it; 0 reads each
+        step on demand. ``state()`` counts only the batches handed out.
+      prefetch_bytes: the most bytes of batches read ahead (default 256 MiB).
       check_every: run ``meshfeed.check_replicas`` on every N-th batch (a collective that
         compares replicas across processes; raises ``ValueError`` if they differ).
       record_transform: ``fn(record, rng) -> record`` run on every example a process
         loads (decode, augment), before ``transform``; ``record`` maps field -> that
         example's value, ``rng`` a generator seeded from ``(seed, epoch, example_id)``.
         Every output record must have the same fields, shapes and dtypes.
-      num_workers: worker processes for ``record_transform`` (0: in the loading thread).
-        The output does not depend on it. ``fn`` must be picklable (module level).
+      num_workers: workers for ``record_transform`` (0: in the loading thread). The
+        output does not depend on it, nor on ``worker_type``.
+      worker_type: ``"processes"`` (default): ``fn`` is sent to worker processes by
+        value (cloudpickle), so it may come from a script, a notebook or a closure;
+        ``"threads"``: a thread pool in this process, for decoders that release the GIL.
 
     Every argument is a read-only attribute afterwards (``loader.seed``, ...).
 
@@ -77,10 +92,12 @@ class Loader:
     num_epochs: Option[int | None] = Option()
     last_batch: Option[LastBatch] = Option()
     transform: Option[Transform | None] = Option()
-    prefetch: Option[int] = Option()
+    prefetch: Option[Prefetch] = Option()
+    prefetch_bytes: Option[int] = Option()
     check_every: Option[int | None] = Option()
     record_transform: Option[RecordFn | None] = Option()
     num_workers: Option[int] = Option()
+    worker_type: Option[WorkerType] = Option()
 
     def __init__(
         self,
@@ -94,17 +111,20 @@ class Loader:
         num_epochs: int | None = 1,
         last_batch: LastBatch = "drop",
         transform: Transform | None = None,
-        prefetch: int = 2,
+        prefetch: Prefetch = "auto",
+        prefetch_bytes: int = PREFETCH_BYTES,
         check_every: int | None = None,
         record_transform: RecordFn | None = None,
         num_workers: int = 0,
+        worker_type: WorkerType = "processes",
     ) -> None:
         check_source_kind(source)
         options = LoaderOptions(
             global_batch_size=global_batch_size, sharding=sharding, strategy=strategy,
             shuffle=shuffle, seed=seed, num_epochs=num_epochs, last_batch=last_batch,
-            transform=transform, prefetch=prefetch, check_every=check_every,
-            record_transform=record_transform, num_workers=num_workers,
+            transform=transform, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
+            check_every=check_every, record_transform=record_transform,
+            num_workers=num_workers, worker_type=worker_type,
         )  # fmt: skip
         require_initialized()
         fields = check_source(source, options)
@@ -119,10 +139,9 @@ class Loader:
         self._builder = BUILDERS[self._plan.strategy]  # type: ignore[index]
         self._target = FieldShardings(self._load_sharding, b)
         rows = SourceRows(source, fields, self._schedule)
-        self._reader = make_reader(
-            rows, options, self._builder.reads(self._target), self._target, end=self._end
-        )
+        self._reader = make_reader(rows, options, self._builder.reads(self._target), self._target)
         self._step = 0
+        self._ahead: Inline | Prefetcher | None = None
 
     @property
     def options(self) -> LoaderOptions:
@@ -189,8 +208,22 @@ class Loader:
 
     def _read_ahead(self) -> Inline | Prefetcher:
         if self.prefetch == 0:
-            return Inline(self._reader.read, start=self._step)
-        return Prefetcher(self._reader.read, start=self._step, end=self._end, depth=self.prefetch)
+            self._ahead = Inline(self._reader.read, start=self._step)
+        else:
+            self._ahead = Prefetcher(
+                self._reader.read,
+                start=self._step,
+                end=self._end,
+                depth=None if self.prefetch == "auto" else self.prefetch,
+                budget_bytes=self.prefetch_bytes,
+            )
+        return self._ahead
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Steps read ahead now: ``prefetch``, or what ``"auto"`` has adapted to (0
+        before iterating)."""
+        return 0 if self._ahead is None else self._ahead.depth
 
     def batch(self, step: int) -> dict[str, jax.Array]:
         """The global batch of ``step``, without moving the loader's position."""

@@ -24,6 +24,7 @@ from meshfeed._sources import (
     describe,
     document_lengths,
     gather_by_part,
+    thread_safe,
 )
 
 BLOCK = 10_000
@@ -87,6 +88,10 @@ class Mixture:
     @property
     def fields(self) -> Mapping[str, FieldSpec]:
         return self.sources[0].fields
+
+    @property
+    def thread_safe(self) -> bool:
+        return all(thread_safe(s) for s in self.sources)
 
     def __len__(self) -> int:
         return self._len

@@ -12,21 +12,24 @@ read each option once, so setting one afterwards would change nothing and raises
 from __future__ import annotations
 
 import dataclasses
-import pickle
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, Literal, TypeVar, overload
 
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from meshfeed._mesh import check_sharding
 from meshfeed._plan import STRATEGIES, Strategy
-from meshfeed._records import RecordFn
+from meshfeed._record_rows import RecordFn
+from meshfeed._records import WORKER_TYPES, WorkerType
 from meshfeed._schedule import LAST_BATCH, MASK, LastBatch
 from meshfeed._shardings import ShardingArg
 from meshfeed._sources import FieldSpec, Source
+from meshfeed._workers import send_by_value
 
 Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+Prefetch = int | Literal["auto"]
+PREFETCH_BYTES = 256 << 20
 T = TypeVar("T")
 
 
@@ -47,10 +50,12 @@ class LoaderOptions:
     num_epochs: int | None = 1
     last_batch: LastBatch = "drop"
     transform: Transform | None = None
-    prefetch: int = 2
+    prefetch: Prefetch = "auto"
+    prefetch_bytes: int = PREFETCH_BYTES
     check_every: int | None = None
     record_transform: RecordFn | None = None
     num_workers: int = 0
+    worker_type: WorkerType = "processes"
 
     def __post_init__(self) -> None:
         b = self.global_batch_size
@@ -71,9 +76,15 @@ class LoaderOptions:
             raise ValueError(f"num_epochs={epochs!r} must be an int >= 1, or None for endless.")
         if self.transform is not None and not callable(self.transform):
             raise TypeError(f"transform={self.transform!r} must be a function of a dict of arrays.")
-        if not _count(self.prefetch) or self.prefetch < 0:
+        if self.prefetch != "auto" and (not _count(self.prefetch) or self.prefetch < 0):  # type: ignore[operator]
             raise ValueError(
-                f"prefetch={self.prefetch!r} must be an int >= 0 (0 reads each batch on demand)."
+                f"prefetch={self.prefetch!r} must be 'auto' (read-ahead that adapts) or an "
+                "int >= 0 (steps read ahead; 0 reads each batch on demand)."
+            )
+        if not _count(self.prefetch_bytes) or self.prefetch_bytes < 1:
+            raise ValueError(
+                f"prefetch_bytes={self.prefetch_bytes!r} must be an int >= 1 (the most bytes "
+                "of batches read ahead)."
             )
         self._check_records()
         every = self.check_every
@@ -98,14 +109,18 @@ class LoaderOptions:
                 f"num_workers={workers} runs record_transform in worker processes, but no "
                 "record_transform was given; pass one, or num_workers=0."
             )
-        if workers:
+        if self.worker_type not in WORKER_TYPES:
+            raise ValueError(
+                f"worker_type={self.worker_type!r} is unknown; pass 'processes' or 'threads'."
+            )
+        if workers and self.worker_type == "processes":
             try:
-                pickle.dumps(fn)
+                send_by_value(fn)
             except Exception as error:
                 raise TypeError(
-                    f"record_transform cannot be sent to worker processes ({error}); define "
-                    "it at module level (not a lambda or a nested function), or pass "
-                    "num_workers=0."
+                    f"record_transform cannot be sent to worker processes: {type(error).__name__}: "
+                    f"{error}. Keep what it captures picklable (no locks, open files or "
+                    "sockets), or pass worker_type='threads' or num_workers=0."
                 ) from None
 
 

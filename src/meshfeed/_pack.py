@@ -32,7 +32,14 @@ from meshfeed._pack_plan import (
     plan_packing,
 )
 from meshfeed._ragged import Ragged
-from meshfeed._sources import FieldSpec, Source, check_ids, document_lengths, field_text
+from meshfeed._sources import (
+    FieldSpec,
+    Source,
+    check_ids,
+    document_lengths,
+    field_text,
+    thread_safe,
+)
 
 SEGMENT_IDS, POSITIONS = "segment_ids", "positions"
 
@@ -81,6 +88,10 @@ class Packed:
     @property
     def fields(self) -> Mapping[str, FieldSpec]:
         return self._fields
+
+    @property
+    def thread_safe(self) -> bool:
+        return thread_safe(self.source)
 
     def __len__(self) -> int:
         return self.plan.rows

@@ -1,23 +1,34 @@
-"""Host prefetch: read the next steps' rows on a background thread.
+"""Host prefetch: read the next steps' rows on background threads, several at once.
 
 While the consuming thread places step ``k`` on the devices and dispatches its
-computation, a thread reads and transforms the rows of the next steps, up to ``depth``
-ahead. The thread does numpy work only and never calls JAX: a numpy gather, a ``pread``
-and waiting on record-transform workers release the GIL, so reading runs on another
-core, and placing the global ``jax.Array`` stays on the consuming thread, where JAX's
-asynchronous dispatch already overlaps it with the previous step. (Placing on the
-thread as well was tried. Besides making the consumer wait on a wake-up every step, it
-made XLA:CPU's all-reduce in the main thread's step miss participants -- an abort after
-40 s -- about once in 20 short trainings of 8 CPU devices; with the thread kept to numpy,
-none in 120.)
+computation, reader threads read and transform the rows of the next steps, each thread
+its own step, up to ``depth`` steps ahead. The threads do numpy work only and never call
+JAX: a numpy gather, a ``pread``, a remote read and waiting on record-transform workers
+release the GIL, so reading runs on other cores, and placing the global ``jax.Array``
+stays on the consuming thread, where JAX's asynchronous dispatch already overlaps it
+with the previous step. (Placing on the thread as well was tried. Besides making the
+consumer wait on a wake-up every step, it made XLA:CPU's all-reduce in the main thread's
+step miss participants -- an abort after 40 s -- about once in 20 short trainings of 8
+CPU devices; with the threads kept to numpy, none in 120.)
+
+Several steps in flight at once is what keeps a source that takes 2 ms or 20 ms per call
+from capping the loader at one call per step. With ``depth=None`` ("auto") the depth
+adapts by climbing: it starts at 2 on one thread, and each time the consumer has to wait
+for a step while the readers spent most of their time waiting too (their CPU time under
+half their wall time: a slow source, or workers), it deepens by one step and one thread,
+up to ``budget_bytes`` of batches ahead (the first batch's size tells how many) and 32
+threads -- as long as each deepening paid for itself in steps per second. Readers that
+compute (a numpy gather, a transform in this process) would gain nothing from more
+threads, and neither would readers that wait on workers already busy, so the depth then
+stays where it is.
 
 Handoffs are what a thread costs: every sleep and wake-up is a context switch (5-10 us
-here, as much as reading a small batch). So the reader fills the buffer to ``depth``
-and then sleeps until the consumer has taken half of it, instead of waking for every
-step; the consumer sleeps only when the buffer is empty. The consumer gets steps in
-order, an error raised while reading is raised in the consumer (with its traceback),
-and ``close`` stops the thread and drops what it read ahead, so nothing prefetched is
-ever counted as consumed. The first step is produced before the thread starts, so an
+here, as much as reading a small batch). So idle readers sleep until the consumer has
+taken half of the steps ahead, instead of waking for every step; the consumer sleeps
+only when its next step is not ready. The consumer gets steps in order, an error raised
+while reading is raised in the consumer (with its traceback) when it reaches that step,
+and ``close`` stops the threads and drops what they read ahead, so nothing prefetched is
+ever counted as consumed. The first step is produced before any thread starts, so an
 error in it (output that cannot be placed, say) is raised before any thread exists.
 
 ``Inline`` is the same interface with no thread at all (``prefetch=0``), so the loader
@@ -26,16 +37,34 @@ has one iteration path whichever it uses.
 
 from __future__ import annotations
 
-import collections
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-_END = object()
+MAX_THREADS = 32
+_START_DEPTH = 2
+_MIN_WINDOW_S = 0.1  # the shortest stretch a deepening is judged on
+
+
+def nbytes(item: Any) -> int:
+    """Bytes of the arrays in ``item`` (a list or dict of arrays, nested)."""
+    if isinstance(item, dict):
+        return sum(nbytes(v) for v in item.values())
+    if isinstance(item, (list, tuple)):
+        return sum(nbytes(v) for v in item)
+    return int(getattr(item, "nbytes", 0))
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
 
 class Inline:
     """Yields ``(step, produce(step))`` for ``step`` from ``start`` on, each on demand."""
+
+    depth = 0
 
     def __init__(self, produce: Callable[[int], Any], *, start: int) -> None:
         self._produce = produce
@@ -55,77 +84,157 @@ class Inline:
 
 
 class Prefetcher:
-    """Yields ``(step, produce(step))`` for ``step`` in ``[start, end)``, produced ahead."""
+    """Yields ``(step, produce(step))`` for ``step`` in ``[start, end)``, produced ahead.
+
+    ``depth``: steps ahead, each read by its own thread; ``None`` adapts it (see above).
+    ``produce`` must be safe to call from several threads at once for different steps.
+    """
 
     def __init__(
-        self, produce: Callable[[int], Any], *, start: int, end: int | None, depth: int
+        self,
+        produce: Callable[[int], Any],
+        *,
+        start: int,
+        end: int | None,
+        depth: int | None,
+        budget_bytes: int,
     ) -> None:
-        if depth < 1:
+        if depth is not None and depth < 1:
             raise ValueError(f"prefetch depth={depth} must be >= 1.")
         self.next_step = start
-        self._produce = produce
-        self._depth = depth
-        self._refill_at = depth // 2  # the reader wakes when this many or fewer are left
-        self._items: collections.deque[Any] = collections.deque()
-        self._lock = threading.Condition(threading.Lock())
-        self._reader_asleep = False
-        self._consumer_asleep = False
+        self._produce, self._end = produce, end
+        self._auto = depth is None
+        self._lock = threading.Lock()
+        self._consumer = threading.Condition(self._lock)
+        self._readers = threading.Condition(self._lock)
+        self._ready: dict[int, Any] = {}
+        self._waiting = False  # the consumer sleeps
+        self._idle = 0  # readers asleep
         self._stopped = False
+        self._busy_s = self._wall_s = 0.0  # readers' CPU and wall time since the last deepening
+        self._since_step, self._since_s = start, time.perf_counter()  # the last deepening
+        self._rate: float | None = None  # steps per second consumed before it
+        self._threads_before = 1
+        self._frozen = False
+        self._strikes = 0
+        self._threads: list[threading.Thread] = []
+        self._claim = start
         if end is None or start < end:  # the first step here, before any thread
-            self._items.append((start, produce(start)))
-            start += 1
-        self._thread = threading.Thread(
-            target=self._run, args=(start, end), name="meshfeed-prefetch", daemon=True
+            self._ready[start] = produce(start)
+            self._claim += 1
+        per_step = max(1, nbytes(self._ready.get(start)))
+        self._cap = max(1, min(budget_bytes // per_step, 4 * MAX_THREADS))
+        self._depth = min(_START_DEPTH if depth is None else depth, self._cap)
+        self._stop_at = end  # no claims from here on (the end, or a step that failed)
+        for _ in range(1 if self._auto else min(self._depth, MAX_THREADS)):
+            self._start_thread()
+
+    @property
+    def depth(self) -> int:
+        """Steps read ahead now (with ``"auto"``, what it has adapted to)."""
+        return self._depth
+
+    @property
+    def threads(self) -> int:
+        return len(self._threads)
+
+    def _start_thread(self) -> None:
+        thread = threading.Thread(target=self._run, name="meshfeed-prefetch", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _can_claim(self) -> bool:
+        return (self._stop_at is None or self._claim < self._stop_at) and (
+            self._claim - self.next_step < self._depth
         )
-        self._thread.start()
 
-    def _put(self, item: Any) -> bool:
-        with self._lock:
-            while len(self._items) >= self._depth and not self._stopped:
-                self._reader_asleep = True
-                self._lock.wait()
-                self._reader_asleep = False
-            if self._stopped:
-                return False
-            self._items.append(item)
-            if self._consumer_asleep:
-                self._lock.notify()
-            return True
-
-    def _run(self, start: int, end: int | None) -> None:
-        step = start
-        try:
-            while end is None or step < end:
-                if not self._put((step, self._produce(step))):
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopped and not self._can_claim():
+                    self._idle += 1
+                    self._readers.wait()
+                    self._idle -= 1
+                if self._stopped:
                     return
-                step += 1
-            self._put(_END)
-        except BaseException as error:  # surfaced in the consumer, not lost in the thread
-            self._put(error)
+                step = self._claim
+                self._claim += 1
+            wall, busy = time.perf_counter(), time.thread_time()
+            try:
+                item = self._produce(step)
+            except BaseException as error:  # surfaced in the consumer, not lost in the thread
+                item = _Failed(error)
+            with self._lock:
+                if self._stopped:
+                    return
+                self._ready[step] = item
+                self._wall_s += time.perf_counter() - wall
+                self._busy_s += time.thread_time() - busy
+                if isinstance(item, _Failed) and (self._stop_at is None or step < self._stop_at):
+                    self._stop_at = step + 1
+                if self._waiting and step == self.next_step:
+                    self._consumer.notify()
+
+    def _deepen(self) -> None:
+        """The consumer waits: one step and one thread more, if that is likely to help.
+
+        Only while the readers mostly wait themselves (more of them cannot help readers
+        that compute), and only while each deepening pays: when the steps consumed per
+        second since the last one grew by less than a quarter of what one more of ``t``
+        threads would give a source that only waits (``1/(4t)``), twice in a row (reads
+        take varying times: one window can mislead), the depth stays.
+        """
+        if not self._auto or self._frozen or self._depth >= self._cap or self._wall_s <= 0:
+            return
+        if self._busy_s > 0.5 * self._wall_s:
+            return  # the readers compute: more of them would not be faster
+        now = time.perf_counter()
+        steps, seconds = self.next_step - self._since_step, now - self._since_s
+        if steps < max(8, 4 * len(self._threads)) or seconds < _MIN_WINDOW_S:
+            return  # too little seen since the last deepening to judge it
+        rate = steps / seconds
+        if self._rate is not None and rate < self._rate * (1 + 0.25 / self._threads_before):
+            self._strikes += 1  # the last step deeper did not pay (yet)
+            self._frozen = self._strikes >= 2
+            self._since_step, self._since_s = self.next_step, now  # judge it again
+            return
+        self._strikes = 0
+        self._rate, self._threads_before = rate, max(1, len(self._threads))
+        self._since_step, self._since_s = self.next_step, now
+        self._depth += 1
+        self._busy_s = self._wall_s = 0.0
+        if len(self._threads) < min(self._depth - 1, MAX_THREADS):
+            self._start_thread()
+        if self._idle:
+            self._readers.notify()
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         return self
 
     def __next__(self) -> tuple[int, Any]:
         with self._lock:
-            while not self._items:
-                self._consumer_asleep = True
-                self._lock.wait()
-                self._consumer_asleep = False
-            item = self._items.popleft()
-            if self._reader_asleep and len(self._items) <= self._refill_at:
-                self._lock.notify()
-        if item is _END:
-            raise StopIteration
-        if isinstance(item, BaseException):
-            raise item
-        self.next_step = item[0] + 1
-        return item
+            step = self.next_step
+            if self._stop_at is not None and step >= self._stop_at:  # the end, or past an error
+                raise StopIteration
+            if step not in self._ready:
+                self._deepen()
+                self._waiting = True
+                while step not in self._ready:
+                    self._consumer.wait()
+                self._waiting = False
+            item = self._ready.pop(step)
+            self.next_step = step + 1
+            if self._idle and self._claim - self.next_step <= self._depth // 2:
+                self._readers.notify(self._idle)
+        if isinstance(item, _Failed):
+            raise item.error
+        return step, item
 
     def close(self) -> None:
-        """Stops the thread and drops the batches it read ahead."""
+        """Stops the threads and drops the batches they read ahead."""
         with self._lock:
             self._stopped = True
-            self._items.clear()
-            self._lock.notify_all()
-        self._thread.join(timeout=10.0)
+            self._ready.clear()
+            self._readers.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=10.0)

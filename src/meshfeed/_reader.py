@@ -9,6 +9,7 @@ can run it on a background thread; placing the rows on devices is the strategy's
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from meshfeed._ragged import Ragged, empty
 from meshfeed._records import RecordStage
 from meshfeed._schedule import MASK, Schedule
 from meshfeed._shardings import FieldShardings
-from meshfeed._sources import FieldSpec, Source
+from meshfeed._sources import FieldSpec, Source, thread_safe
 
 
 class SourceRows:
@@ -28,12 +29,19 @@ class SourceRows:
 
     def __init__(self, source: Source, fields: Mapping[str, FieldSpec], schedule: Schedule) -> None:
         self._source, self._fields, self._schedule = source, fields, schedule
+        self._one_at_a_time = None if thread_safe(source) else threading.Lock()
 
     def epoch(self, step: int) -> int:
         return self._schedule.epoch_and_step(step)[0]
 
     def read(self, step: int, rows: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
         """The values of batch rows ``rows`` of ``step``, and their example ids."""
+        if self._one_at_a_time is None:
+            return self._read(step, rows)
+        with self._one_at_a_time:
+            return self._read(step, rows)
+
+    def _read(self, step: int, rows: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
         batch_ids = self._schedule.ids(step)
         ids = batch_ids if len(rows) == len(batch_ids) else batch_ids[rows]
         valid = ids >= 0
@@ -148,8 +156,6 @@ def make_reader(
     options: LoaderOptions,
     row_sets: Sequence[np.ndarray],
     target: FieldShardings,
-    *,
-    end: int | None,
 ) -> StepReader:
     """The reader of a loader's ``options``: its record stage, transform and padding."""
     records = None
@@ -157,10 +163,9 @@ def make_reader(
         records = RecordStage(
             options.record_transform,
             num_workers=options.num_workers,
+            worker_type=options.worker_type,
             seed=options.seed,
             source_rows=source_rows,
-            end=end,
-            ahead=max(1, options.prefetch),
         )
     return StepReader(
         source_rows,

@@ -64,6 +64,11 @@ class Source(Protocol):
     ``source[ids]`` takes a 1-D ``int64`` array of ids in ``[0, len(source))`` (in any
     order, possibly repeated) and returns one array per field whose first dimension
     follows ``ids`` (a ``Ragged`` for a ragged field).
+
+    The loader reads several steps at once, so ``source[ids]`` may be called from
+    several threads together (as Grain's data sources are). A source that cannot take
+    that sets a class attribute ``thread_safe = False``, and is then read one call at a
+    time.
     """
 
     @property
@@ -131,3 +136,8 @@ def gather_by_part(
     for name, parts in pieces.items():
         out[name] = assemble(len(part), parts, fields[name].dtype)
     return {name: out[name] for name in fields}  # in the source's order
+
+
+def thread_safe(source: object) -> bool:
+    """Whether ``source[ids]`` may run on several threads at once (see ``Source``)."""
+    return bool(getattr(source, "thread_safe", True))

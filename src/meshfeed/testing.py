@@ -22,6 +22,7 @@ import numpy as np
 
 from meshfeed._env import ENV_PROCESS_ID
 from meshfeed._launch import initialize, python_argv, start_processes, supervise
+from meshfeed._workers import send_by_value
 
 __all__ = [
     "ProcessFailedError",
@@ -48,8 +49,10 @@ def run_in_processes(
     """Runs ``fn(*args)`` in ``num_processes`` connected JAX processes.
 
     Each process has ``devices_per_process`` CPU devices and has called
-    ``meshfeed.initialize()`` before ``fn`` runs. ``fn`` must be importable (defined at
-    module level) and its result picklable (numpy, not ``jax.Array``).
+    ``meshfeed.initialize()`` before ``fn`` runs. ``fn`` and ``args`` go to the processes
+    by value where they must (cloudpickle), so ``fn`` may be defined anywhere: a module, a
+    script with or without a main guard, a notebook, a closure. Its result must be
+    picklable (numpy, not ``jax.Array``).
 
     Returns:
       Each process's result, in process order.
@@ -63,7 +66,7 @@ def run_in_processes(
         out = Path(tmp)
         with (out / "payload.pkl").open("wb") as f:
             pickle.dump(list(sys.path), f)
-            pickle.dump((fn, args), f)
+            f.write(send_by_value((fn, args)))
         children = start_processes(
             python_argv("from meshfeed.testing import child_main; child_main()"),
             num_processes=num_processes,
