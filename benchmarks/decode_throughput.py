@@ -6,6 +6,9 @@ and takes a random 28x28 crop, shuffled, global batch 256, and ends in the same 
 
 - ``loop``: one core decoding and cropping in a plain Python loop, no loader (the yard
   stick: two cores can do at most twice this);
+- ``loop x2``: two processes running that loop at once, nothing else: what the two cores
+  of this machine really give (a virtual machine's cores share caches and lose time to
+  the host, so less than twice ``loop``);
 - ``meshfeed:W``: ``Loader(record_transform=decode_crop, num_workers=W)``, worker
   processes; ``meshfeed-threads:W``: the same with ``worker_type="threads"``;
 - ``torch:W``: the PyTorch ``DataLoader(num_workers=W)`` over a map-style dataset that
@@ -19,7 +22,8 @@ entry that runs right after another's teardown pays for it), and each entry's ra
 are taken within its round: the lines report the median over rounds.
 
 Goal: meshfeed with 2 workers >= 1.6x the plain loop (80% of two cores) and >= 1.1x the
-DataLoader with 2 workers. Prints one JSON line per entry; ``--smoke`` for CI.
+DataLoader with 2 workers; ``share_of_two_cores`` is the share of ``loop x2`` reached.
+Prints one JSON line per entry; ``--smoke`` for CI.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import gc
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -66,6 +71,43 @@ def _loop(encoded: np.ndarray, labels: np.ndarray, seconds: float) -> float:
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:
                 return done / elapsed
+
+
+_LOOP_SCRIPT = """
+import sys, time
+sys.path.insert(0, {here!r})
+import numpy as np
+from decode_fns import decode_crop, encode_all
+encoded, labels = encode_all({n})
+print("ready", flush=True)
+sys.stdin.readline()
+rng = np.random.default_rng(0)
+done, start = 0, time.perf_counter()
+while time.perf_counter() - start < {seconds}:
+    for j in range(len(labels)):
+        decode_crop({{"png": encoded[j], "label": labels[j]}}, rng)
+    done += len(labels)
+print(done / (time.perf_counter() - start), flush=True)
+"""
+
+
+def _loops_at_once(count: int, seconds: float, n: int = 2048) -> float:
+    """Records per second of ``count`` processes running the plain loop together."""
+    script = _LOOP_SCRIPT.format(here=str(Path(__file__).parent), n=n, seconds=seconds)
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(count)
+    ]
+    for run in runs:
+        assert run.stdout is not None and run.stdout.readline().strip() == "ready"
+    for run in runs:
+        assert run.stdin is not None
+        run.stdin.write("go\n")
+        run.stdin.flush()
+    rates = [float(run.communicate()[0]) for run in runs]
+    return sum(rates)
 
 
 def _meshfeed(
@@ -204,7 +246,10 @@ def main() -> None:
         (0.3, 1, 2048) if args.smoke else (args.seconds, args.rounds, args.examples)
     )
     encoded, labels = encode_all(n)
-    entries: dict[str, tuple[str, int, Any]] = {"loop": ("floor", 1, None)}
+    entries: dict[str, tuple[str, int, Any]] = {
+        "loop": ("floor", 1, None),
+        "loop x2": ("floor", 2, "loops"),
+    }
     for w in (1, 2):
         entries[f"meshfeed:{w}"] = ("meshfeed", w, _meshfeed(encoded, labels, w))
         entries[f"meshfeed-threads:{w}"] = (
@@ -216,19 +261,20 @@ def main() -> None:
         entries[f"grain:{w}"] = ("peer", w, _grain(encoded, labels, w))
         entries[f"tfdata:{w}"] = ("peer", w, _tfdata(encoded, labels, w))
     if args.entries:
-        wanted = ["loop", *args.entries.split(",")]
+        wanted = ["loop", "loop x2", *args.entries.split(",")]
         entries = {k: v for k, v in entries.items() if k in wanted}
-    names = [k for k, (_, _, run) in entries.items() if not isinstance(run, str)]
+    names = [k for k, (_, _, run) in entries.items() if run == "loops" or not isinstance(run, str)]
     per_round: list[dict[str, float]] = []
     for r in range(rounds):
         rate: dict[str, float] = {}
         for name in names[r % len(names) :] + names[: r % len(names)]:
             _, _, run = entries[name]
-            rate[name] = (
-                _loop(encoded, labels, seconds)
-                if run is None
-                else measure(run, BATCH, seconds, warmup=5)
-            )
+            if run is None:
+                rate[name] = _loop(encoded, labels, seconds)
+            elif run == "loops":
+                rate[name] = _loops_at_once(2, seconds)
+            else:
+                rate[name] = measure(run, BATCH, seconds, warmup=5)
             gc.collect()
             time.sleep(0.3)  # let the entry's workers go before the next one starts
         per_round.append(rate)
@@ -243,7 +289,7 @@ def main() -> None:
             "workload": "C",
             "name": name,
             "kind": kind,
-            "num_workers": w if run is not None else 0,
+            "num_workers": 0 if name.startswith("loop") else w,
             "global_batch_size": BATCH,
             "examples": n,
             "rounds": rounds,
@@ -253,18 +299,20 @@ def main() -> None:
             "jax": jax.__version__,
             "python": platform.python_version(),
         }
-        if isinstance(run, str):
+        if isinstance(run, str) and run != "loops":
             line["skipped"] = run
             print(json.dumps(line), flush=True)
             continue
         line["samples_per_s"] = round(statistics.median(r[name] for r in per_round))
         line["ratio_to_loop"] = median(lambda r, name=name: r[name] / r["loop"])
         torch_w = f"torch:{w}"
-        if name != "loop" and torch_w in names:
+        if not name.startswith("loop") and torch_w in names:
             line["ratio_to_torch"] = median(lambda r, name=name, t=torch_w: r[name] / r[t])
         one = name.replace(":2", ":1")
         if name.endswith(":2") and one in names:
             line["speedup_from_1_worker"] = median(lambda r, name=name, one=one: r[name] / r[one])
+        if w == 2 and not name.startswith("loop") and "loop x2" in names:
+            line["share_of_two_cores"] = median(lambda r, name=name: r[name] / r["loop x2"])
         print(json.dumps(line), flush=True)
 
 

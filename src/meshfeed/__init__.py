@@ -30,6 +30,7 @@ from meshfeed._mesh import make_mesh as make_mesh
 from meshfeed._mix import Mixture as Mixture
 from meshfeed._mix import mix as mix
 from meshfeed._options import LoaderOptions as LoaderOptions
+from meshfeed._options import Prefetch as Prefetch
 from meshfeed._options import Transform as Transform
 from meshfeed._pack import Packed as Packed
 from meshfeed._pack import pack as pack
@@ -101,6 +102,7 @@ __all__ = [
     "ParquetSource",
     "Permutation",
     "Plan",
+    "Prefetch",
     "Ragged",
     "RecordFn",
     "Schedule",

@@ -225,6 +225,12 @@ class Loader:
         before iterating)."""
         return 0 if self._ahead is None else self._ahead.depth
 
+    @property
+    def prefetch_peak_bytes(self) -> int:
+        """The most bytes of steps read ahead and not yet handed out, since the last
+        iteration started (within ``prefetch_bytes`` plus one step)."""
+        return 0 if self._ahead is None else self._ahead.peak_bytes
+
     def batch(self, step: int) -> dict[str, jax.Array]:
         """The global batch of ``step``, without moving the loader's position."""
         return self._builder.place(self._reader.read(step), self._target)

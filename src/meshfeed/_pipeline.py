@@ -13,14 +13,14 @@ CPU devices; with the threads kept to numpy, none in 120.)
 
 Several steps in flight at once is what keeps a source that takes 2 ms or 20 ms per call
 from capping the loader at one call per step. With ``depth=None`` ("auto") the depth
-adapts by climbing: it starts at 2 on one thread, and each time the consumer has to wait
-for a step while the readers spent most of their time waiting too (their CPU time under
-half their wall time: a slow source, or workers), it deepens by one step and one thread,
-up to ``budget_bytes`` of batches ahead (the first batch's size tells how many) and 32
-threads -- as long as each deepening paid for itself in steps per second. Readers that
-compute (a numpy gather, a transform in this process) would gain nothing from more
-threads, and neither would readers that wait on workers already busy, so the depth then
-stays where it is.
+adapts, as TCP's slow start does: it starts at 2 on one thread, and when the consumer
+has to wait for a step while the readers spent most of their time waiting too (their CPU
+time under half their wall time: a slow source, or workers), it doubles, with threads to
+match, up to ``budget_bytes`` of batches ahead (the first batch's size tells how many)
+and 32 threads -- as long as each doubling paid for itself in steps per second; when two
+did not, it goes back to the best depth seen and stays. Readers that compute (a numpy
+gather, a transform in this process) would gain nothing from more threads, and neither
+would readers that wait on workers already busy.
 
 Handoffs are what a thread costs: every sleep and wake-up is a context switch (5-10 us
 here, as much as reading a small batch). So idle readers sleep until the consumer has
@@ -44,7 +44,7 @@ from typing import Any
 
 MAX_THREADS = 32
 _START_DEPTH = 2
-_MIN_WINDOW_S = 0.1  # the shortest stretch a deepening is judged on
+_MIN_WINDOW_S = 0.03  # the shortest stretch a doubling is judged on
 
 
 def nbytes(item: Any) -> int:
@@ -65,6 +65,7 @@ class Inline:
     """Yields ``(step, produce(step))`` for ``step`` from ``start`` on, each on demand."""
 
     depth = 0
+    peak_bytes = 0
 
     def __init__(self, produce: Callable[[int], Any], *, start: int) -> None:
         self._produce = produce
@@ -113,16 +114,19 @@ class Prefetcher:
         self._stopped = False
         self._busy_s = self._wall_s = 0.0  # readers' CPU and wall time since the last deepening
         self._since_step, self._since_s = start, time.perf_counter()  # the last deepening
-        self._rate: float | None = None  # steps per second consumed before it
-        self._threads_before = 1
+        self._best: tuple[float, int] | None = None  # the best steps per second, at a depth
         self._frozen = False
         self._strikes = 0
         self._threads: list[threading.Thread] = []
         self._claim = start
+        self.held_bytes = self.peak_bytes = 0  # bytes of steps read ahead, not yet taken
         if end is None or start < end:  # the first step here, before any thread
-            self._ready[start] = produce(start)
+            wall, busy = time.perf_counter(), time.thread_time()
+            self._store(start, produce(start))
+            self._wall_s += time.perf_counter() - wall
+            self._busy_s += time.thread_time() - busy
             self._claim += 1
-        per_step = max(1, nbytes(self._ready.get(start)))
+        per_step = max(1, self.held_bytes)
         self._cap = max(1, min(budget_bytes // per_step, 4 * MAX_THREADS))
         self._depth = min(_START_DEPTH if depth is None else depth, self._cap)
         self._stop_at = end  # no claims from here on (the end, or a step that failed)
@@ -137,6 +141,11 @@ class Prefetcher:
     @property
     def threads(self) -> int:
         return len(self._threads)
+
+    def _store(self, step: int, item: Any) -> None:
+        self._ready[step] = item
+        self.held_bytes += nbytes(item)
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
 
     def _start_thread(self) -> None:
         thread = threading.Thread(target=self._run, name="meshfeed-prefetch", daemon=True)
@@ -167,7 +176,7 @@ class Prefetcher:
             with self._lock:
                 if self._stopped:
                     return
-                self._ready[step] = item
+                self._store(step, item)
                 self._wall_s += time.perf_counter() - wall
                 self._busy_s += time.thread_time() - busy
                 if isinstance(item, _Failed) and (self._stop_at is None or step < self._stop_at):
@@ -176,13 +185,13 @@ class Prefetcher:
                     self._consumer.notify()
 
     def _deepen(self) -> None:
-        """The consumer waits: one step and one thread more, if that is likely to help.
+        """The consumer waits: twice the steps and threads, if that is likely to help.
 
         Only while the readers mostly wait themselves (more of them cannot help readers
-        that compute), and only while each deepening pays: when the steps consumed per
-        second since the last one grew by less than a quarter of what one more of ``t``
-        threads would give a source that only waits (``1/(4t)``), twice in a row (reads
-        take varying times: one window can mislead), the depth stays.
+        that compute), and only while doubling pays: the first doubling is free, and
+        when the steps consumed per second since the last one grew by less than a
+        quarter, twice in a row (reads take varying times: one window can mislead), the
+        depth goes back to the best one seen and stays there.
         """
         if not self._auto or self._frozen or self._depth >= self._cap or self._wall_s <= 0:
             return
@@ -190,23 +199,24 @@ class Prefetcher:
             return  # the readers compute: more of them would not be faster
         now = time.perf_counter()
         steps, seconds = self.next_step - self._since_step, now - self._since_s
-        if steps < max(8, 4 * len(self._threads)) or seconds < _MIN_WINDOW_S:
-            return  # too little seen since the last deepening to judge it
-        rate = steps / seconds
-        if self._rate is not None and rate < self._rate * (1 + 0.25 / self._threads_before):
-            self._strikes += 1  # the last step deeper did not pay (yet)
-            self._frozen = self._strikes >= 2
-            self._since_step, self._since_s = self.next_step, now  # judge it again
+        first = self._best is None  # nothing to judge yet: the first doubling is free
+        if not first and (steps < max(3, len(self._threads)) or seconds < _MIN_WINDOW_S):
+            return  # too little seen since the last doubling to judge it
+        rate = 0.0 if first else steps / seconds
+        self._since_step, self._since_s = self.next_step, now
+        self._busy_s = self._wall_s = 0.0
+        if self._best is not None and rate < 1.25 * self._best[0]:
+            self._strikes += 1  # the last doubling did not pay (yet)
+            if self._strikes >= 2:
+                self._frozen, self._depth = True, self._best[1]
             return
         self._strikes = 0
-        self._rate, self._threads_before = rate, max(1, len(self._threads))
-        self._since_step, self._since_s = self.next_step, now
-        self._depth += 1
-        self._busy_s = self._wall_s = 0.0
-        if len(self._threads) < min(self._depth - 1, MAX_THREADS):
+        self._best = (rate, self._depth)
+        self._depth = min(2 * self._depth, self._cap)
+        while len(self._threads) < min(self._depth - 1, MAX_THREADS):
             self._start_thread()
         if self._idle:
-            self._readers.notify()
+            self._readers.notify(self._idle)
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         return self
@@ -223,6 +233,7 @@ class Prefetcher:
                     self._consumer.wait()
                 self._waiting = False
             item = self._ready.pop(step)
+            self.held_bytes -= nbytes(item)
             self.next_step = step + 1
             if self._idle and self._claim - self.next_step <= self._depth // 2:
                 self._readers.notify(self._idle)
@@ -235,6 +246,7 @@ class Prefetcher:
         with self._lock:
             self._stopped = True
             self._ready.clear()
+            self.held_bytes = 0
             self._readers.notify_all()
         for thread in self._threads:
             thread.join(timeout=10.0)

@@ -21,10 +21,12 @@ shard's header and size are checked against the manifest (dtype, shape, truncati
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
 import re
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,11 +57,28 @@ def part_folder(index: int, count: int) -> str:
     return f"part-{index:05d}-of-{count:05d}"
 
 
+REMOTE_READS = 16  # reads in flight at once, per process, for shards behind URLs
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _remote_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                REMOTE_READS, thread_name_prefix="meshfeed-remote-read"
+            )
+        return _pool
+
+
 class ShardedSource:
     """A ``Source`` over ``.npy`` shards (a meshfeed folder, or one ``.npy``/``.npz``).
 
     Rows are read by byte range from the shards that hold them. ``bytes_read`` counts
     the row bytes read so far (headers aside), to see that a process reads only its own.
+    Behind a URL, the reads of every shard and field a batch touches are in flight
+    together.
     ``lengths(field)`` gives a ragged field's document lengths from its offsets. Built by
     ``meshfeed.open_source``.
     """
@@ -71,6 +90,7 @@ class ShardedSource:
         self._fields = {k: FieldSpec(r.row_shape, r.dtype) for k, r in first.items()}
         self._starts = np.cumsum([0] + [next(iter(s.values())).rows for s in shards])
         self._len = int(self._starts[-1])
+        self._remote = is_url(name)
 
     @property
     def fields(self) -> Mapping[str, FieldSpec]:
@@ -86,7 +106,21 @@ class ShardedSource:
     def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
         ids = check_ids(ids, self._len, self.name)
         shard, local = locate(self._starts, ids)
-        return gather_by_part(shard, local, self._fields, self._read_shard)
+        if not self._remote:
+            return gather_by_part(shard, local, self._fields, self._read_shard)
+        # Behind a URL every read waits on the network: put the reads of every shard and
+        # field in flight together (each one all its byte ranges, through cat_ranges).
+        pool = _remote_pool()
+        reads = {
+            p: {
+                name: pool.submit(rows.read, local[shard == p])
+                for name, rows in self._shards[p].items()
+            }
+            for p in np.unique(shard).tolist()
+        }
+        return gather_by_part(
+            shard, local, self._fields, lambda p, _: {k: f.result() for k, f in reads[p].items()}
+        )
 
     def _read_shard(self, shard: int, local: np.ndarray) -> dict[str, Any]:
         return {name: rows.read(local) for name, rows in self._shards[shard].items()}
