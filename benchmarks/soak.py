@@ -1,7 +1,7 @@
 """Soak: 100,000 steps of the demo's loader with prefetch and record workers.
 
 One process, 8 CPU devices, scikit-learn's digits (global batch 64, shuffled, endless),
-a per-record random shift in 2 worker processes, the default ``prefetch=2``. Every batch
+a per-record random shift in 2 worker processes, the default ``prefetch``. Every batch
 is waited for on the devices and dropped. After a warm-up (the first 10% of steps) and at
 the end it records the resident memory of this process and of its workers
 (``/proc/<pid>/status``), the threads of this process and its open files
@@ -22,7 +22,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse
 import json
-import multiprocessing
 import platform
 import sys
 import time
@@ -47,8 +46,17 @@ def _rss(pid: int | str = "self") -> int:
     return 0
 
 
+def _children() -> list[int]:
+    """This process's child processes (the record workers), from ``/proc``."""
+    pids: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as f:
+            pids.update(int(pid) for pid in f.read().split())
+    return sorted(pids)
+
+
 def snapshot() -> dict[str, int]:
-    workers = [p.pid for p in multiprocessing.active_children() if p.pid]
+    workers = _children()
     return {
         "rss_bytes": _rss(),
         "worker_rss_bytes": sum(_rss(pid) for pid in workers),
