@@ -187,16 +187,25 @@ class ParquetSource:
       path: the file.
       columns: the columns to read (default: all).
       cache_bytes: memory for decoded row groups (0: no cache).
+      storage_options: for a URL, the filesystem's options (``endpoint_url``, ``key``,
+        ``secret``, ...), as ``open_source`` takes them.
     """
 
     def __init__(
-        self, path: str, *, columns: Sequence[str] | None = None, cache_bytes: int = 256 << 20
+        self,
+        path: str,
+        *,
+        columns: Sequence[str] | None = None,
+        cache_bytes: int = 256 << 20,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         pq = require("pyarrow.parquet", "parquet")
         pa = require("pyarrow", "parquet")
         self.path = str(path)
         # Local files through pyarrow's own reader; URLs through fsspec.
-        self._file = pq.ParquetFile(Blob(self.path).open() if is_url(self.path) else self.path)
+        self._file = pq.ParquetFile(
+            Blob(self.path, storage_options).open() if is_url(self.path) else self.path
+        )
         schema = self._file.schema_arrow
         self._columns = list(columns) if columns is not None else list(schema.names)
         self._fields = {c: arrow_spec(pa, schema.field(c).type) for c in self._columns}

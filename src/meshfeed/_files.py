@@ -17,7 +17,7 @@ import os
 import struct
 import weakref
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -47,11 +47,13 @@ def require_fsspec() -> Any:
 class Blob:
     """One file, local or remote, read by byte range."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.path = path
         self._fd: int | None = None
         if is_url(path):
-            self._fs, self._fs_path = require_fsspec().core.url_to_fs(path)
+            self._fs, self._fs_path = require_fsspec().core.url_to_fs(
+                path, **dict(storage_options or {})
+            )
         else:
             self._fs, self._fs_path = None, path
 
@@ -72,15 +74,14 @@ class Blob:
     def read(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)``; fewer if the file ends first."""
         if self._fs is not None:
-            return bytes(self._fs.cat_ranges([self._fs_path], [start], [end])[0])
+            return self._cat_ranges([start], [end])[0]
         return os.pread(self._open(), end - start, start)
 
     def read_into(self, views: Sequence[memoryview], starts: Sequence[int]) -> None:
         """Fills each view from its offset (local files: straight into the view)."""
         if self._fs is not None:
             ends = [s + len(v) for v, s in zip(views, starts, strict=True)]
-            paths = [self._fs_path] * len(starts)
-            for view, data in zip(views, self._fs.cat_ranges(paths, starts, ends), strict=True):
+            for view, data in zip(views, self._cat_ranges(starts, ends), strict=True):
                 if len(data) != len(view):
                     raise OSError(f"{self.path} ended early: it is truncated.")
                 view[:] = data
@@ -93,6 +94,21 @@ class Blob:
                 if got == 0:
                     raise OSError(f"{self.path} ended early: it is truncated.")
                 done += got
+
+    def _cat_ranges(self, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
+        """Byte ranges through fsspec, all requested together; a failed range raises,
+        naming the URL (fsspec returns the errors in place of the bytes)."""
+        assert self._fs is not None
+        got = self._fs.cat_ranges([self._fs_path] * len(starts), list(starts), list(ends))
+        for data, start, end in zip(got, starts, ends, strict=True):
+            if isinstance(data, FileNotFoundError):
+                raise FileNotFoundError(f"{self.path} does not exist ({data}).") from data
+            if isinstance(data, BaseException):
+                raise OSError(
+                    f"reading bytes {start}-{end} of {self.path} failed: "
+                    f"{type(data).__name__}: {data}"
+                ) from data
+        return [bytes(data) for data in got]
 
     def _open(self) -> int:
         if self._fd is None:

@@ -22,12 +22,13 @@ shard's header and size are checked against the manifest (dtype, shape, truncati
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import json
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -143,7 +144,12 @@ class ShardedSource:
         )
 
 
-def open_source(path: str | os.PathLike[str], *, verify: bool = False) -> ShardedSource:
+def open_source(
+    path: str | os.PathLike[str],
+    *,
+    verify: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+) -> ShardedSource:
     """Opens a meshfeed folder (one with ``meshfeed.json``, or one of parts), a ``.npy``
     or a ``.npz``.
 
@@ -151,18 +157,21 @@ def open_source(path: str | os.PathLike[str], *, verify: bool = False) -> Sharde
       path: a local path or an fsspec URL (``file://``, ``memory://``, ``s3://``, ...).
       verify: also read every shard whole once and check its SHA-256 against the
         manifest (after copying a dataset, say). Headers and sizes are always checked.
+      storage_options: for a URL, the filesystem's options (``endpoint_url``, ``key``,
+        ``secret``, ``anon``, ...), as fsspec, pandas and Hugging Face datasets take them.
 
     Returns:
       A ``ShardedSource`` reading only the rows asked for.
     """
     root = os.fspath(path)
+    blob = functools.partial(Blob, storage_options=storage_options)
     if root.endswith(".npy"):
-        rows = NpyRows(Blob(root))
+        rows = NpyRows(blob(root))
         rows.check_size()
         field = os.path.basename(root.rstrip("/")).removesuffix(".npy")
         return ShardedSource([{field: rows}], name=root)
     if root.endswith(".npz"):
-        members = npz_members(Blob(root))
+        members = npz_members(blob(root))
         if not members:
             raise ValueError(f"{root} holds no arrays.")
         for member in members.values():
@@ -171,28 +180,28 @@ def open_source(path: str | os.PathLike[str], *, verify: bool = False) -> Sharde
         if len(set(lengths.values())) > 1:
             raise ValueError(f"{root} holds arrays of different lengths {lengths}.")
         return ShardedSource(list([members]), name=root)  # type: ignore[list-item]
-    parts = _parts(root)
+    parts = _parts(root, storage_options)
     if parts:
         shards: list[dict[str, Rows]] = []
         fields: Any = None
         for folder in parts:
-            manifest = _manifest(join(root, folder))
+            manifest = _manifest(join(root, folder), blob)
             if fields is not None and manifest["fields"] != fields:
                 raise ValueError(
                     f"{join(root, folder)} has fields {manifest['fields']}, {parts[0]} has "
                     f"{fields}: the parts were written from different data."
                 )
             fields = manifest["fields"]
-            shards += _shards(join(root, folder), manifest, verify=verify)
+            shards += _shards(join(root, folder), manifest, blob, verify=verify)
         return ShardedSource(shards, name=root)
-    manifest = _manifest(root)
-    return ShardedSource(_shards(root, manifest, verify=verify), name=root)
+    manifest = _manifest(root, blob)
+    return ShardedSource(_shards(root, manifest, blob, verify=verify), name=root)
 
 
-def _parts(root: str) -> list[str]:
+def _parts(root: str, storage_options: Mapping[str, Any] | None) -> list[str]:
     """The part folders under ``root`` in order, when it holds parts and no manifest."""
     if is_url(root):
-        fs, inner = require_fsspec().core.url_to_fs(root)
+        fs, inner = require_fsspec().core.url_to_fs(root, **dict(storage_options or {}))
         if fs.exists(f"{inner.rstrip('/')}/{MANIFEST}") or not fs.isdir(inner):
             return []
         names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(inner, detail=False)]
@@ -216,10 +225,10 @@ def _parts(root: str) -> list[str]:
     return [part_folder(i, count) for i in range(count)]
 
 
-def _manifest(root: str) -> dict[str, Any]:
+def _manifest(root: str, blob: Callable[[str], Blob]) -> dict[str, Any]:
     manifest_path = join(root, MANIFEST)
     try:
-        raw = Blob(manifest_path)
+        raw = blob(manifest_path)
         text = raw.read(0, raw.size())
     except FileNotFoundError:
         raise FileNotFoundError(
@@ -238,10 +247,12 @@ def _manifest(root: str) -> dict[str, Any]:
     return manifest
 
 
-def _checked(root: str, info: dict[str, Any], rows: int, *, verify: bool) -> NpyRows:
+def _checked(
+    root: str, info: dict[str, Any], rows: int, blob: Callable[[str], Blob], *, verify: bool
+) -> NpyRows:
     """One ``.npy`` of a shard, checked against its manifest entry."""
     file_path = join(root, info["path"])
-    npy = NpyRows(Blob(file_path))
+    npy = NpyRows(blob(file_path))
     if npy.rows != rows:
         raise ValueError(f"{file_path} has {npy.rows} rows, the manifest says {rows}.")
     size = npy.blob.size()
@@ -262,7 +273,9 @@ def _checked(root: str, info: dict[str, Any], rows: int, *, verify: bool) -> Npy
     return npy
 
 
-def _shards(root: str, manifest: dict[str, Any], *, verify: bool) -> list[dict[str, Rows]]:
+def _shards(
+    root: str, manifest: dict[str, Any], blob: Callable[[str], Blob], *, verify: bool
+) -> list[dict[str, Rows]]:
     shards: list[dict[str, Rows]] = []
     for entry in manifest["shards"]:
         shard: dict[str, Rows] = {}
@@ -272,13 +285,13 @@ def _shards(root: str, manifest: dict[str, Any], *, verify: bool) -> list[dict[s
                 raise ValueError(f"{join(root, MANIFEST)} lists a shard without field {name!r}.")
             want = FieldSpec(tuple(spec["shape"]), np.dtype(spec["dtype"]))
             if want.ragged:
-                values = NpyRows(Blob(join(root, info["values"]["path"])))
+                values = NpyRows(blob(join(root, info["values"]["path"])))
                 rows: Rows = RaggedRows(
-                    _checked(root, info["values"], values.rows, verify=verify),
-                    _checked(root, info["offsets"], entry["rows"] + 1, verify=verify),
+                    _checked(root, info["values"], values.rows, blob, verify=verify),
+                    _checked(root, info["offsets"], entry["rows"] + 1, blob, verify=verify),
                 )
             else:
-                rows = _checked(root, info, entry["rows"], verify=verify)
+                rows = _checked(root, info, entry["rows"], blob, verify=verify)
             got = FieldSpec(rows.row_shape, rows.dtype)
             if got != want:
                 raise ValueError(

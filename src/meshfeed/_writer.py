@@ -34,10 +34,12 @@ Shard = dict[str, "np.ndarray | Ragged"]
 class _Writer:
     """Writes files under a local folder or an fsspec URL."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, storage_options: Mapping[str, Any] | None) -> None:
         self.root = root
         if is_url(root):
-            self.fs, self.path = require_fsspec().core.url_to_fs(root)
+            self.fs, self.path = require_fsspec().core.url_to_fs(
+                root, **dict(storage_options or {})
+            )
         else:
             self.fs, self.path = None, root
 
@@ -158,6 +160,7 @@ def write_source(
     shard_size: int = 65_536,
     ragged: Sequence[str] = (),
     part: tuple[int, int] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Writes ``data`` in meshfeed's folder format under ``path`` (a folder or an fsspec URL).
 
@@ -173,6 +176,8 @@ def write_source(
       part: ``(index, count)``: write part ``index`` of ``count`` written by separate
         workers, to ``path/part-<index>-of-<count>``; ``open_source(path)`` opens them
         together once all are written.
+      storage_options: for a URL, the filesystem's options (``endpoint_url``, ``key``,
+        ``secret``, ...), as ``open_source`` takes them.
 
     Returns:
       The manifest that was written.
@@ -191,7 +196,7 @@ def write_source(
                 f"part={part!r} must be (index, count) with 0 <= index < count, e.g. part=(0, 4)."
             )
         root = join(root, part_folder(*part))
-    writer = _Writer(root)
+    writer = _Writer(root, storage_options)
     if writer.exists(MANIFEST):
         raise FileExistsError(
             f"{join(root, MANIFEST)} exists: {root} already holds a dataset; write to a "

@@ -1,0 +1,74 @@
+"""An S3-compatible server on 127.0.0.1 for the tests: moto's server mode, as a process.
+
+``S3Server`` starts ``moto_server`` on a free port, waits until it answers, and stops it
+on ``close``; ``storage_options`` is what s3fs needs to reach it (and nothing else).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """A moto S3 server on 127.0.0.1, started at once."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(self.endpoint, timeout=1).close()
+                break
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"moto_server did not start on {self.endpoint}")
+            time.sleep(0.1)
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return {
+            "endpoint_url": self.endpoint,
+            "key": "test",
+            "secret": "test",
+            "client_kwargs": {"region_name": "us-east-1"},
+        }
+
+    def make_bucket(self, name: str) -> None:
+        import boto3
+
+        boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
+            region_name="us-east-1",
+        ).create_bucket(Bucket=name)
+
+    def close(self) -> None:
+        self._process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(timeout=10)
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
