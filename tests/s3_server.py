@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -72,3 +73,51 @@ class S3Server:
         if self._process.poll() is None:
             self._process.kill()
             self._process.wait()
+
+
+class Proxy:
+    """A TCP forwarder on 127.0.0.1 to ``port``, that can be stopped and started again on
+    its own port: a store that goes away and comes back, with its data kept."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.port = _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._sockets: list[socket.socket] = []
+        self.start()
+
+    def start(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._sockets = [listener]
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:  # stopped
+                return
+            self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, target: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                target.sendall(data)
+        for s in (source, target):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        """Closes the port and every connection through it."""
+        for s in self._sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        self._sockets = []

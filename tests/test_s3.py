@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -9,7 +12,7 @@ import meshfeed
 import s3_fns
 from meshfeed.testing import run_in_processes
 from multiprocess_fns import assemble
-from s3_server import S3Server
+from s3_server import Proxy, S3Server
 
 N = 100
 
@@ -106,3 +109,43 @@ def test_a_truncated_shard_is_refused_naming_it(server):
     fs.pipe(shard, fs.cat(shard)[:-7])
     with pytest.raises(ValueError, match=r"x/.*\.npy is \d+ bytes, the manifest says \d+"):
         meshfeed.open_source(url, storage_options=server.storage_options)
+
+
+def test_the_stream_outlives_the_store_going_away_for_3_s(server):
+    url = _write(server, "outage")
+    proxy = Proxy(server.port)
+    options = {**server.storage_options, "endpoint_url": proxy.endpoint}
+    source = meshfeed.open_source(url, storage_options=options, retry_s=30)
+    loader = meshfeed.Loader(
+        source,
+        global_batch_size=8,
+        sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=8)),
+        seed=3,  # s3_fns.stream's, to compare the order too
+        last_batch="pad",
+        prefetch=0,  # every read after the outage starts is on demand
+    )
+    seen: list[int] = []
+    went = 0.0
+    for step, batch in enumerate(loader):
+        seen += np.asarray(batch["id"])[np.asarray(batch["mask"])].tolist()
+        if step == 3:
+            proxy.stop()
+            went = time.monotonic()
+            threading.Timer(3.0, proxy.start).start()
+    assert time.monotonic() - went > 2.5  # the reads waited the outage out
+    assert sorted(seen) == list(range(N))  # every example exactly once
+    want = assemble([{"batches": s3_fns.stream(meshfeed.ArraySource(_data()))}])
+    assert seen == [i for b in want for i in b["id"][b["mask"]].tolist()]
+    proxy.stop()
+
+
+def test_a_store_gone_for_good_is_an_error_within_the_retry_bound(server):
+    url = _write(server, "gone")
+    proxy = Proxy(server.port)
+    options = {**server.storage_options, "endpoint_url": proxy.endpoint}
+    source = meshfeed.open_source(url, storage_options=options, retry_s=2)
+    proxy.stop()
+    start = time.monotonic()
+    with pytest.raises(OSError, match=r"reading s3://data/gone/.* failed for 2 s .*unreachable"):
+        source[np.arange(10)]
+    assert time.monotonic() - start < 15

@@ -23,6 +23,7 @@ from typing import IO, Any
 import numpy as np
 
 from meshfeed._ragged import Ragged, empty
+from meshfeed._remote import RETRY_S, fetch_ranges
 from meshfeed._sources import check_ids
 
 _MAGIC = b"\x93NUMPY"
@@ -47,8 +48,15 @@ def require_fsspec() -> Any:
 class Blob:
     """One file, local or remote, read by byte range."""
 
-    def __init__(self, path: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        retry_s: float = RETRY_S,
+    ) -> None:
         self.path = path
+        self.retry_s = retry_s
         self._fd: int | None = None
         if is_url(path):
             self._fs, self._fs_path = require_fsspec().core.url_to_fs(
@@ -96,19 +104,8 @@ class Blob:
                 done += got
 
     def _cat_ranges(self, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
-        """Byte ranges through fsspec, all requested together; a failed range raises,
-        naming the URL (fsspec returns the errors in place of the bytes)."""
         assert self._fs is not None
-        got = self._fs.cat_ranges([self._fs_path] * len(starts), list(starts), list(ends))
-        for data, start, end in zip(got, starts, ends, strict=True):
-            if isinstance(data, FileNotFoundError):
-                raise FileNotFoundError(f"{self.path} does not exist ({data}).") from data
-            if isinstance(data, BaseException):
-                raise OSError(
-                    f"reading bytes {start}-{end} of {self.path} failed: "
-                    f"{type(data).__name__}: {data}"
-                ) from data
-        return [bytes(data) for data in got]
+        return fetch_ranges(self._fs, self._fs_path, self.path, starts, ends, retry_s=self.retry_s)
 
     def _open(self) -> int:
         if self._fd is None:

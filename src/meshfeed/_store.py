@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from meshfeed._files import Blob, NpyRows, RaggedRows, is_url, npz_members, require_fsspec
+from meshfeed._remote import RETRY_S
 from meshfeed._sources import (
     FieldSpec,
     check_ids,
@@ -149,6 +150,7 @@ def open_source(
     *,
     verify: bool = False,
     storage_options: Mapping[str, Any] | None = None,
+    retry_s: float = RETRY_S,
 ) -> ShardedSource:
     """Opens a meshfeed folder (one with ``meshfeed.json``, or one of parts), a ``.npy``
     or a ``.npz``.
@@ -159,12 +161,15 @@ def open_source(
         manifest (after copying a dataset, say). Headers and sizes are always checked.
       storage_options: for a URL, the filesystem's options (``endpoint_url``, ``key``,
         ``secret``, ``anon``, ...), as fsspec, pandas and Hugging Face datasets take them.
+      retry_s: for a URL, how long a read outlives a store that fails or cannot be
+        reached (retried with backoff) before it raises; a missing object or denied
+        access raises at once.
 
     Returns:
       A ``ShardedSource`` reading only the rows asked for.
     """
     root = os.fspath(path)
-    blob = functools.partial(Blob, storage_options=storage_options)
+    blob = functools.partial(Blob, storage_options=storage_options, retry_s=retry_s)
     if root.endswith(".npy"):
         rows = NpyRows(blob(root))
         rows.check_size()
