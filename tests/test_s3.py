@@ -149,3 +149,23 @@ def test_a_store_gone_for_good_is_an_error_within_the_retry_bound(server):
     with pytest.raises(OSError, match=r"reading s3://data/gone/.* failed for 2 s .*unreachable"):
         source[np.arange(10)]
     assert time.monotonic() - start < 15
+
+
+def test_rows_near_each_other_are_one_request(server):
+    url = _write(server, "coalesced")
+    source = meshfeed.open_source(url, storage_options=server.storage_options)
+    before = source.requests
+    ids = np.array([6, 0, 4, 2, 31, 35, 33])  # 4 rows of shard 0, 3 of shard 1: no runs
+    got = source[ids]
+    np.testing.assert_array_equal(got["x"], _data()["x"][ids])
+    # One request per shard and field (2 x 2), not one per row (7 x 2).
+    assert source.requests - before == 4
+    assert source.bytes_fetched >= source.bytes_read
+
+
+def test_merge_joins_ranges_closer_than_the_gap():
+    from meshfeed._remote import MAX_GAP, merge
+
+    far = 10 * MAX_GAP
+    requests = merge([far, 0, 100, 100], [far + 8, 10, 200, 150])
+    assert requests == [(0, 200, [1, 2, 3]), (far, far + 8, [0])]

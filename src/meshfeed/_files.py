@@ -23,7 +23,7 @@ from typing import IO, Any
 import numpy as np
 
 from meshfeed._ragged import Ragged, empty
-from meshfeed._remote import RETRY_S, fetch_ranges
+from meshfeed._remote import RETRY_S, Counter, fetch_ranges
 from meshfeed._sources import check_ids
 
 _MAGIC = b"\x93NUMPY"
@@ -57,6 +57,7 @@ class Blob:
     ) -> None:
         self.path = path
         self.retry_s = retry_s
+        self.fetched = Counter()  # requests and bytes through fsspec
         self._fd: int | None = None
         if is_url(path):
             self._fs, self._fs_path = require_fsspec().core.url_to_fs(
@@ -105,7 +106,15 @@ class Blob:
 
     def _cat_ranges(self, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
         assert self._fs is not None
-        return fetch_ranges(self._fs, self._fs_path, self.path, starts, ends, retry_s=self.retry_s)
+        return fetch_ranges(
+            self._fs,
+            self._fs_path,
+            self.path,
+            starts,
+            ends,
+            retry_s=self.retry_s,
+            counter=self.fetched,
+        )
 
     def _open(self) -> int:
         if self._fd is None:
@@ -151,6 +160,10 @@ class RowFile:
         self.name = name
         self.row_bytes = math.prod(shape) * self.dtype.itemsize
         self.bytes_read = 0
+
+    @property
+    def blobs(self) -> list[Blob]:
+        return [self.blob]
 
     def read(self, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` (in any order, repeats allowed)."""
@@ -252,6 +265,10 @@ class RaggedRows:
     @property
     def bytes_read(self) -> int:
         return self.values.bytes_read + self.offsets_file.bytes_read
+
+    @property
+    def blobs(self) -> list[Blob]:
+        return [self.values.blob, self.offsets_file.blob]
 
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)

@@ -78,7 +78,9 @@ class ShardedSource:
     """A ``Source`` over ``.npy`` shards (a meshfeed folder, or one ``.npy``/``.npz``).
 
     Rows are read by byte range from the shards that hold them. ``bytes_read`` counts
-    the row bytes read so far (headers aside), to see that a process reads only its own.
+    the row bytes read so far (headers aside), to see that a process reads only its own;
+    behind a URL, ``requests`` and ``bytes_fetched`` count what crossed the network
+    (rows less than 64 KiB apart in a file are fetched as one request).
     Behind a URL, the reads of every shard and field a batch touches are in flight
     together.
     ``lengths(field)`` gives a ragged field's document lengths from its offsets. Built by
@@ -104,6 +106,16 @@ class ShardedSource:
     @property
     def bytes_read(self) -> int:
         return sum(r.bytes_read for shard in self._shards for r in shard.values())
+
+    @property
+    def requests(self) -> int:
+        """Requests sent to the store behind a URL so far (0 for local files)."""
+        return sum(b.fetched.requests for s in self._shards for r in s.values() for b in r.blobs)
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes received from the store behind a URL so far, gaps between rows included."""
+        return sum(b.fetched.bytes for s in self._shards for r in s.values() for b in r.blobs)
 
     def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
         ids = check_ids(ids, self._len, self.name)
