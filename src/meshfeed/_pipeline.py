@@ -108,7 +108,7 @@ class Prefetcher:
         self._lock = threading.Lock()
         self._consumer = threading.Condition(self._lock)
         self._readers = threading.Condition(self._lock)
-        self._ready: dict[int, Any] = {}
+        self._ready: dict[int, tuple[Any, int]] = {}  # step -> (item, its bytes)
         self._waiting = False  # the consumer sleeps
         self._idle = 0  # readers asleep
         self._stopped = False
@@ -138,13 +138,10 @@ class Prefetcher:
         """Steps read ahead now (with ``"auto"``, what it has adapted to)."""
         return self._depth
 
-    @property
-    def threads(self) -> int:
-        return len(self._threads)
-
     def _store(self, step: int, item: Any) -> None:
-        self._ready[step] = item
-        self.held_bytes += nbytes(item)
+        size = nbytes(item)
+        self._ready[step] = (item, size)
+        self.held_bytes += size
         self.peak_bytes = max(self.peak_bytes, self.held_bytes)
 
     def _start_thread(self) -> None:
@@ -232,8 +229,8 @@ class Prefetcher:
                 while step not in self._ready:
                     self._consumer.wait()
                 self._waiting = False
-            item = self._ready.pop(step)
-            self.held_bytes -= nbytes(item)
+            item, size = self._ready.pop(step)
+            self.held_bytes -= size
             self.next_step = step + 1
             if self._idle and self._claim - self.next_step <= self._depth // 2:
                 self._readers.notify(self._idle)

@@ -63,7 +63,7 @@ def fetch_ranges(
     ends: Sequence[int],
     *,
     retry_s: float,
-    counter: Counter | None = None,
+    counter: Counter,
 ) -> list[bytes]:
     """Bytes ``[starts[i], ends[i])`` of one object, for every ``i``."""
     requests = merge(starts, ends)
@@ -84,15 +84,14 @@ def _fetch(
     starts: Sequence[int],
     ends: Sequence[int],
     retry_s: float,
-    counter: Counter | None,
+    counter: Counter,
 ) -> list[bytes]:
     out: list[bytes] = [b""] * len(starts)
     todo = list(range(len(starts)))
     deadline, delay, attempts = time.monotonic() + retry_s, 0.05, 0
     while todo:
         attempts += 1
-        if counter is not None:
-            counter.requests += len(todo)
+        counter.requests += len(todo)
         try:
             got = fs.cat_ranges(
                 [fs_path] * len(todo), [starts[i] for i in todo], [ends[i] for i in todo]
@@ -106,8 +105,7 @@ def _fetch(
                 failed.append((i, data))
             else:
                 out[i] = bytes(data)
-                if counter is not None:
-                    counter.bytes += len(data)
+                counter.bytes += len(data)
         if failed and time.monotonic() + delay > deadline:
             error = failed[0][1]
             raise OSError(
