@@ -14,3 +14,17 @@ os.environ["XLA_FLAGS"] = " ".join(
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("KERAS_BACKEND", "jax")
+
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def server():
+    """An S3-compatible server (moto) on 127.0.0.1 with a bucket ``data``, for the session."""
+    from meshfeed.testing import S3Server
+
+    s3 = S3Server()
+    s3.make_bucket("data")
+    yield s3
+    s3.close()

@@ -10,19 +10,10 @@ import pytest
 
 import meshfeed
 import s3_fns
-from meshfeed.testing import run_in_processes
+from meshfeed.testing import Proxy, S3Server, run_in_processes
 from multiprocess_fns import assemble
-from s3_server import Proxy, S3Server
 
 N = 100
-
-
-@pytest.fixture(scope="module")
-def server():
-    s3 = S3Server()
-    s3.make_bucket("data")
-    yield s3
-    s3.close()
 
 
 def _data() -> dict[str, np.ndarray]:
@@ -56,13 +47,19 @@ def test_a_dataset_on_the_server_reads_as_the_local_one(server):
 
 
 @pytest.mark.multiprocess
-def test_two_processes_read_the_server_as_one_reads_local_files(server):
-    url = _write(server, "two")
+@pytest.mark.parametrize("order", [{}, {"shuffle_block": 16, "shuffle_window": 2}])
+def test_two_processes_read_the_server_as_one_reads_local_files(server, order):
+    url = _write(server, f"two{len(order)}")
     results = run_in_processes(
-        s3_fns.stream_from, url, server.storage_options, num_processes=2, devices_per_process=4
+        s3_fns.stream_from,
+        url,
+        server.storage_options,
+        order,
+        num_processes=2,
+        devices_per_process=4,
     )
     got = assemble([{"batches": r} for r in results])
-    want = assemble([{"batches": s3_fns.stream(meshfeed.ArraySource(_data()))}])
+    want = assemble([{"batches": s3_fns.stream(meshfeed.ArraySource(_data()), **order)}])
     _equal(got, want)
 
 
@@ -149,6 +146,59 @@ def test_a_store_gone_for_good_is_an_error_within_the_retry_bound(server):
     with pytest.raises(OSError, match=r"reading s3://data/gone/.* failed for 2 s .*unreachable"):
         source[np.arange(10)]
     assert time.monotonic() - start < 15
+
+
+@pytest.mark.multiprocess
+def test_a_store_gone_for_good_is_an_error_on_every_process(server, tmp_path):
+    url = _write(server, "gone2")
+    proxy = Proxy(server.port)
+    options = {**server.storage_options, "endpoint_url": proxy.endpoint}
+
+    def take_the_store_away() -> None:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("ready-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proxy.stop()
+        (tmp_path / "stopped").touch()
+
+    threading.Thread(target=take_the_store_away, daemon=True).start()
+    results = run_in_processes(
+        s3_fns.read_until_gone,
+        url,
+        options,
+        str(tmp_path),
+        num_processes=2,
+        devices_per_process=4,
+    )
+    for message, seconds in results:
+        assert "reading s3://data/gone2/" in message and "failed for 2 s" in message, message
+        assert "unreachable" in message
+        assert seconds < 15
+
+
+def test_parquet_outlives_the_store_going_away_for_3_s(server):
+    import fsspec
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"x": _data()["x"][:, 0], "id": _data()["id"]})
+    fs, path = fsspec.core.url_to_fs("s3://data/outage.parquet", **server.storage_options)
+    with fs.open(path, "wb") as f:
+        pq.write_table(table, f, row_group_size=10)
+    proxy = Proxy(server.port)
+    options = {**server.storage_options, "endpoint_url": proxy.endpoint}
+    source = meshfeed.ParquetSource(
+        "s3://data/outage.parquet", storage_options=options, retry_s=30, cache_bytes=0
+    )
+    np.testing.assert_array_equal(source[np.arange(10)]["id"], np.arange(10))
+    proxy.stop()
+    threading.Timer(3.0, proxy.start).start()
+    start = time.monotonic()
+    got = source[np.arange(N)]
+    assert time.monotonic() - start > 2.5
+    np.testing.assert_array_equal(got["id"], np.arange(N))
+    np.testing.assert_array_equal(got["x"], _data()["x"][:, 0])
+    proxy.stop()
 
 
 def test_rows_near_each_other_are_one_request(server):

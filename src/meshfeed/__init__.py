@@ -39,6 +39,7 @@ from meshfeed._pack_plan import LongDocs as LongDocs
 from meshfeed._pack_plan import PackPlan as PackPlan
 from meshfeed._plan import STRATEGIES as STRATEGIES
 from meshfeed._plan import Cost as Cost
+from meshfeed._plan import Fetches as Fetches
 from meshfeed._plan import Plan as Plan
 from meshfeed._plan import Strategy as Strategy
 from meshfeed._plan import plan as plan
@@ -85,6 +86,7 @@ __all__ = [
     "Column",
     "Cost",
     "EvalFn",
+    "Fetches",
     "FieldSpec",
     "GrainSource",
     "HFSource",

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
 from meshfeed._adapters import OBJECT, require
 from meshfeed._files import Blob, is_url
 from meshfeed._ragged import Ragged
+from meshfeed._remote import RETRY_S, with_retries
 from meshfeed._sources import FieldSpec, check_ids, gather_by_part, locate
+
+T = TypeVar("T")
 
 
 def arrow_spec(pa: Any, arrow_type: Any) -> FieldSpec:
@@ -189,6 +192,7 @@ class ParquetSource:
       cache_bytes: memory for decoded row groups (0: no cache).
       storage_options: for a URL, the filesystem's options (``endpoint_url``, ``key``,
         ``secret``, ...), as ``open_source`` takes them.
+      retry_s: for a URL, how long a read outlives a failing store, as ``open_source``.
     """
 
     def __init__(
@@ -198,13 +202,20 @@ class ParquetSource:
         columns: Sequence[str] | None = None,
         cache_bytes: int = 256 << 20,
         storage_options: Mapping[str, Any] | None = None,
+        retry_s: float = RETRY_S,
     ) -> None:
         pq = require("pyarrow.parquet", "parquet")
         pa = require("pyarrow", "parquet")
         self.path = str(path)
-        # Local files through pyarrow's own reader; URLs through fsspec.
-        self._file = pq.ParquetFile(
-            Blob(self.path, storage_options).open() if is_url(self.path) else self.path
+        self._retry_s = retry_s if is_url(self.path) else None
+        # Local files through pyarrow's own reader; URLs through fsspec, each read of a
+        # column chunk one request (fsspec's read-ahead would fetch megabytes past it).
+        self._file = self._retried(
+            lambda: pq.ParquetFile(
+                Blob(self.path, storage_options).open(cache_type="none")
+                if is_url(self.path)
+                else self.path
+            )
         )
         schema = self._file.schema_arrow
         self._columns = list(columns) if columns is not None else list(schema.names)
@@ -227,6 +238,11 @@ class ParquetSource:
     def __len__(self) -> int:
         return self._n
 
+    def _retried(self, call: Callable[[], T]) -> T:
+        if self._retry_s is None:
+            return call()
+        return with_retries(call, self.path, retry_s=self._retry_s)
+
     def _group(self, g: int) -> dict[str, Any]:
         with self._lock:  # one file reader and one cache, for every reading thread
             return self._group_locked(g)
@@ -235,7 +251,7 @@ class ParquetSource:
         if g in self._cache:
             self._cache.move_to_end(g)
             return self._cache[g]
-        table = self._file.read_row_group(g, columns=self._columns)
+        table = self._retried(lambda: self._file.read_row_group(g, columns=self._columns))
         self.row_groups_read += 1
         group = {n: arrow_column(table.column(n), spec) for n, spec in self._fields.items()}
         size = sum(a.nbytes for a in group.values())
@@ -264,7 +280,11 @@ class ParquetSource:
             groups = range(self._file.metadata.num_row_groups)
             self._lengths[field] = np.concatenate(
                 [
-                    _list_lengths(self._file.read_row_group(g, columns=[field]).column(field))
+                    _list_lengths(
+                        self._retried(
+                            lambda g=g: self._file.read_row_group(g, columns=[field])
+                        ).column(field)
+                    )
                     for g in groups
                 ]
             )

@@ -22,6 +22,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from meshfeed._cache import ShardCache
 from meshfeed._ragged import Ragged, empty
 from meshfeed._remote import RETRY_S, Counter, fetch_ranges
 from meshfeed._sources import check_ids
@@ -46,7 +47,7 @@ def require_fsspec() -> Any:
 
 
 class Blob:
-    """One file, local or remote, read by byte range."""
+    """One file, local or remote, read by byte range (remote: through ``cache`` if any)."""
 
     def __init__(
         self,
@@ -54,11 +55,15 @@ class Blob:
         storage_options: Mapping[str, Any] | None = None,
         *,
         retry_s: float = RETRY_S,
+        cache: ShardCache | None = None,
     ) -> None:
         self.path = path
         self.retry_s = retry_s
         self.fetched = Counter()  # requests and bytes through fsspec
+        self.cache = cache
+        self.version = ""  # the content's checksum, where a manifest gives it (for cache)
         self._fd: int | None = None
+        self._size: int | None = None
         if is_url(path):
             self._fs, self._fs_path = require_fsspec().core.url_to_fs(
                 path, **dict(storage_options or {})
@@ -70,15 +75,18 @@ class Blob:
         try:
             if self._fs is None:
                 return os.stat(self.path).st_size
-            return int(self._fs.size(self._fs_path))
+            if self._size is None:  # an object does not change size: ask once
+                self._size = int(self._fs.size(self._fs_path))
+            return self._size
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.path} does not exist.") from None
 
-    def open(self) -> IO[bytes]:
-        """A binary file object over the whole file (for zip and Parquet readers)."""
+    def open(self, **options: Any) -> IO[bytes]:
+        """A binary file object over the whole file (for zip and Parquet readers);
+        ``options`` go to fsspec's ``open`` for a URL (``cache_type="none"``, say)."""
         if self._fs is None:
             return open(self.path, "rb")  # the caller closes it
-        return self._fs.open(self._fs_path, "rb")
+        return self._fs.open(self._fs_path, "rb", **options)
 
     def read(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)``; fewer if the file ends first."""
@@ -88,6 +96,21 @@ class Blob:
 
     def read_into(self, views: Sequence[memoryview], starts: Sequence[int]) -> None:
         """Fills each view from its offset (local files: straight into the view)."""
+        if self._fs is not None and self.cache is not None:
+            for attempt in range(2):
+                local = self.cache.path(self.path, self.size(), self._cat_ranges, self.version)
+                if local is None:
+                    break  # too big to cache: read by range
+                try:
+                    fd = os.open(local, os.O_RDONLY)
+                except FileNotFoundError:  # evicted by another process meanwhile
+                    if attempt:
+                        raise
+                    continue
+                try:
+                    return _pread_into(fd, views, starts, self.path)
+                finally:
+                    os.close(fd)
         if self._fs is not None:
             ends = [s + len(v) for v, s in zip(views, starts, strict=True)]
             for view, data in zip(views, self._cat_ranges(starts, ends), strict=True):
@@ -95,14 +118,7 @@ class Blob:
                     raise OSError(f"{self.path} ended early: it is truncated.")
                 view[:] = data
             return
-        fd = self._open()
-        for view, at in zip(views, starts, strict=True):
-            done = 0
-            while done < len(view):
-                got = os.preadv(fd, [view[done:]], at + done)
-                if got == 0:
-                    raise OSError(f"{self.path} ended early: it is truncated.")
-                done += got
+        _pread_into(self._open(), views, starts, self.path)
 
     def _cat_ranges(self, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
         assert self._fs is not None
@@ -127,6 +143,16 @@ class Blob:
 
     def __getstate__(self) -> dict[str, Any]:  # workers reopen the file themselves
         return {**self.__dict__, "_fd": None}
+
+
+def _pread_into(fd: int, views: Sequence[memoryview], starts: Sequence[int], name: str) -> None:
+    for view, at in zip(views, starts, strict=True):
+        done = 0
+        while done < len(view):
+            got = os.preadv(fd, [view[done:]], at + done)
+            if got == 0:
+                raise OSError(f"{name} ended early: it is truncated.")
+            done += got
 
 
 def runs(ordered: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -177,6 +203,20 @@ class RowFile:
         flat = rows.reshape(len(unique), -1).view(np.uint8)
         np.take(flat, inverse.reshape(-1), axis=0, out=out.reshape(len(ids), -1).view(np.uint8))
         return out
+
+    def byte_ranges(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The byte ranges ``read(ids)`` asks its blob for (before merging)."""
+        unique = np.unique(check_ids(ids, self.rows, self.name))
+        if not len(unique) or not self.row_bytes:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        starts, ends = runs(unique)
+        return self.span_bytes(unique[starts], unique[ends - 1] + 1)
+
+    def span_bytes(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The byte ranges of row spans ``[start, stop)``."""
+        keep = np.asarray(stops) > np.asarray(starts)
+        first = self.offset + np.asarray(starts, np.int64)[keep] * self.row_bytes
+        return first, self.offset + np.asarray(stops, np.int64)[keep] * self.row_bytes
 
     def read_spans(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
         """Rows ``[start, stop)`` of each span, one span after another, each one range."""
@@ -272,6 +312,15 @@ class RaggedRows:
 
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
+
+    def byte_ranges(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The byte ranges of the values ``read(ids)`` asks for (the offsets aside)."""
+        unique = np.unique(check_ids(ids, self.rows, self.name))
+        if not len(unique):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        starts, ends = runs(unique)
+        offsets = self.offsets
+        return self.values.span_bytes(offsets[unique[starts]], offsets[unique[ends - 1] + 1])
 
     def read(self, ids: np.ndarray) -> Ragged:
         """Documents ``ids`` (in any order, repeats allowed)."""

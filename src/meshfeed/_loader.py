@@ -12,6 +12,7 @@ own, that state restores exactly under any number of processes or devices.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -29,7 +30,7 @@ from meshfeed._options import (
     check_source_kind,
 )
 from meshfeed._pipeline import Inline, Prefetcher
-from meshfeed._plan import Field, Plan, Strategy, make_plan
+from meshfeed._plan import Fetches, Field, Plan, Strategy, make_plan
 from meshfeed._reader import SourceRows, make_reader
 from meshfeed._record_rows import RecordFn
 from meshfeed._records import WorkerType
@@ -54,6 +55,13 @@ class Loader:
         batches arrive in ``loader.load_sharding``; move them with
         ``meshfeed.reshard(batch, loader.sharding)``, inside or outside ``jax.jit``.
       shuffle: a keyed random order per epoch; else ``0 .. N-1``.
+      shuffle_block: shuffle blocks of this many consecutive examples instead of single
+        examples, for data behind a URL: each step then reads a few contiguous runs
+        (rows of one block sit together in a file) instead of one request per row. The
+        blocks are permuted and each window of ``shuffle_window`` blocks is visited
+        round-robin, one row of each in turn (README, "Data in object storage").
+      shuffle_window: blocks visited together with ``shuffle_block`` (default 16): more
+        mixes more, and each step reads about that many runs.
       seed: the key of that order.
       num_epochs: passes over the source; ``None`` for endless.
       last_batch: ``"drop"`` skips each epoch's final partial batch; ``"pad"`` fills it
@@ -88,6 +96,8 @@ class Loader:
     global_batch_size: Option[int] = Option()
     sharding: Option[ShardingArg] = Option()
     shuffle: Option[bool] = Option()
+    shuffle_block: Option[int | None] = Option()
+    shuffle_window: Option[int | None] = Option()
     seed: Option[int] = Option()
     num_epochs: Option[int | None] = Option()
     last_batch: Option[LastBatch] = Option()
@@ -107,6 +117,8 @@ class Loader:
         sharding: ShardingArg,
         strategy: Strategy = "per_process",
         shuffle: bool = True,
+        shuffle_block: int | None = None,
+        shuffle_window: int | None = None,
         seed: int = 0,
         num_epochs: int | None = 1,
         last_batch: LastBatch = "drop",
@@ -121,7 +133,8 @@ class Loader:
         check_source_kind(source)
         options = LoaderOptions(
             global_batch_size=global_batch_size, sharding=sharding, strategy=strategy,
-            shuffle=shuffle, seed=seed, num_epochs=num_epochs, last_batch=last_batch,
+            shuffle=shuffle, shuffle_block=shuffle_block, shuffle_window=shuffle_window,
+            seed=seed, num_epochs=num_epochs, last_batch=last_batch,
             transform=transform, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
             check_every=check_every, record_transform=record_transform,
             num_workers=num_workers, worker_type=worker_type,
@@ -131,7 +144,13 @@ class Loader:
         b = global_batch_size
         self._source, self._options, self._fields = source, options, fields
         self._schedule = Schedule(
-            len(source), b, shuffle=options.shuffle, seed=seed, last_batch=last_batch
+            len(source),
+            b,
+            shuffle=options.shuffle,
+            seed=seed,
+            last_batch=last_batch,
+            block=shuffle_block,
+            window=options.window,
         )
         self._end = None if num_epochs is None else num_epochs * self._schedule.steps_per_epoch
         self._load_sharding = load_shardings(sharding, b) if strategy == "reshard" else sharding
@@ -139,7 +158,8 @@ class Loader:
         self._builder = BUILDERS[self._plan.strategy]  # type: ignore[index]
         self._target = FieldShardings(self._load_sharding, b)
         rows = SourceRows(source, fields, self._schedule)
-        self._reader = make_reader(rows, options, self._builder.reads(self._target), self._target)
+        self._row_sets = self._builder.reads(self._target)
+        self._reader = make_reader(rows, options, self._row_sets, self._target)
         self._step = 0
         self._ahead: Inline | Prefetcher | None = None
 
@@ -159,8 +179,20 @@ class Loader:
 
     @property
     def plan(self) -> Plan:
-        """What each strategy costs here, and why this one (``meshfeed.show_plan``)."""
+        """What each strategy costs here, and why this one (``meshfeed.show_plan``);
+        for a source behind a URL, also the requests and bytes a step fetches here."""
+        if self._plan.fetches is None and getattr(self._source, "remote", False):
+            self._plan = dataclasses.replace(self._plan, fetches=self._sample_fetches())
         return self._plan
+
+    def _sample_fetches(self, steps: int = 8) -> Fetches:
+        fetches = self._source.fetches  # type: ignore[attr-defined]
+        end = self._step + steps if self._end is None else min(self._end, self._step + steps)
+        per_step = []
+        for step in range(self._step, end):
+            ids = np.concatenate([self._schedule.ids(step)[rows] for rows in self._row_sets])
+            per_step.append(fetches(ids[ids >= 0]))
+        return Fetches.sample(self._source.name, per_step)  # type: ignore[attr-defined]
 
     @property
     def load_sharding(self) -> ShardingArg:

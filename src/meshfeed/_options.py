@@ -30,6 +30,7 @@ from meshfeed._workers import send_by_value
 Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 Prefetch = int | Literal["auto"]
 PREFETCH_BYTES = 256 << 20
+SHUFFLE_WINDOW = 16  # blocks mixed together by default with shuffle_block
 T = TypeVar("T")
 
 
@@ -46,6 +47,8 @@ class LoaderOptions:
     sharding: ShardingArg
     strategy: Strategy = "per_process"
     shuffle: bool = True
+    shuffle_block: int | None = None
+    shuffle_window: int | None = None
     seed: int = 0
     num_epochs: int | None = 1
     last_batch: LastBatch = "drop"
@@ -87,6 +90,7 @@ class LoaderOptions:
                 "of batches read ahead)."
             )
         self._check_records()
+        self._check_blocks()
         every = self.check_every
         if every is not None and (not _count(every) or every < 1):
             raise ValueError(
@@ -95,6 +99,31 @@ class LoaderOptions:
             )
         _check_sharding_kind(self.sharding)
         object.__setattr__(self, "shuffle", bool(self.shuffle))
+
+    def _check_blocks(self) -> None:
+        block, window = self.shuffle_block, self.shuffle_window
+        if block is not None and (not _count(block) or block < 1):
+            raise ValueError(
+                f"shuffle_block={block!r} must be an int >= 1 (examples per block), or None "
+                "to shuffle single examples."
+            )
+        if window is not None and (not _count(window) or window < 1):
+            raise ValueError(f"shuffle_window={window!r} must be an int >= 1 (blocks mixed).")
+        if block is None and window is not None:
+            raise ValueError(
+                f"shuffle_window={window} mixes blocks, but no shuffle_block was given; "
+                "pass shuffle_block=k too."
+            )
+        if block is not None and not self.shuffle:
+            raise ValueError(
+                f"shuffle_block={block} orders blocks at random, but shuffle=False; pass "
+                "shuffle=True, or drop shuffle_block."
+            )
+
+    @property
+    def window(self) -> int:
+        """Blocks mixed together with ``shuffle_block`` (``SHUFFLE_WINDOW`` by default)."""
+        return SHUFFLE_WINDOW if self.shuffle_window is None else self.shuffle_window
 
     def _check_records(self) -> None:
         fn, workers = self.record_transform, self.num_workers

@@ -40,6 +40,26 @@ class Cost:
 
 
 @dataclasses.dataclass(frozen=True)
+class Fetches:
+    """What the steps of a source behind a URL ask the store for, on this process: range
+    requests and bytes (gaps between nearby rows included), per step, averaged over the
+    ``steps`` next steps of the loader."""
+
+    url: str
+    steps: int
+    requests: float
+    bytes: float
+
+    @classmethod
+    def sample(cls, url: str, per_step: Sequence[tuple[int, int]]) -> Fetches:
+        """From ``(requests, bytes)`` of each sampled step."""
+        n = max(1, len(per_step))
+        return cls(
+            url, len(per_step), sum(r for r, _ in per_step) / n, sum(b for _, b in per_step) / n
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """The costs of every strategy, and the one a loader uses (or ``"auto"`` picks)."""
 
@@ -50,6 +70,7 @@ class Plan:
     global_batch_size: int
     processes: int
     fields: dict[str, str]
+    fetches: Fetches | None = None  # for a source behind a URL: a step's requests
 
     @property
     def strategy(self) -> str:

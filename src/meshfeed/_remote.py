@@ -10,28 +10,60 @@ URL; anything else (connection refused or reset, a timeout, a 5xx) is taken for 
 passing fault and the failed ranges are asked again, with backoff, until ``retry_s``
 has passed; then the error is raised, naming the URL and the last cause. A read that
 recovers returns exactly the bytes it would have without the fault, so the stream does
-not change.
+not change. ``with_retries`` does the same for one call that reads through a file
+object (a Parquet row group, say).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 RETRY_S = 60.0  # how long a read outlives a failing store by default
 MAX_GAP = 64 << 10  # ranges closer than this are one request
 MAX_REQUEST = 16 << 20  # but no request larger than this
 _PERMANENT = (PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
+T = TypeVar("T")
+
+
+class Backoff:
+    """Waits between attempts, doubling up to 2 s, until ``retry_s`` has passed."""
+
+    def __init__(self, url: str, retry_s: float) -> None:
+        self.url, self.retry_s = url, retry_s
+        self.deadline, self.delay, self.attempts = time.monotonic() + retry_s, 0.05, 0
+
+    def wait_or_raise(self, error: BaseException) -> None:
+        """Sleeps before the next attempt, or raises once the time is up."""
+        if time.monotonic() + self.delay > self.deadline:
+            raise OSError(
+                f"reading {self.url} failed for {self.retry_s:g} s ({self.attempts} attempts); "
+                f"the last error: {type(error).__name__}: {error}. The store is unreachable "
+                "or failing."
+            ) from error
+        time.sleep(self.delay)
+        self.delay = min(2 * self.delay, 2.0)
+
+
+def with_retries(call: Callable[[], T], url: str, *, retry_s: float) -> T:
+    """``call()``, asked again after a passing fault, for up to ``retry_s``."""
+    backoff = Backoff(url, retry_s)
+    while True:
+        backoff.attempts += 1
+        try:
+            return call()
+        except Exception as error:
+            _raise_if_permanent(error, url, 0, -1)
+            backoff.wait_or_raise(error)
 
 
 def _raise_if_permanent(error: BaseException, url: str, start: int, end: int) -> None:
     if isinstance(error, FileNotFoundError):
         raise FileNotFoundError(f"{url} does not exist ({error}).") from error
     if isinstance(error, _PERMANENT):
-        raise OSError(
-            f"reading bytes {start}-{end} of {url} failed: {type(error).__name__}: {error}"
-        ) from error
+        what = f"bytes {start}-{end} of " if end >= 0 else ""
+        raise OSError(f"reading {what}{url} failed: {type(error).__name__}: {error}") from error
 
 
 def merge(starts: Sequence[int], ends: Sequence[int]) -> list[tuple[int, int, list[int]]]:
@@ -88,9 +120,9 @@ def _fetch(
 ) -> list[bytes]:
     out: list[bytes] = [b""] * len(starts)
     todo = list(range(len(starts)))
-    deadline, delay, attempts = time.monotonic() + retry_s, 0.05, 0
+    backoff = Backoff(url, retry_s)
     while todo:
-        attempts += 1
+        backoff.attempts += 1
         counter.requests += len(todo)
         try:
             got = fs.cat_ranges(
@@ -106,14 +138,7 @@ def _fetch(
             else:
                 out[i] = bytes(data)
                 counter.bytes += len(data)
-        if failed and time.monotonic() + delay > deadline:
-            error = failed[0][1]
-            raise OSError(
-                f"reading {url} failed for {retry_s:g} s ({attempts} attempts); the last "
-                f"error: {type(error).__name__}: {error}. The store is unreachable or failing."
-            ) from error
         if failed:
-            time.sleep(delay)
-            delay = min(2 * delay, 2.0)
+            backoff.wait_or_raise(failed[0][1])
         todo = [i for i, _ in failed]
     return out

@@ -12,6 +12,16 @@ balanced Feistel network on the smallest even number of bits that covers ``N``, 
 ``N`` is, so 10^10 examples cost what 10^4 do. Round keys come from
 ``np.random.SeedSequence([seed, epoch])``, so the order depends on nothing but
 ``(seed, epoch, N)``.
+
+With ``block=k`` (``Loader(shuffle_block=k)``) the order reads runs instead of single
+rows, for data behind a URL (``BlockOrder``): the examples are cut into blocks of ``k``
+consecutive ids, the blocks are permuted (the same keyed bijection, over blocks), and
+each window of ``window`` blocks in that order is visited round-robin -- one row of each
+block in turn, each block from a keyed starting row, wrapping around. So ``B``
+consecutive positions take about ``B / window`` consecutive rows from each block of
+their window: each process reads a few contiguous runs per step, and each block is read
+once per epoch. It is still a pure function of ``(seed, epoch, N, k, window)`` evaluated
+position by position, in O(batch) memory.
 """
 
 from __future__ import annotations
@@ -68,6 +78,60 @@ class Permutation:
             outside = outside[out[outside] >= self.n]
         return out.astype(np.int64)
 
+    def _decrypt(self, y: np.ndarray) -> np.ndarray:
+        left, right = y >> self._shift, y & self._mask
+        with np.errstate(over="ignore"):
+            for key in self._keys[::-1]:
+                left, right = right ^ (hash64(left ^ key) & self._mask), left
+        return (left << self._shift) | right
+
+    def inverse(self, values: np.ndarray) -> np.ndarray:
+        """The positions that map to ``values`` (``perm.inverse(perm(p)) == p``)."""
+        out = self._decrypt(np.asarray(values, dtype=np.uint64))
+        outside = np.flatnonzero(out >= self.n)
+        while outside.size:  # cycle walking, backwards
+            out[outside] = self._decrypt(out[outside])
+            outside = outside[out[outside] >= self.n]
+        return out.astype(np.int64)
+
+
+class BlockOrder:
+    """One epoch's block-shuffled order: position -> example id (module docstring)."""
+
+    def __init__(self, n: int, block: int, window: int, *, seed: int, epoch: int) -> None:
+        self.n, self.k = n, min(block, n)
+        self.blocks = -(-n // self.k)
+        self.w = min(window, self.blocks)
+        self._order = Permutation(self.blocks, seed=seed, epoch=epoch)
+        self._key = np.uint64(hash64((seed * 0x9E3779B97F4A7C15 + epoch) & _M64))
+        self._last = n - (self.blocks - 1) * self.k  # rows of the last block, 1 .. k
+        self._short = self.k - self._last  # rows it lacks
+        # The window that holds the short block: the windows after it start earlier.
+        slot = int(self._order.inverse(np.array([self.blocks - 1]))[0])
+        self._short_window, self._short_slot = divmod(slot, self.w)
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        k, w, span = self.k, self.w, self.k * self.w
+        p = np.asarray(positions, np.int64)
+        after = p >= (self._short_window + 1) * span - self._short
+        window = np.where(after, (p + self._short) // span, p // span)
+        q = p - window * span + np.where(after, self._short, 0)  # position in its window
+        blocks_in = np.minimum(w, self.blocks - window * w)  # blocks in each window
+        rounds_full = np.where(window == self._short_window, self._last, k)
+        # Rounds before rounds_full visit every block of the window; later rounds skip
+        # the short block, which has run out.
+        early = q < rounds_full * blocks_in
+        late_q = q - rounds_full * blocks_in
+        late_blocks = np.maximum(blocks_in - 1, 1)
+        row = np.where(early, q // blocks_in, rounds_full + late_q // late_blocks)
+        slot = np.where(early, q % blocks_in, late_q % late_blocks)
+        slot = np.where(~early & (slot >= self._short_slot), slot + 1, slot)
+        block = self._order(window * w + slot)
+        size = np.where(block == self.blocks - 1, self._last, k)
+        with np.errstate(over="ignore"):
+            start = hash64(block.astype(np.uint64) ^ self._key) % size.astype(np.uint64)
+        return block * k + (row + start.astype(np.int64)) % size
+
 
 class Schedule:
     """Step -> global example ids, for one (source length, batch size, seed) triple.
@@ -79,6 +143,9 @@ class Schedule:
       seed: the key of the order; epochs get different orders.
       last_batch: ``"drop"`` skips an epoch's final partial batch; ``"pad"`` fills it
         with ``PAD_ID`` (-1).
+      block: shuffle blocks of this many consecutive examples, read as runs
+        (``BlockOrder``); ``None``: shuffle single examples.
+      window: with ``block``, the blocks visited together.
     """
 
     def __init__(
@@ -89,12 +156,15 @@ class Schedule:
         shuffle: bool,
         seed: int,
         last_batch: LastBatch,
+        block: int | None = None,
+        window: int = 1,
     ) -> None:
         self.num_examples = num_examples
         self.global_batch_size = global_batch_size
         self.shuffle = shuffle
         self.seed = seed
         self.last_batch = last_batch
+        self.block, self.window = block, window
         if last_batch == "drop":
             self.steps_per_epoch = num_examples // global_batch_size
         else:
@@ -103,7 +173,7 @@ class Schedule:
         # One (key, ids) pair, replaced whole: a reader on another thread sees either
         # the old block or the new one, never the new key with the old ids.
         self._cached: tuple[tuple[int, int], np.ndarray] | None = None
-        self._permutation: tuple[int, Permutation] | None = None  # (epoch, its order)
+        self._permutation: tuple[int, Permutation | BlockOrder] | None = None  # (epoch, order)
 
     def epoch_and_step(self, step: int) -> tuple[int, int]:
         return divmod(step, self.steps_per_epoch)
@@ -131,7 +201,13 @@ class Schedule:
             return ids
         permutation = self._permutation
         if permutation is None or permutation[0] != epoch:
-            permutation = (epoch, Permutation(self.num_examples, seed=self.seed, epoch=epoch))
+            permutation = (epoch, self._order(epoch))
             self._permutation = permutation
         ids[real] = permutation[1](positions[real])
         return ids
+
+    def _order(self, epoch: int) -> Permutation | BlockOrder:
+        n = self.num_examples
+        if self.block is None:
+            return Permutation(n, seed=self.seed, epoch=epoch)
+        return BlockOrder(n, self.block, self.window, seed=self.seed, epoch=epoch)

@@ -57,9 +57,16 @@ def show_plan(plan: Plan) -> str:
     out = io.StringIO()
     Console(file=out, width=110, color_system=None, highlight=False).print(table)
     fields = ", ".join(f"{k} {v}" for k, v in plan.fields.items())
+    fetched = ""
+    if plan.fetches is not None:
+        f = plan.fetches
+        fetched = (
+            f"from {f.url}: {f.requests:.1f} range requests and {_bytes(round(f.bytes))} "
+            f"per step on this process (the mean of the next {f.steps} steps)\n"
+        )
     return (
         f"plan for global_batch_size={plan.global_batch_size} on {plan.processes} "
         f"process(es); fields: {fields}\nper step and per process ('x each': the same on every "
         "process; 'x/y': process 0/process 1); device<->device: all devices together\n"
-        f"{out.getvalue().rstrip()}\n{plan.summary}\n"
+        f"{out.getvalue().rstrip()}\n{plan.summary}\n{fetched}"
     )

@@ -38,6 +38,12 @@ def fingerprint(
         "shuffle": options.shuffle,
         "global_batch_size": options.global_batch_size,
         "last_batch": options.last_batch,
+        # Only when set, so states from before block shuffles still restore.
+        **(
+            {"shuffle_block": options.shuffle_block, "shuffle_window": options.window}
+            if options.shuffle_block is not None
+            else {}
+        ),
     }
 
 
@@ -82,8 +88,8 @@ class LoaderState:
     def check(self, mine: Mapping[str, Any], end: int | None) -> None:
         """Raises unless this state can continue a loader with fingerprint ``mine``
         and ``end`` steps (``None``: endless)."""
-        for key, value in mine.items():
-            theirs = self.fingerprint.get(key)
+        for key in [*mine, *(k for k in self.fingerprint if k not in mine)]:
+            theirs, value = self.fingerprint.get(key), mine.get(key)
             if theirs != value:
                 what = "dataset" if key in _DATASET_KEYS else key
                 raise ValueError(

@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from meshfeed._cache import CACHE_BYTES, ShardCache
 from meshfeed._files import Blob, NpyRows, RaggedRows, is_url, npz_members, require_fsspec
-from meshfeed._remote import RETRY_S
+from meshfeed._remote import RETRY_S, merge
 from meshfeed._sources import (
     FieldSpec,
     check_ids,
@@ -97,6 +98,11 @@ class ShardedSource:
         self._remote = is_url(name)
 
     @property
+    def remote(self) -> bool:
+        """Whether the shards are behind a URL."""
+        return self._remote
+
+    @property
     def fields(self) -> Mapping[str, FieldSpec]:
         return self._fields
 
@@ -116,6 +122,20 @@ class ShardedSource:
     def bytes_fetched(self) -> int:
         """Bytes received from the store behind a URL so far, gaps between rows included."""
         return sum(b.fetched.bytes for s in self._shards for r in s.values() for b in r.blobs)
+
+    def fetches(self, ids: np.ndarray) -> tuple[int, int]:
+        """The requests and bytes reading ``ids`` asks a store for, cache aside (nothing
+        is read but a ragged field's offsets, once)."""
+        ids = check_ids(ids, self._len, self.name)
+        shard, local = locate(self._starts, ids)
+        requests = fetched = 0
+        for p in np.unique(shard).tolist():
+            for rows in self._shards[p].values():
+                starts, ends = rows.byte_ranges(local[shard == p])
+                merged = merge(starts.tolist(), ends.tolist())
+                requests += len(merged)
+                fetched += sum(hi - lo for lo, hi, _ in merged)
+        return requests, fetched
 
     def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
         ids = check_ids(ids, self._len, self.name)
@@ -163,6 +183,8 @@ def open_source(
     verify: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     retry_s: float = RETRY_S,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_bytes: int = CACHE_BYTES,
 ) -> ShardedSource:
     """Opens a meshfeed folder (one with ``meshfeed.json``, or one of parts), a ``.npy``
     or a ``.npz``.
@@ -176,12 +198,26 @@ def open_source(
       retry_s: for a URL, how long a read outlives a store that fails or cannot be
         reached (retried with backoff) before it raises; a missing object or denied
         access raises at once.
+      cache_dir: for a URL, a local directory to keep whole shard files in once read,
+        so later epochs read the disk instead of the store (``None``: no cache; every
+        read is a range request). Processes on one machine may share it.
+      cache_bytes: the most bytes ``cache_dir`` holds (16 GiB by default); the least
+        recently used files are deleted to make room, and a file larger than this is
+        read by range instead.
 
     Returns:
       A ``ShardedSource`` reading only the rows asked for.
     """
     root = os.fspath(path)
-    blob = functools.partial(Blob, storage_options=storage_options, retry_s=retry_s)
+    cache = None
+    if cache_dir is not None:
+        if not is_url(root):
+            raise ValueError(
+                f"cache_dir keeps copies of files behind a URL, but {root} is a local path "
+                "already; drop cache_dir."
+            )
+        cache = ShardCache(cache_dir, cache_bytes)
+    blob = functools.partial(Blob, storage_options=storage_options, retry_s=retry_s, cache=cache)
     if root.endswith(".npy"):
         rows = NpyRows(blob(root))
         rows.check_size()
@@ -270,6 +306,7 @@ def _checked(
     """One ``.npy`` of a shard, checked against its manifest entry."""
     file_path = join(root, info["path"])
     npy = NpyRows(blob(file_path))
+    npy.blob.version = info["sha256"]  # a rewritten file is not read from an old copy
     if npy.rows != rows:
         raise ValueError(f"{file_path} has {npy.rows} rows, the manifest says {rows}.")
     size = npy.blob.size()

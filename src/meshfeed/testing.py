@@ -3,7 +3,9 @@
 ``run_in_processes`` runs a function in N real JAX processes on 127.0.0.1 (gloo
 collectives, CPU devices), the way ``meshfeed launch`` runs a script, and returns what
 each returned. ``assert_resumes_identically`` restores a loader at every step of a
-short stream and compares the rest with the uninterrupted stream.
+short stream and compares the rest with the uninterrupted stream. ``S3Server`` runs an
+S3-compatible server on 127.0.0.1 (moto, from the ``dev`` extra), and ``Proxy`` takes it
+away and brings it back.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ import numpy as np
 
 from meshfeed._env import ENV_PROCESS_ID
 from meshfeed._launch import initialize, python_argv, start_processes, supervise
+from meshfeed._s3_server import Proxy, S3Server
 from meshfeed._workers import send_by_value
 
 __all__ = [
     "ProcessFailedError",
+    "Proxy",
+    "S3Server",
     "assert_resumes_identically",
     "local_shards",
     "run_in_processes",

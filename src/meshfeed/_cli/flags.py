@@ -68,3 +68,22 @@ def sharding_from_flags(mesh: dict[str, int], spec: tuple[Any, ...]) -> Any:
         raise SystemExit(f"meshfeed: --spec names {sorted(named - set(mesh))}, not axes of --mesh.")
     cpu_devices(math.prod(mesh.values()))
     return NamedSharding(meshfeed.make_mesh(**mesh), PartitionSpec(*spec))  # type: ignore[arg-type]
+
+
+def plan_data(args: argparse.Namespace, sharding: Any) -> Any:
+    """``meshfeed plan --data``: the plan of a loader over the dataset, on this process."""
+    import meshfeed
+
+    options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None
+    try:
+        source = meshfeed.open_source(args.data, storage_options=options)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"meshfeed plan: {error}") from None
+    loader = meshfeed.Loader(
+        source,
+        global_batch_size=args.batch,
+        sharding=sharding,
+        shuffle_block=args.shuffle_block,
+        shuffle_window=args.shuffle_window,
+    )
+    return loader.plan

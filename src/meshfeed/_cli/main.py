@@ -13,6 +13,7 @@ EXAMPLES = """examples:
   meshfeed show --mesh data=4,model=2 --spec data,model --shape 256,128
   meshfeed show --mesh data=4,model=2 --spec data --shape 256,784 --processes 2 --out layout.png
   meshfeed plan --mesh data=4,model=2 --spec data --shape 256,784 --dtype uint8 --processes 2
+  meshfeed plan --mesh data=8 --spec data --data s3://bucket/ds --batch 256 --shuffle-block 1024
   meshfeed launch -n 2 --devices-per-process 4 -- python train.py --epochs 3
   meshfeed demo            (or: meshfeed demo --keras, meshfeed demo --lm)
   meshfeed bench loader --shape 28,28,1 --dtype uint8 --batch 256
@@ -28,10 +29,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def layout_flags(p: argparse.ArgumentParser) -> None:
+    def layout_flags(p: argparse.ArgumentParser, shape_required: bool = True) -> None:
         p.add_argument("--mesh", type=parse_mesh, required=True, help="e.g. data=4,model=2")
         p.add_argument("--spec", type=parse_spec, required=True, help=SPEC_HELP)
-        p.add_argument("--shape", type=parse_shape, required=True, help="global shape: 256,128")
+        p.add_argument(
+            "--shape", type=parse_shape, required=shape_required, help="global shape: 256,128"
+        )
         p.add_argument("--dtype", default="float32", help="element type (default float32)")
         p.add_argument(
             "--processes",
@@ -54,7 +57,19 @@ def _parser() -> argparse.ArgumentParser:
         epilog="example: meshfeed plan --mesh data=4,model=2 --spec data --shape 256,784 "
         "--dtype uint8 --processes 2",
     )
-    layout_flags(plan)
+    layout_flags(plan, shape_required=False)
+    plan.add_argument(
+        "--data",
+        default=None,
+        help="plan a loader over this dataset (a path or URL, e.g. s3://bucket/ds) instead "
+        "of --shape: also the range requests and bytes each step fetches",
+    )
+    plan.add_argument("--batch", type=int, default=256, help="with --data: global batch size")
+    plan.add_argument("--shuffle-block", type=int, default=None, help="with --data")
+    plan.add_argument("--shuffle-window", type=int, default=None, help="with --data")
+    plan.add_argument(
+        "--endpoint-url", default=None, help="with --data: the store's endpoint (S3-compatible)"
+    )
 
     launch = sub.add_parser(
         "launch",
@@ -119,6 +134,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         sharding = sharding_from_flags(args.mesh, args.spec)
         if args.command == "plan":
+            if args.data is not None:
+                from meshfeed._cli.flags import plan_data
+
+                print(meshfeed.show_plan(plan_data(args, sharding)), end="")
+                return 0
+            if args.shape is None:
+                raise SystemExit("meshfeed plan: give --shape (or --data).")
             plan = meshfeed.plan(sharding, args.shape, args.dtype, processes=args.processes)
             print(meshfeed.show_plan(plan), end="")
             return 0

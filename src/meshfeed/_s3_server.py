@@ -1,7 +1,9 @@
-"""An S3-compatible server on 127.0.0.1 for the tests: moto's server mode, as a process.
+"""An S3-compatible server on 127.0.0.1, for tests and benchmarks: moto's server mode.
 
-``S3Server`` starts ``moto_server`` on a free port, waits until it answers, and stops it
-on ``close``; ``storage_options`` is what s3fs needs to reach it (and nothing else).
+``S3Server`` starts moto's server as a process on a free port, waits until it answers,
+and stops it on ``close``; ``storage_options`` is what s3fs needs to reach it (and
+nothing else). ``Proxy`` forwards a port to it and can be stopped and started: a store
+that goes away and comes back. Needs ``moto[server]`` (the ``dev`` extra).
 """
 
 from __future__ import annotations
