@@ -195,14 +195,22 @@ def server_rate(url: str, options: Mapping[str, Any], seconds: float) -> None:
 def input_wait(server: S3Server, steps: int, cache_dir: str) -> None:
     """The demo's convnet trained by ``fit`` on the digits read from the server."""
     url = "s3://data/digits"
-    meshfeed.write_source(url, digits(), shard_size=512, storage_options=server.storage_options)
+    # The default shard size (65,536 rows): the digits are one shard of each field.
+    meshfeed.write_source(url, digits(), storage_options=server.storage_options)
+    local = os.path.join(cache_dir + "-local", "digits")
+    meshfeed.write_source(local, digits())
     variants = {
         "per-example": ({}, None),
         "block": ({"shuffle_block": 64}, None),
         "per-example, cache_dir": ({}, cache_dir),
+        "per-example, local files": ({}, None),
     }
     for name, (order, cache) in variants.items():
-        source = meshfeed.open_source(url, storage_options=server.storage_options, cache_dir=cache)
+        source = (
+            meshfeed.open_source(local)
+            if name.endswith("local files")
+            else meshfeed.open_source(url, storage_options=server.storage_options, cache_dir=cache)
+        )
         mesh = meshfeed.make_mesh(data=jax.device_count())
         loader = _loader(source, order, global_batch_size=DIGITS_BATCH_SIZE, num_epochs=None)
         optimizer = optax.adam(DIGITS_LEARNING_RATE)
@@ -213,7 +221,7 @@ def input_wait(server: S3Server, steps: int, cache_dir: str) -> None:
         history = meshfeed.fit(step, state, loader, num_steps=steps, log_every=50, progress=False)
         _line(
             part="input_wait",
-            name=f"fit:s3:{name}",
+            name=f"fit:{'local' if name.endswith('local files') else 's3'}:{name}",
             shuffle=name,
             **order,
             input_wait_share=round(history.input_wait_share, 4),
@@ -234,6 +242,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="speed: steps timed")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--fit-steps", type=int, default=1000)
+    parser.add_argument(
+        "--parts",
+        default="server,reads,speed,input_wait",
+        help="comma-separated parts to run (default: all)",
+    )
     args = parser.parse_args()
     examples, steps, rounds, fit_steps = (
         (SHARD // 2, 3, 2, 20)
@@ -251,10 +264,15 @@ def main() -> None:
             meshfeed.write_source(
                 url, data, shard_size=SHARD, storage_options=server.storage_options
             )
-            server_rate(url, server.storage_options, 0.5 if args.smoke else 3.0)
-            reads(url, server.storage_options, os.path.join(tmp, "cache"))
-            speed(url, server.storage_options, local, steps, rounds)
-            input_wait(server, fit_steps, os.path.join(tmp, "digits-cache"))
+            parts = args.parts.split(",")
+            if "server" in parts:
+                server_rate(url, server.storage_options, 0.5 if args.smoke else 3.0)
+            if "reads" in parts:
+                reads(url, server.storage_options, os.path.join(tmp, "cache"))
+            if "speed" in parts:
+                speed(url, server.storage_options, local, steps, rounds)
+            if "input_wait" in parts:
+                input_wait(server, fit_steps, os.path.join(tmp, "digits-cache"))
     finally:
         server.close()
 

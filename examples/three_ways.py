@@ -38,8 +38,8 @@ x = jax.device_put(
 w = jax.device_put(
     rng.normal(size=(8, 4)).astype(np.float32), NamedSharding(mesh, P("model", None))
 )
-print("x:", meshfeed.show_sharding(x).splitlines()[0])
-print("w:", meshfeed.show_sharding(w).splitlines()[0])
+print("x:", meshfeed.show_sharding(x, quiet=True).splitlines()[0])
+print("w:", meshfeed.show_sharding(w, quiet=True).splitlines()[0])
 
 
 def layer(x, w):

@@ -59,7 +59,9 @@ def test_spec_joins_axes_with_plus():
 
 
 def test_bench_matmul_prints_the_table_and_each_layout():
-    out = _meshfeed("bench", "matmul", "--size", "64", "--mesh", "data=4,model=2", "--repeats", "2")
+    out = _meshfeed(
+        "bench", "matmul", "--size", "64", "--mesh", "data=4,model=2", "--repeats", "2", "--layouts"
+    )
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [r["name"] for r in lines] == [
         "one device",

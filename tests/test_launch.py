@@ -103,4 +103,4 @@ def test_launch_without_a_command_says_how():
         text=True,
         timeout=60,
     )
-    assert run.returncode != 0 and "give the command after --" in run.stderr
+    assert run.returncode != 0 and "launch needs the command after --" in run.stderr

@@ -53,6 +53,19 @@ def arrow_column(column: Any, spec: FieldSpec) -> np.ndarray | Ragged:
         array[:] = [v if isinstance(v, bytes | str) else np.asarray(v) for v in values]
         return array
     flat = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    if not spec.ragged and str(flat.type).startswith(("list<", "large_list<")):
+        # a list column whose rows all have one length (HFSource, ParquetSource say so)
+        lengths = np.diff(np.asarray(flat.offsets, np.int64))
+        bad = np.flatnonzero(lengths != spec.shape[0])
+        if len(bad) or flat.null_count:
+            detail = (
+                f"row {int(bad[0])} holds {int(lengths[bad[0]])}" if len(bad) else "a row is null"
+            )
+            raise ValueError(
+                f"a list column read as {spec.shape[0]} values a row has a row of another "
+                f"length ({detail}); cast it to a variable-length list to read it as Ragged."
+            )
+        return _numbers(flat.flatten(), n * spec.shape[0], (), spec.dtype).reshape(n, *spec.shape)
     if not spec.ragged:
         return _numbers(flat, n, spec.shape, spec.dtype)
     offsets = np.asarray(flat.offsets, np.int64)
@@ -65,6 +78,20 @@ def _numbers(flat: Any, n: int, shape: tuple[int, ...], dtype: np.dtype) -> np.n
     for _ in shape:  # fixed-size lists: one level a dimension
         flat = flat.flatten()
     return flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(n, *shape)
+
+
+def one_length(column: Any) -> int | None:
+    """The length of every list in an Arrow list column, if they all have one (read from
+    the offsets; no values are read), else ``None``."""
+    chunks = getattr(column, "chunks", [column])
+    found: set[int] = set()
+    for chunk in chunks:
+        if chunk.null_count:
+            return None
+        found.update(np.unique(np.diff(np.asarray(chunk.offsets, np.int64))).tolist())
+        if len(found) > 1:
+            return None
+    return found.pop() if len(found) == 1 and 0 not in found else None
 
 
 def _list_lengths(column: Any) -> np.ndarray:
@@ -104,6 +131,13 @@ class HFSource:
             )
         names = list(columns) if columns is not None else list(dataset.column_names)
         self._fields = {n: hf_spec(dataset.features[n]) for n in names}
+        for name, spec in self._fields.items():
+            # Lists whose rows all have one length (a numpy array made into a dataset)
+            # are fixed-shape fields; Arrow's offsets tell, without reading values.
+            if spec.ragged and len(spec.shape) == 1:
+                k = one_length(dataset.data.column(name))
+                if k is not None:
+                    self._fields[name] = FieldSpec((k,), spec.dtype)
         fixed = [n for n in names if not self._fields[n].ragged]
         ragged = [n for n in names if self._fields[n].ragged]
         self._numpy = dataset.select_columns(fixed).with_format("numpy") if fixed else None
@@ -131,7 +165,10 @@ class HFSource:
                 array[:] = list(rows[name])
                 out[name] = array
             else:
-                out[name] = np.asarray(rows[name], dtype=spec.dtype).reshape(len(ids), *spec.shape)
+                values = rows[name]
+                if values.dtype == OBJECT:  # lists of one length, as an array of arrays
+                    values = np.stack(list(values)) if len(values) else values
+                out[name] = np.asarray(values, dtype=spec.dtype).reshape(len(ids), *spec.shape)
         return out
 
     def lengths(self, field: str) -> np.ndarray:
@@ -222,6 +259,11 @@ class ParquetSource:
         self._fields = {c: arrow_spec(pa, schema.field(c).type) for c in self._columns}
         meta = self._file.metadata
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        for name, spec in self._fields.items():
+            if spec.ragged and len(spec.shape) == 1 and sizes and sizes[0]:
+                k = self._one_length(name, sizes)
+                if k is not None:
+                    self._fields[name] = FieldSpec((k,), spec.dtype)
         self._starts = np.cumsum([0, *sizes])
         self._n = int(self._starts[-1])
         self.row_groups_read = 0
@@ -237,6 +279,27 @@ class ParquetSource:
 
     def __len__(self) -> int:
         return self._n
+
+    def _one_length(self, name: str, sizes: list[int]) -> int | None:
+        """``k`` if the list column ``name`` looks ``k`` long in every row: the first row
+        group's offsets say so, and every row group holds ``rows * k`` values (metadata
+        only); each row group read is checked again (``arrow_column``)."""
+        first = self._retried(lambda: self._file.read_row_group(0, columns=[name]))
+        k = one_length(first.column(name))
+        if k is None:
+            return None
+        meta = self._file.metadata
+        leaves = [
+            j
+            for j in range(meta.num_columns)
+            if meta.row_group(0).column(j).path_in_schema.split(".")[0] == name
+        ]
+        if len(leaves) != 1:
+            return None
+        for g, rows in enumerate(sizes):
+            if meta.row_group(g).column(leaves[0]).num_values != rows * k:
+                return None
+        return k
 
     def _retried(self, call: Callable[[], T]) -> T:
         if self._retry_s is None:

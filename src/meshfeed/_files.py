@@ -11,10 +11,13 @@ offset inside the zip.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
 import struct
+import threading
+import time
 import weakref
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -28,6 +31,8 @@ from meshfeed._remote import RETRY_S, Counter, fetch_ranges
 from meshfeed._sources import check_ids
 
 _MAGIC = b"\x93NUMPY"
+LOCAL_GAP = 16 << 10  # local runs closer than this are read as one
+_COPY_LOCK = threading.Lock()  # guards every Blob's descriptor of its cached copy
 
 
 def is_url(path: str) -> bool:
@@ -63,6 +68,8 @@ class Blob:
         self.cache = cache
         self.version = ""  # the content's checksum, where a manifest gives it (for cache)
         self._fd: int | None = None
+        self._copy: tuple[int, str] | None = None  # (fd, path) of the cache's copy
+        self._touched = 0.0
         self._size: int | None = None
         if is_url(path):
             self._fs, self._fs_path = require_fsspec().core.url_to_fs(
@@ -97,16 +104,8 @@ class Blob:
     def read_into(self, views: Sequence[memoryview], starts: Sequence[int]) -> None:
         """Fills each view from its offset (local files: straight into the view)."""
         if self._fs is not None and self.cache is not None:
-            for attempt in range(2):
-                local = self.cache.path(self.path, self.size(), self._cat_ranges, self.version)
-                if local is None:
-                    break  # too big to cache: read by range
-                try:
-                    fd = os.open(local, os.O_RDONLY)
-                except FileNotFoundError:  # evicted by another process meanwhile
-                    if attempt:
-                        raise
-                    continue
+            fd = self._copy_fd()
+            if fd is not None:
                 try:
                     return _pread_into(fd, views, starts, self.path)
                 finally:
@@ -119,6 +118,54 @@ class Blob:
                 view[:] = data
             return
         _pread_into(self._open(), views, starts, self.path)
+
+    @property
+    def reads_locally(self) -> bool:
+        """Whether reads are ``pread`` on a local file (the file, or the cache's copy)."""
+        return self._fs is None or self._copy is not None
+
+    @property
+    def local_copy(self) -> bool:
+        """Whether reads go to a local copy (``cache``) now, not to the store."""
+        return self._copy is not None
+
+    def _copy_fd(self) -> int | None:
+        """A descriptor of the cache's copy for the caller to close (the copy downloaded on
+        first use), or ``None`` when the object is too big to cache.
+
+        The kept descriptor stays open between reads and is closed only under
+        ``_COPY_LOCK``, never under a read (each read gets a duplicate). A copy evicted
+        meanwhile is closed (its space freed) and fetched again; its use is told to the
+        cache every 30 s.
+        """
+        assert self.cache is not None
+        with _COPY_LOCK:
+            if self._copy is not None and os.fstat(self._copy[0]).st_nlink == 0:
+                fd, self._copy = self._copy[0], None  # evicted: let its space go
+                os.close(fd)
+            if self._copy is not None:
+                if time.monotonic() - self._touched > 30:
+                    self._touched = time.monotonic()
+                    with contextlib.suppress(FileNotFoundError):
+                        os.utime(self._copy[1])
+                return os.dup(self._copy[0])
+        for attempt in range(2):  # downloads run outside the lock, several at once
+            local = self.cache.path(self.path, self.size(), self._cat_ranges, self.version)
+            if local is None:
+                return None  # too big to cache: read by range
+            try:
+                fd = os.open(local, os.O_RDONLY)
+            except FileNotFoundError:  # evicted by another process meanwhile
+                if attempt:
+                    raise
+                continue
+            with _COPY_LOCK:
+                if self._copy is None:
+                    self._copy, self._touched = (fd, local), time.monotonic()
+                else:  # another thread got there first
+                    os.close(fd)
+                return os.dup(self._copy[0])
+        return None
 
     def _cat_ranges(self, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
         assert self._fs is not None
@@ -141,8 +188,13 @@ class Blob:
             weakref.finalize(self, os.close, self._fd)
         return self._fd
 
+    def __del__(self) -> None:
+        if getattr(self, "_copy", None) is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._copy[0])  # type: ignore[index]
+
     def __getstate__(self) -> dict[str, Any]:  # workers reopen the file themselves
-        return {**self.__dict__, "_fd": None}
+        return {**self.__dict__, "_fd": None, "_copy": None}
 
 
 def _pread_into(fd: int, views: Sequence[memoryview], starts: Sequence[int], name: str) -> None:
@@ -157,8 +209,8 @@ def _pread_into(fd: int, views: Sequence[memoryview], starts: Sequence[int], nam
 
 def runs(ordered: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Start and end positions of the runs of consecutive values in sorted unique ids."""
-    starts = np.flatnonzero(np.diff(ordered, prepend=ordered[0] - 2) != 1)
-    return starts, np.append(starts[1:], len(ordered))
+    cut = np.flatnonzero(ordered[1:] - ordered[:-1] != 1) + 1
+    return np.concatenate(([0], cut)), np.concatenate((cut, [len(ordered)]))
 
 
 class RowFile:
@@ -198,10 +250,22 @@ class RowFile:
         if not len(ids) or not self.row_bytes:
             return out
         unique, inverse = np.unique(ids, return_inverse=True)
-        starts, ends = runs(unique)
-        rows = self.read_spans(unique[starts], unique[ends - 1] + 1)
-        flat = rows.reshape(len(unique), -1).view(np.uint8)
-        np.take(flat, inverse.reshape(-1), axis=0, out=out.reshape(len(ids), -1).view(np.uint8))
+        positions = inverse.reshape(-1)
+        # Locally, rows less than LOCAL_GAP apart are one read (the rows between are
+        # read and dropped: a copy from the page cache costs less than a call per run);
+        # behind a URL, runs of consecutive rows (fetch_ranges merges further).
+        gap = LOCAL_GAP // self.row_bytes if self.blob.reads_locally else 0
+        cut = np.flatnonzero(np.diff(unique) > gap + 1) + 1
+        first = unique[np.concatenate(([0], cut))]
+        last = unique[np.concatenate((cut - 1, [len(unique) - 1]))] + 1
+        if gap:
+            lengths = last - first
+            which = np.searchsorted(first, unique, side="right") - 1
+            positions = ((np.cumsum(lengths) - lengths)[which] + unique - first[which])[positions]
+        rows = self.read_spans(first, last, count=False)
+        self.bytes_read += len(unique) * self.row_bytes
+        flat = rows.reshape(len(rows), -1).view(np.uint8)
+        np.take(flat, positions, axis=0, out=out.reshape(len(ids), -1).view(np.uint8))
         return out
 
     def byte_ranges(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -218,8 +282,11 @@ class RowFile:
         first = self.offset + np.asarray(starts, np.int64)[keep] * self.row_bytes
         return first, self.offset + np.asarray(stops, np.int64)[keep] * self.row_bytes
 
-    def read_spans(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-        """Rows ``[start, stop)`` of each span, one span after another, each one range."""
+    def read_spans(
+        self, starts: np.ndarray, stops: np.ndarray, *, count: bool = True
+    ) -> np.ndarray:
+        """Rows ``[start, stop)`` of each span, one span after another, each one range
+        (``count``: add them to ``bytes_read``)."""
         sizes = np.asarray(stops, np.int64) - np.asarray(starts, np.int64)
         out = np.empty((int(sizes.sum()), *self.row_shape), self.dtype)
         if not len(out) or not self.row_bytes:
@@ -233,7 +300,8 @@ class RowFile:
         ]
         offsets = [self.offset + int(starts[i]) * self.row_bytes for i in keep.tolist()]
         self.blob.read_into(views, offsets)
-        self.bytes_read += buffer.nbytes
+        if count:
+            self.bytes_read += buffer.nbytes
         return out
 
 

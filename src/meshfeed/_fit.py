@@ -173,6 +173,7 @@ def fit(
             state, metrics = step(state, batch)
             in_flight, previous = previous, _an_output(metrics, state)
             history.steps = k
+            bar.update(task, completed=k)  # a terminal's bar moves every step
             if checkpoints is not None and (k % checkpoint_every == 0 or k == total):  # type: ignore[operator]
                 checkpoints.save(k, state, loader)  # type: ignore[arg-type]
             if k % log_every == 0 or k == total:

@@ -54,7 +54,10 @@ def initialize() -> None:
     Under ``meshfeed launch`` (or ``run_in_processes``) it reads the coordinator, the
     process count and id from the environment and uses gloo CPU collectives. Elsewhere
     it calls ``jax.distributed.initialize()`` with no arguments, whose auto-detection
-    covers Slurm, Kubernetes, MPI and Cloud TPU. Call it before any other JAX call.
+    covers Slurm, Kubernetes, MPI and Cloud TPU; and where it detects no cluster (a
+    laptop, a single machine, a notebook) it does nothing and JAX runs as one process,
+    without error, so one script runs alone and launched. Call it before any other JAX
+    call.
 
     It also makes an uncaught exception end the process at once (exit code 1, traceback
     printed) instead of waiting in ``jax.distributed``'s shutdown barrier for processes
@@ -65,7 +68,12 @@ def initialize() -> None:
     coordinator = os.environ.get(ENV_COORDINATOR)
     _exit_on_uncaught_exception()
     if coordinator is None:
-        jax.distributed.initialize()
+        try:
+            jax.distributed.initialize()
+        except ValueError as error:
+            # JAX found no cluster and was told no coordinator: a single process.
+            if "coordinator_address" not in str(error):
+                raise
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
@@ -139,6 +147,12 @@ class Child:
         if self.reader is not None:
             self.reader.join(timeout=2.0)
         return "".join(self.tail)[-limit:] or "(no output)"
+
+
+def gloo_chatter(line: str) -> bool:
+    """Whether ``line`` is gloo's report of a connection made (``[Gloo] Rank 7 is
+    connected to 7 peer ranks...``), which launched output leaves out."""
+    return line.startswith("[Gloo] Rank ")
 
 
 def _pump(child: Child, stream: IO[bytes], on_line: LineHandler) -> None:
@@ -262,7 +276,8 @@ def launch(
     127.0.0.1 at a free port, process count and id) and ``devices_per_process`` CPU
     devices. Output lines are prefixed with ``[process index]``. When a process exits
     non-zero, the others are stopped at once (SIGTERM, then SIGKILL after 2 s); Ctrl-C
-    stops them all too.
+    stops them all too. Gloo's connection reports are left out of the output (a failing
+    process's tail keeps them).
 
     Returns:
       0 when every process succeeded, else the first failing process's exit code (124
@@ -273,6 +288,8 @@ def launch(
     lock = threading.Lock()
 
     def show(process_id: int, line: str) -> None:
+        if gloo_chatter(line):
+            return
         with lock:
             sys.stdout.write(f"[{process_id}] {line}")
             sys.stdout.flush()

@@ -143,9 +143,14 @@ def _range_label(dims: tuple[int, ...], key: tuple[Range, ...]) -> str:
 
 
 def show_sharding(
-    x: Any, *, shape: Sequence[int] | None = None, processes: int | None = None
+    x: Any,
+    *,
+    shape: Sequence[int] | None = None,
+    processes: int | None = None,
+    quiet: bool = False,
 ) -> str:
-    """The layout of ``x`` as text: one box per block, labelled with the devices holding it.
+    """Prints the layout of ``x`` as text, one box per block labelled with the devices
+    holding it (like ``jax.debug.visualize_array_sharding``), and returns the text.
 
     Args:
       x: a ``jax.Array``, or a ``Sharding`` together with ``shape``.
@@ -153,13 +158,14 @@ def show_sharding(
       processes: label processes as if the devices were split, in order, over this many
         processes (default: the real ones). With several processes each box shows the
         device ids (``d``) and the process ids (``p``) holding it.
+      quiet: return the text without printing it.
 
     Returns:
       The same text on every process; it reads no data. Rows are the blocks of the
       first split dimension (dimension 0 of a 2-D array), columns those of the others.
 
     Example:
-      >>> print(meshfeed.show_sharding(batch["image"]))  # doctest: +SKIP
+      >>> meshfeed.show_sharding(batch["image"])  # doctest: +SKIP
     """
     g = grid(x, shape=shape, processes=processes)
     table = Table(box=box.SQUARE, show_lines=True, show_header=True)
@@ -176,4 +182,7 @@ def show_sharding(
     out = io.StringIO()
     width = max(80, 18 * (len(g.columns) + 1))
     Console(file=out, width=width, color_system=None, highlight=False).print(table)
-    return "\n".join([title(g), out.getvalue().rstrip(), *notes(g)]) + "\n"
+    text = "\n".join([title(g), out.getvalue().rstrip(), *notes(g)]) + "\n"
+    if not quiet:
+        print(text, end="")
+    return text

@@ -140,7 +140,10 @@ class ShardedSource:
     def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
         ids = check_ids(ids, self._len, self.name)
         shard, local = locate(self._starts, ids)
-        if not self._remote:
+        parts = np.unique(shard).tolist()
+        if not self._remote or all(
+            b.local_copy for p in parts for r in self._shards[p].values() for b in r.blobs
+        ):  # local files, or local copies (cache_dir) of every file this read touches
             return gather_by_part(shard, local, self._fields, self._read_shard)
         # Behind a URL every read waits on the network: put the reads of every shard and
         # field in flight together (each one all its byte ranges, through cat_ranges).
@@ -150,7 +153,7 @@ class ShardedSource:
                 name: pool.submit(rows.read, local[shard == p])
                 for name, rows in self._shards[p].items()
             }
-            for p in np.unique(shard).tolist()
+            for p in parts
         }
         return gather_by_part(
             shard, local, self._fields, lambda p, _: {k: f.result() for k, f in reads[p].items()}

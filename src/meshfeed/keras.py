@@ -291,6 +291,7 @@ class KerasTrainer:
             raise ValueError(
                 "pass steps_per_epoch=, or a meshfeed.Loader (which knows its epoch length)."
             )
+        _check_enough_steps(loader, epochs, steps)
         history = keras.callbacks.History()
         history.set_model(self.model)
         history.on_train_begin()
@@ -384,3 +385,17 @@ def _to_host(value: jax.Array) -> np.ndarray:
     if value.is_fully_addressable or value.is_fully_replicated:
         return np.asarray(value)
     return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+
+
+def _check_enough_steps(loader: Any, epochs: int, steps: int) -> None:
+    """Refuses, before training, a finite loader that runs out before ``epochs``."""
+    try:
+        left = len(loader) - getattr(loader, "step", 0)
+    except TypeError:
+        return  # endless
+    if left < epochs * steps:
+        raise ValueError(
+            f"fit(epochs={epochs}) needs {epochs} x {steps} steps, but the loader has {left} "
+            "left; build the Loader with num_epochs=None (endless: fit stops after "
+            f"{epochs} epochs) or num_epochs={epochs}, or pass fewer epochs."
+        )

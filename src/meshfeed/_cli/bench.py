@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -102,7 +103,16 @@ def bench_loader(
 
 
 def report_loader(**kwargs: Any) -> int:
-    """Runs ``bench_loader(**kwargs)`` and prints one JSON line per entry."""
+    """Runs ``bench_loader(**kwargs)``, saying first what it times, and prints one JSON
+    line per entry."""
+    seconds = kwargs.get("seconds", 1.0)
+    print(
+        f"timing the floor and {len(STRATEGIES)} strategies, {seconds:g} s each after a "
+        "warm-up (compilation included): about "
+        f"{round((1 + len(STRATEGIES)) * (seconds + 1))} s.",
+        file=sys.stderr,
+        flush=True,
+    )
     for line in bench_loader(**kwargs):
         print(json.dumps(line))
     return 0

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import statistics
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -36,9 +39,14 @@ def _median_seconds(run: Any, repeats: int) -> float:
 
 
 def bench_matmul(
-    *, size: int = 4096, mesh: dict[str, int] | None = None, repeats: int = 5
+    *,
+    size: int = 4096,
+    mesh: dict[str, int] | None = None,
+    repeats: int = 5,
+    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Times every strategy on ``mesh`` (default ``data=4, model=2``).
+    """Times every strategy on ``mesh`` (default ``data=4, model=2``); ``progress`` is
+    called with each entry as soon as it is timed.
 
     Returns:
       One dict per entry (``name``, ``ms``, ``tflops``, ``bytes_moved``,
@@ -63,6 +71,8 @@ def bench_matmul(
             "ratio_to_one_device": 1.0,
         }
     ]
+    if progress is not None:
+        progress(rows[0])
     pictures = {}
     strategies: list[MatmulStrategy] = [s for s in MATMUL_STRATEGIES if len(axes) == 2 or s != "2d"]
     for strategy in strategies:
@@ -82,14 +92,16 @@ def bench_matmul(
                 "ratio_to_one_device": round(seconds / base, 3),
             }
         )
+        if progress is not None:
+            progress(rows[-1])
         pictures[strategy] = "\n".join(
             [
                 f"a: {spec_a}",
-                show_sharding(placed_a),
+                show_sharding(placed_a, quiet=True),
                 f"b: {spec_b}",
-                show_sharding(placed_b),
+                show_sharding(placed_b, quiet=True),
                 f"a @ b: {out.sharding.spec}",  # type: ignore[attr-defined]
-                show_sharding(out),
+                show_sharding(out, quiet=True),
             ]
         )
     return rows, pictures
@@ -108,11 +120,33 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def report_matmul(*, size: int, mesh: dict[str, int] | None, repeats: int) -> int:
-    """Runs ``bench_matmul`` and prints each layout, the table and one JSON line per entry."""
-    rows, pictures = bench_matmul(size=size, mesh=mesh, repeats=repeats)
-    for strategy, picture in pictures.items():
-        print(f"== {strategy}\n{picture}")
+def report_matmul(
+    *, size: int, mesh: dict[str, int] | None, repeats: int, layouts: bool = False
+) -> int:
+    """Runs ``bench_matmul``: says what it times first and each entry as it is done, then
+    prints the table and one JSON line per entry (and each layout with ``layouts``)."""
+    axes = mesh or {"data": 4, "model": 2}
+    count = 1 + sum(1 for s in MATMUL_STRATEGIES if len(axes) == 2 or s != "2d")
+    mesh_text = " x ".join(f"{k}={v}" for k, v in axes.items())
+    print(
+        f"timing a {size} x {size} float32 matmul on one device and {count - 1} sharded "
+        f"strategies on {mesh_text} ({math.prod(axes.values())} devices), each compiled "
+        f"then run {repeats + 1} times; on CPU devices this takes a while at size 4096.",
+        file=sys.stderr,
+        flush=True,
+    )
+    done = [0]
+
+    def progress(row: dict[str, Any]) -> None:
+        done[0] += 1
+        print(
+            f"  [{done[0]}/{count}] {row['name']}: {row['ms']:.1f} ms", file=sys.stderr, flush=True
+        )
+
+    rows, pictures = bench_matmul(size=size, mesh=mesh, repeats=repeats, progress=progress)
+    if layouts:
+        for strategy, picture in pictures.items():
+            print(f"== {strategy}\n{picture}")
     print(table(rows))
     for line in rows:
         print(json.dumps({"benchmark": "matmul", "size": size, **line}))

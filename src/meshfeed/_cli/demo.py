@@ -240,14 +240,34 @@ def run_demo(
     Shows process 0's output (less gloo's connection chatter); a failing process's
     output is shown in full.
     """
+    import importlib.util
     import shutil
     import sys
     import tempfile
 
-    from meshfeed._launch import python_argv, start_processes, supervise
+    from meshfeed._cli.flags import fail
+    from meshfeed._cli.lm import GLOBAL_BATCH_SIZE as LM_BATCH
+    from meshfeed._launch import gloo_chatter, python_argv, start_processes, supervise
+
+    if keras and importlib.util.find_spec("keras") is None:
+        fail(
+            "demo --keras needs Keras: pip install -e '.[keras]' in a clone of meshfeed "
+            "(or pip install 'meshfeed[keras]')."
+        )
+    if num_processes < 1 or devices_per_process < 1:
+        fail("--processes and --devices-per-process must be >= 1.")
+    devices = num_processes * devices_per_process
+    batch, over = (LM_BATCH, devices // 2) if lm else (GLOBAL_BATCH_SIZE, devices)
+    if (lm and devices % 2) or over < 1 or batch % over:
+        what = "data=devices/2 (model=2)" if lm else "all devices"
+        fail(
+            f"the demo splits its batch of {batch} rows over {what}, and "
+            f"{num_processes} processes x {devices_per_process} devices do not divide it; "
+            "try --processes 2 --devices-per-process 4 (the default) or --processes 1."
+        )
 
     def show(process_id: int, line: str) -> None:
-        if process_id == 0 and not line.startswith("[Gloo]"):
+        if process_id == 0 and not gloo_chatter(line):
             sys.stdout.write(line)
             sys.stdout.flush()
 

@@ -5,13 +5,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
 SPEC_HELP = (
     "PartitionSpec, one entry per dimension separated by commas; join mesh axes on one "
     "dimension with '+', and write 'none' for an unsplit dimension: data,model | "
     "data+model | none,data"
 )
+
+
+def fail(message: str) -> NoReturn:
+    """Ends the command with one line on stderr and exit code 2 (a usage error)."""
+    print(f"meshfeed: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -23,6 +30,8 @@ def parse_mesh(text: str) -> dict[str, int]:
             raise argparse.ArgumentTypeError(
                 f"--mesh {text!r}: write axis=size pairs separated by commas, e.g. data=4,model=2"
             )
+        if int(size) < 1:
+            raise argparse.ArgumentTypeError(f"--mesh {text!r}: axis {name!r} needs a size >= 1")
         axes[name.strip()] = int(size)
     return axes
 
@@ -63,9 +72,12 @@ def sharding_from_flags(mesh: dict[str, int], spec: tuple[Any, ...]) -> Any:
 
     import meshfeed
 
-    named = {a for e in spec if e for a in ((e,) if isinstance(e, str) else e)}
-    if named - set(mesh):
-        raise SystemExit(f"meshfeed: --spec names {sorted(named - set(mesh))}, not axes of --mesh.")
+    used = [a for e in spec if e for a in ((e,) if isinstance(e, str) else e)]
+    if set(used) - set(mesh):
+        fail(f"--spec names {sorted(set(used) - set(mesh))}, not axes of --mesh {mesh}.")
+    twice = sorted({a for a in used if used.count(a) > 1})
+    if twice:
+        fail(f"--spec uses mesh axis {twice[0]!r} on two dimensions; each axis splits one.")
     cpu_devices(math.prod(mesh.values()))
     return NamedSharding(meshfeed.make_mesh(**mesh), PartitionSpec(*spec))  # type: ignore[arg-type]
 
@@ -78,7 +90,7 @@ def plan_data(args: argparse.Namespace, sharding: Any) -> Any:
     try:
         source = meshfeed.open_source(args.data, storage_options=options)
     except (OSError, ValueError) as error:
-        raise SystemExit(f"meshfeed plan: {error}") from None
+        fail(str(error))
     loader = meshfeed.Loader(
         source,
         global_batch_size=args.batch,
@@ -87,3 +99,32 @@ def plan_data(args: argparse.Namespace, sharding: Any) -> Any:
         shuffle_window=args.shuffle_window,
     )
     return loader.plan
+
+
+def check_layout(
+    mesh: dict[str, int], spec: tuple[Any, ...], shape: tuple[int, ...] | None, processes: Any
+) -> None:
+    """Ends the command with one line if ``shape`` or ``processes`` do not fit the mesh."""
+    used = [a for e in spec if e for a in ((e,) if isinstance(e, str) else e)]
+    if set(used) - set(mesh):
+        fail(f"--spec names {sorted(set(used) - set(mesh))}, not axes of --mesh {mesh}.")
+    twice = sorted({a for a in used if used.count(a) > 1})
+    if twice:
+        fail(f"--spec uses mesh axis {twice[0]!r} on two dimensions; each axis splits one.")
+    devices = math.prod(mesh.values())
+    if processes is not None and (processes < 1 or devices % processes):
+        fail(f"--processes {processes} must divide the {devices} devices of --mesh evenly.")
+    if shape is None:
+        return
+    if len(spec) > len(shape):
+        fail(
+            f"--spec has {len(spec)} entries but --shape {list(shape)} has {len(shape)} dimensions."
+        )
+    for dim, (entry, size) in enumerate(zip(spec, shape, strict=False)):
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+        parts = math.prod(mesh[a] for a in axes)
+        if size % parts:
+            fail(
+                f"dimension {dim} of --shape is {size}, which does not split into {parts} "
+                f"equal blocks over {'+'.join(axes)}; pass a multiple of {parts}."
+            )

@@ -7,14 +7,22 @@ import math
 import sys
 from collections.abc import Sequence
 
-from meshfeed._cli.flags import SPEC_HELP, cpu_devices, parse_mesh, parse_shape, parse_spec
+from meshfeed._cli.flags import (
+    SPEC_HELP,
+    check_layout,
+    cpu_devices,
+    fail,
+    parse_mesh,
+    parse_shape,
+    parse_spec,
+)
 
 EXAMPLES = """examples:
   meshfeed show --mesh data=4,model=2 --spec data,model --shape 256,128
   meshfeed show --mesh data=4,model=2 --spec data --shape 256,784 --processes 2 --out layout.png
   meshfeed plan --mesh data=4,model=2 --spec data --shape 256,784 --dtype uint8 --processes 2
   meshfeed plan --mesh data=8 --spec data --data s3://bucket/ds --batch 256 --shuffle-block 1024
-  meshfeed launch -n 2 --devices-per-process 4 -- python train.py --epochs 3
+  meshfeed launch -n 2 --devices-per-process 4 -- python examples/train.py --epochs 3
   meshfeed demo            (or: meshfeed demo --keras, meshfeed demo --lm)
   meshfeed bench loader --shape 28,28,1 --dtype uint8 --batch 256
 """
@@ -77,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Starts N copies of COMMAND on 127.0.0.1, wired so that "
         "meshfeed.initialize() connects them; prefixes output with the process index; "
         "stops all when one fails.",
-        epilog="example: meshfeed launch -n 2 --devices-per-process 4 -- python train.py",
+        epilog="example: meshfeed launch -n 2 --devices-per-process 4 -- python examples/train.py",
     )
     launch.add_argument("-n", "--processes", type=int, default=2, help="processes (default 2)")
     launch.add_argument("--devices-per-process", type=int, default=4, help="CPU devices each")
@@ -117,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("what", choices=["loader", "matmul"], help="what to time")
     bench.add_argument("--size", type=int, default=4096, help="matmul: square matrix size")
     bench.add_argument("--repeats", type=int, default=5, help="matmul: timed runs, median")
+    bench.add_argument(
+        "--layouts", action="store_true", help="matmul: also draw each strategy's layouts"
+    )
     bench.add_argument("--shape", type=parse_shape, default=(28, 28, 1), help="per example")
     bench.add_argument("--dtype", default="uint8")
     bench.add_argument("--examples", type=int, default=20_000)
@@ -128,10 +139,18 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (ValueError, TypeError) as error:  # the user's input, refused by meshfeed
+        fail(str(error).splitlines()[0])
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command in ("show", "plan"):
         import meshfeed
         from meshfeed._cli.flags import sharding_from_flags
 
+        check_layout(args.mesh, args.spec, args.shape, args.processes)
         sharding = sharding_from_flags(args.mesh, args.spec)
         if args.command == "plan":
             if args.data is not None:
@@ -140,11 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(meshfeed.show_plan(plan_data(args, sharding)), end="")
                 return 0
             if args.shape is None:
-                raise SystemExit("meshfeed plan: give --shape (or --data).")
+                fail("plan needs --shape (or --data).")
             plan = meshfeed.plan(sharding, args.shape, args.dtype, processes=args.processes)
             print(meshfeed.show_plan(plan), end="")
             return 0
-        print(meshfeed.show_sharding(sharding, shape=args.shape, processes=args.processes), end="")
+        meshfeed.show_sharding(sharding, shape=args.shape, processes=args.processes)
         if args.out:
             path = meshfeed.plot_sharding(
                 sharding, args.out, shape=args.shape, processes=args.processes
@@ -156,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         if not cmd:
-            raise SystemExit("meshfeed launch: give the command after --, e.g. -- python train.py")
+            fail("launch needs the command after --, e.g. -- python examples/train.py")
         return launch(
             cmd,
             num_processes=args.processes,
@@ -174,11 +193,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             lm=args.lm,
         )
     if args.mesh:  # bench
+        if args.what == "loader" and args.batch % next(iter(args.mesh.values())):
+            fail(
+                f"--batch {args.batch} does not split over {next(iter(args.mesh))}="
+                f"{next(iter(args.mesh.values()))}; pass a multiple of it."
+            )
+        devices = math.prod(args.mesh.values())
+        if args.what == "matmul" and args.size % devices:
+            fail(f"--size {args.size} must be a multiple of the mesh's {devices} devices.")
         cpu_devices(math.prod(args.mesh.values()))
     if args.what == "matmul":
         from meshfeed._cli.bench_matmul import report_matmul
 
-        return report_matmul(size=args.size, mesh=args.mesh, repeats=args.repeats)
+        return report_matmul(
+            size=args.size, mesh=args.mesh, repeats=args.repeats, layouts=args.layouts
+        )
     from meshfeed._cli.bench import report_loader
 
     return report_loader(
