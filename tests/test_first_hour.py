@@ -212,3 +212,21 @@ def test_keras_fit_with_more_epochs_than_the_loader_holds_is_refused_first():
     ):
         trainer.fit(loader, epochs=2, progress=False)
     assert loader.step == 0  # refused before training
+
+
+def test_demo_keras_without_keras_says_how_to_install_it():
+    code = (
+        "import sys; sys.modules['keras'] = None  # as if keras were not installed\n"
+        "from meshfeed._cli import main\n"
+        "sys.exit(main(['demo', '--keras']))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_one_device_env(),
+    )
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install -e '.[keras]'" in lines[0], run.stderr

@@ -30,7 +30,8 @@ def require(module: str, extra: str) -> Any:
         return importlib.import_module(module)
     except ImportError:
         raise ImportError(
-            f"this source needs {module.split('.')[0]}: pip install 'meshfeed[{extra}]'."
+            f"this source needs {module.split('.')[0]}: pip install 'meshfeed[{extra}]'"
+            f" (from a clone: pip install -e '.[{extra}]')."
         ) from None
 
 

@@ -25,7 +25,10 @@ def _ocp() -> Any:
     try:
         import orbax.checkpoint as ocp
     except ImportError:
-        raise ImportError("checkpoints need Orbax: pip install 'meshfeed[checkpoint]'.") from None
+        raise ImportError(
+            "checkpoints need Orbax: pip install 'meshfeed[checkpoint]'"
+            " (from a clone: pip install -e '.[checkpoint]')."
+        ) from None
     return ocp
 
 

@@ -45,7 +45,8 @@ def require_fsspec() -> Any:
         import fsspec
     except ImportError:
         raise ImportError(
-            "reading a URL needs fsspec: pip install 'meshfeed[remote]' (or pip install "
+            "reading a URL needs fsspec: pip install 'meshfeed[remote]'"
+            " (from a clone: pip install -e '.[remote]'; or pip install "
             "fsspec plus the filesystem's package, e.g. s3fs or gcsfs)."
         ) from None
     return fsspec

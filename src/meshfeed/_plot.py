@@ -35,7 +35,8 @@ def require_matplotlib(caller: str) -> tuple[Any, Any, Any]:
         from matplotlib.patches import Rectangle
     except ImportError as error:  # pragma: no cover - depends on the environment
         raise ImportError(
-            f"{caller} draws with matplotlib; pip install 'meshfeed[plot]'."
+            f"{caller} draws with matplotlib; pip install 'meshfeed[plot]'"
+            " (from a clone: pip install -e '.[plot]')."
         ) from error
     return matplotlib, Figure, Rectangle
 

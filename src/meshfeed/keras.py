@@ -29,7 +29,8 @@ try:
 except ImportError as error:
     raise ImportError(
         "meshfeed.keras needs Keras 3 on the JAX backend, and importing keras failed "
-        f"({error}). Install it with pip install 'meshfeed[keras]' and set "
+        f"({error}). Install it with pip install 'meshfeed[keras]'"
+        " (from a clone: pip install -e '.[keras]') and set "
         "KERAS_BACKEND=jax before keras is first imported (os.environ['KERAS_BACKEND'] "
         "= 'jax' at the top of your script)."
     ) from error

@@ -24,7 +24,8 @@ def digits() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         from sklearn.datasets import load_digits
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "the demo trains on scikit-learn's digits; pip install 'meshfeed[demo]'."
+            "the demo trains on scikit-learn's digits; pip install 'meshfeed[demo]'"
+            " (from a clone: pip install -e '.[demo]')."
         ) from e
     data: Any = load_digits()
     images = (np.asarray(data.images) / 16.0).astype(np.float32)[..., None]
