@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from meshfeed._adapters import OBJECT, require
-from meshfeed._files import Blob, is_url
+from meshfeed._blob import Blob, is_url
 from meshfeed._ragged import Ragged
 from meshfeed._remote import RETRY_S, with_retries
 from meshfeed._sources import FieldSpec, check_ids, gather_by_part, locate

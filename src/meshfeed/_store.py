@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from meshfeed._blob import Blob, is_url, require_fsspec
 from meshfeed._cache import CACHE_BYTES, ShardCache
-from meshfeed._files import Blob, NpyRows, RaggedRows, is_url, npz_members, require_fsspec
+from meshfeed._files import NpyRows, RaggedRows, npz_members
 from meshfeed._remote import RETRY_S, merge
 from meshfeed._sources import (
     FieldSpec,

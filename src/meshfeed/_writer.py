@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed._files import is_url, require_fsspec
+from meshfeed._blob import is_url, require_fsspec
 from meshfeed._ragged import Ragged
 from meshfeed._sources import FieldSpec, describe
 from meshfeed._store import FORMAT, MANIFEST, join, part_folder

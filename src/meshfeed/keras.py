@@ -6,16 +6,14 @@
 variables such as batch-norm statistics and dropout seeds, optimizer and metric
 variables) placed once with a ``NamedSharding`` and carried through one jitted step.
 Batches come from a ``meshfeed.Loader``, already global arrays; nothing goes through a
-cross-process ``device_put``. After ``fit`` the model's variables hold the trained values,
-so ``model.predict``, ``model.evaluate`` and ``model.save`` work as usual.
+cross-process ``device_put``. After ``fit`` the model's variables hold the trained values
+(``model.predict``, ``evaluate`` and ``save`` work as usual). Data parallel by default
+(variables replicated, batch split over ``batch_axes``); for model parallelism pass a
+``keras.distribution.LayoutMap`` whose axis names are the mesh's (or set a
+``keras.distribution.ModelParallel``): variables get those layouts, jit does the rest.
 
-Data parallel by default (variables replicated, batch split over ``batch_axes``). For
-model parallelism pass a ``keras.distribution.LayoutMap`` whose axis names are the
-mesh's (or set a ``keras.distribution.ModelParallel`` distribution): variables get those
-layouts, and jit lays out the computation around them.
-
-This module is an optional extra (``pip install 'meshfeed[keras]'``) and needs Keras on
-the JAX backend: set ``KERAS_BACKEND=jax`` before Keras is first imported.
+An optional extra (``pip install 'meshfeed[keras]'``), on the JAX backend only: set
+``KERAS_BACKEND=jax`` before Keras is first imported.
 """
 
 from __future__ import annotations
