@@ -37,11 +37,10 @@ from collections.abc import Mapping
 
 import jax
 import numpy as np
-import optax
 
 import meshfeed
 from common import DIGITS_BATCH_SIZE as GLOBAL_BATCH_SIZE
-from common import DIGITS_LEARNING_RATE, digits, digits_loss, digits_params
+from common import digits, fit_digits
 
 LATENCIES_S = {"memory": 0.0, "remote 2ms": 0.002, "remote 20ms": 0.020}
 
@@ -76,12 +75,7 @@ def run(source: str, prefetch: meshfeed.Prefetch, steps: int) -> dict[str, float
         num_epochs=None,
         prefetch=prefetch,
     )
-    optimizer = optax.adam(DIGITS_LEARNING_RATE)
-    state = meshfeed.TrainState.create(digits_params(), optimizer, mesh=mesh)
-    step = meshfeed.make_train_step(digits_loss, optimizer, mesh=mesh)
-    state, _ = step(state, loader.batch(0))  # compile outside the timed loop
-    jax.block_until_ready(state)
-    history = meshfeed.fit(step, state, loader, num_steps=steps, log_every=50, progress=False)
+    history = fit_digits(loader, steps)
     return {
         "input_wait_share": history.input_wait_share,
         "loader_share": history.loader_share,

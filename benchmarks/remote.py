@@ -42,10 +42,9 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 
 import meshfeed
-from common import DIGITS_BATCH_SIZE, DIGITS_LEARNING_RATE, digits, digits_loss, digits_params
+from common import DIGITS_BATCH_SIZE, digits, fit_digits
 from meshfeed.testing import S3Server
 
 BATCH = 256
@@ -211,14 +210,8 @@ def input_wait(server: S3Server, steps: int, cache_dir: str) -> None:
             if name.endswith("local files")
             else meshfeed.open_source(url, storage_options=server.storage_options, cache_dir=cache)
         )
-        mesh = meshfeed.make_mesh(data=jax.device_count())
         loader = _loader(source, order, global_batch_size=DIGITS_BATCH_SIZE, num_epochs=None)
-        optimizer = optax.adam(DIGITS_LEARNING_RATE)
-        state = meshfeed.TrainState.create(digits_params(), optimizer, mesh=mesh)
-        step = meshfeed.make_train_step(digits_loss, optimizer, mesh=mesh)
-        state, _ = step(state, loader.batch(0))  # compile outside the timed loop
-        jax.block_until_ready(state)
-        history = meshfeed.fit(step, state, loader, num_steps=steps, log_every=50, progress=False)
+        history = fit_digits(loader, steps)
         _line(
             part="input_wait",
             name=f"fit:{'local' if name.endswith('local files') else 's3'}:{name}",

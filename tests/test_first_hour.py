@@ -32,15 +32,19 @@ def _meshfeed(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     )
 
 
-def test_initialize_alone_is_one_process_without_error():
-    code = "import meshfeed; meshfeed.initialize(); import jax; print(jax.process_count())"
-    run = subprocess.run(
+def _python(code: str) -> subprocess.CompletedProcess:
+    """``python -c code`` on a plain machine (one CPU device, no launcher)."""
+    return subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=120,
         env=_one_device_env(),
     )
+
+
+def test_initialize_alone_is_one_process_without_error():
+    run = _python("import meshfeed; meshfeed.initialize(); import jax; print(jax.process_count())")
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "1"
 
@@ -220,13 +224,7 @@ def test_demo_keras_without_keras_says_how_to_install_it():
         "from meshfeed._cli import main\n"
         "sys.exit(main(['demo', '--keras']))\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_one_device_env(),
-    )
+    run = _python(code)
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install -e '.[keras]'" in lines[0], run.stderr
