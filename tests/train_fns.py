@@ -91,8 +91,8 @@ def train(mode: str, steps: int = STEPS) -> dict[str, np.ndarray]:
     return {n: np.asarray(v) for n, v in state.params.items()}
 
 
-def train_hybrid(steps: int = STEPS) -> dict[str, np.ndarray]:
-    """The hidden layer split over 'model' on data=4, model=2, with mode='jit'."""
+def train_hybrid(mode: str = "jit", steps: int = STEPS) -> dict[str, np.ndarray]:
+    """The hidden layer split over 'model' on data=4, model=2 (pmap: batch over both)."""
     mesh = meshfeed.make_mesh(data=4, model=2)
     specs = {"w1": P(None, "model"), "b1": P("model"), "w2": P("model", None)}
     params = {
@@ -101,8 +101,15 @@ def train_hybrid(steps: int = STEPS) -> dict[str, np.ndarray]:
     }
     state = meshfeed.TrainState.create(params, OPTIMIZER, mesh=mesh)
     assert state.params["w1"].sharding.spec == P(None, "model")
-    step = meshfeed.make_train_step(loss_fn, OPTIMIZER, mesh=mesh, mode="jit")
-    for _, batch in zip(range(steps), loader(mesh), strict=False):
+    axes = ("data", "model") if mode == "pmap" else ("data",)
+    step = meshfeed.make_train_step(
+        loss_fn,
+        OPTIMIZER,
+        mesh=mesh,
+        mode=mode,  # type: ignore[arg-type]
+        batch_axes=axes,
+    )
+    for _, batch in zip(range(steps), loader(mesh, axes), strict=False):
         state, _ = step(state, batch)
     assert state.params["w1"].sharding.spec == P(None, "model")
     # The kernel is sharded: gather it with a jitted identity into a replicated layout.

@@ -66,9 +66,10 @@ from meshfeed._train import MODES as MODES
 from meshfeed._train import Batch as Batch
 from meshfeed._train import LossFn as LossFn
 from meshfeed._train import Mode as Mode
-from meshfeed._train import TrainState as TrainState
+from meshfeed._train import collective_axes as collective_axes
 from meshfeed._train import make_train_step as make_train_step
 from meshfeed._train import masked_mean as masked_mean
+from meshfeed._train_state import TrainState as TrainState
 from meshfeed._writer import write_source as write_source
 
 __version__ = "0.1.0"
@@ -119,6 +120,7 @@ __all__ = [
     "WorkerType",
     "batch_sharding",
     "check_replicas",
+    "collective_axes",
     "fit",
     "initialize",
     "launch",

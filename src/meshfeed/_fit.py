@@ -30,7 +30,7 @@ from meshfeed._checkpoint import Checkpoints
 from meshfeed._loader import Loader
 from meshfeed._train import Batch, valid_rows
 
-EvalFn = Callable[[Any, Batch], Mapping[str, jax.Array]]
+EvalFn = Callable[..., Mapping[str, jax.Array]]
 StepFn = Callable[[Any, Batch], tuple[Any, Mapping[str, jax.Array]]]
 
 
@@ -78,7 +78,9 @@ def fit(
       loader: a ``meshfeed.Loader`` (or any iterable of batches).
       num_steps: stop after this many steps; default: until the loader ends.
       eval_loader: batches to evaluate on, with ``eval_fn``.
-      eval_fn: ``eval_fn(params, batch) -> {name: mean over valid rows}``.
+      eval_fn: ``eval_fn(params, batch) -> {name: mean over valid rows}``; when the
+        state holds model state (``state.model_state`` is not ``None``),
+        ``eval_fn(params, batch, model_state)``.
       eval_every: steps between evaluations; default: each epoch of ``loader`` (when it
         has ``steps_per_epoch``), and always after the last step.
       log_every: steps between logged metrics (each log waits for the devices).
@@ -194,7 +196,7 @@ def fit(
                 if show and not console.is_terminal:
                     console.print(f"{description}: step {k}/{total}  {info}")
             if evaluate is not None and eval_loader is not None and (k % every == 0 or k == total):
-                result = {"step": float(k), **evaluate(state.params, eval_loader)}
+                result = {"step": float(k), **evaluate(state, eval_loader)}
                 history.eval.append(result)
                 if show:
                     bar.console.print(
@@ -240,7 +242,9 @@ def _floats(metrics: Mapping[str, jax.Array]) -> dict[str, float]:
 def _evaluator(eval_fn: EvalFn) -> Callable[[Any, Iterable[Batch]], dict[str, float]]:
     compiled: dict[Any, Any] = {}
 
-    def run(params: Any, batches: Iterable[Batch]) -> dict[str, float]:
+    def run(state: Any, batches: Iterable[Batch]) -> dict[str, float]:
+        model_state = getattr(state, "model_state", None)
+        args = (state.params,) if model_state is None else (state.params, model_state)
         reset = getattr(batches, "reset", None)
         if callable(reset):
             reset()
@@ -251,12 +255,12 @@ def _evaluator(eval_fn: EvalFn) -> Callable[[Any, Iterable[Batch]], dict[str, fl
             if mesh not in compiled:
                 replicated = NamedSharding(mesh, P())
 
-                def one(p: Any, b: Batch) -> tuple[Any, jax.Array]:
+                def one(a: tuple[Any, ...], b: Batch) -> tuple[Any, jax.Array]:
                     n = valid_rows(b)
-                    return {k: jnp.asarray(v) * n for k, v in eval_fn(p, b).items()}, n
+                    return {k: jnp.asarray(v) * n for k, v in eval_fn(a[0], b, *a[1:]).items()}, n
 
                 compiled[mesh] = jax.jit(one, out_shardings=replicated)
-            weighted, n = compiled[mesh](params, batch)
+            weighted, n = compiled[mesh](args, batch)
             for name, value in _floats(weighted).items():
                 sums[name] = sums.get(name, 0.0) + value
             count += float(n)
