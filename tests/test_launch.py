@@ -104,3 +104,30 @@ def test_launch_without_a_command_says_how():
         timeout=60,
     )
     assert run.returncode != 0 and "launch needs the command after --" in run.stderr
+
+
+# What gloo wrote on a process of 4 CPU devices, as read line by line (captured here):
+# each device's thread writes its report piece by piece, so reports interleave.
+GLOO_LINES = [
+    "[Gloo] Rank 4 is connected to 7[Gloo] Rank 5 is connected to 7 peer ranks. "
+    "Expected number of connected peer ranks is : 7\n",
+    " peer ranks. [Gloo] Rank 6 is connected to 7 peer ranks. "
+    "Expected number of connected peer ranks is : 7\n",
+    "Expected number of connected peer ranks is : 7\n",
+    "[Gloo] Rank [Gloo] Rank 5 is connected to 7 peer ranks. "
+    "Expected number of connected peer ranks is : 7\n",
+    "6 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7\n",
+    "[Gloo] Rank 6 is connected to 7 peer ranks. Expected number of connected peer ranks is"
+    " : [Gloo] Rank 7 is connected to 7 peer ranks. Expected number of connected peer ranks"
+    " is : 77\n",
+    "\n",
+]
+
+
+def test_gloo_reports_are_told_from_the_program_output_even_interleaved():
+    from meshfeed._launch import GlooFilter
+
+    program = ["2 process(es), mesh {'data': 8}\n", "7\n", "\n", "step 20 loss 0.4\n"]
+    lines = [program[0], *GLOO_LINES[:3], program[1], *GLOO_LINES[3:], program[2], program[3]]
+    gloo = GlooFilter()
+    assert [line for line in lines if not gloo.chatter(line)] == program

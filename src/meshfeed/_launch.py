@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -149,10 +150,37 @@ class Child:
         return "".join(self.tail)[-limit:] or "(no output)"
 
 
-def gloo_chatter(line: str) -> bool:
-    """Whether ``line`` is gloo's report of a connection made (``[Gloo] Rank 7 is
-    connected to 7 peer ranks...``), which launched output leaves out."""
-    return line.startswith("[Gloo] Rank ")
+_GLOO_START = "[Gloo] Rank "
+_GLOO_PIECES = re.compile(
+    r"(?:\[Gloo\] Rank | is connected to | peer ranks\. "
+    r"|Expected number of connected peer ranks is : |\d+|\s)*"
+)
+
+
+class GlooFilter:
+    """Tells gloo's connection reports (``[Gloo] Rank 7 is connected to 7 peer ranks.
+    Expected number of connected peer ranks is : 7``) from a process's own output.
+
+    Each CPU device's thread writes its report piece by piece, so on 4 devices the
+    pieces interleave: a line may hold two reports' halves, and the newlines they owe
+    come later as lines of a number or nothing. A line made only of report pieces is
+    chatter; a bare number or blank line is chatter only while reports started on
+    earlier lines still owe their newline (one per ``[Gloo] Rank``).
+    """
+
+    def __init__(self) -> None:
+        self._owed = 0
+
+    def chatter(self, line: str) -> bool:
+        text = line.rstrip("\n")
+        if not _GLOO_PIECES.fullmatch(text):
+            return False
+        if text.strip() and not text.strip().isdigit():
+            self._owed += text.count(_GLOO_START)
+        elif not self._owed:
+            return False  # the program's own number or blank line
+        self._owed = max(self._owed - 1, 0)  # this line's newline was one report's
+        return True
 
 
 def _pump(child: Child, stream: IO[bytes], on_line: LineHandler) -> None:
@@ -287,8 +315,10 @@ def launch(
         raise ValueError("launch needs a command, e.g. launch(['python', 'train.py']).")
     lock = threading.Lock()
 
+    filters: dict[int, GlooFilter] = {}
+
     def show(process_id: int, line: str) -> None:
-        if gloo_chatter(line):
+        if filters.setdefault(process_id, GlooFilter()).chatter(line):
             return
         with lock:
             sys.stdout.write(f"[{process_id}] {line}")

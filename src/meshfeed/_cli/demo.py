@@ -248,7 +248,7 @@ def run_demo(
 
     from meshfeed._cli.flags import fail
     from meshfeed._cli.lm import GLOBAL_BATCH_SIZE as LM_BATCH
-    from meshfeed._launch import gloo_chatter, python_argv, start_processes, supervise
+    from meshfeed._launch import GlooFilter, python_argv, start_processes, supervise
 
     if keras and importlib.util.find_spec("keras") is None:
         fail(
@@ -267,8 +267,10 @@ def run_demo(
             "try --processes 2 --devices-per-process 4 (the default) or --processes 1."
         )
 
+    gloo = GlooFilter()
+
     def show(process_id: int, line: str) -> None:
-        if process_id == 0 and not gloo_chatter(line):
+        if process_id == 0 and not gloo.chatter(line):
             sys.stdout.write(line)
             sys.stdout.flush()
 
