@@ -7,6 +7,7 @@ import pytest
 
 import meshfeed
 import train_fns
+from meshfeed.testing import run_in_processes
 
 MOMENTUM = 0.8
 
@@ -63,6 +64,26 @@ def test_model_state_in_the_manual_modes_equals_jit_on_the_global_batch(mode, ji
         np.testing.assert_allclose(state.params[name], want.params[name], rtol=1e-5, atol=1e-6)
 
 
+def _every_mode_here():
+    out = {}
+    for mode in meshfeed.MODES:
+        state, noise = _run(mode)
+        here = {"mean": state.model_state["mean"], "w1": state.params["w1"]}
+        out[mode] = {k: np.asarray(v.addressable_shards[0].data) for k, v in here.items()}
+        out[mode]["noise"] = noise
+    return out
+
+
+@pytest.mark.multiprocess
+def test_model_state_and_keys_on_2_processes_equal_one_process(jit_run):
+    want, noise = jit_run
+    for per_process in run_in_processes(_every_mode_here):
+        for got in per_process.values():
+            np.testing.assert_allclose(got["mean"], want.model_state["mean"], rtol=1e-5)
+            np.testing.assert_allclose(got["w1"], want.params["w1"], rtol=1e-5, atol=1e-6)
+        assert per_process["jit"]["noise"] == noise  # the same keys, whatever the processes
+
+
 def test_each_step_draws_a_new_key_reproducibly_and_the_state_key_stays(jit_run):
     state, noise = jit_run
     assert state.rng is not None
@@ -101,3 +122,25 @@ def test_a_state_with_model_state_needs_a_stateful_loss_and_its_return_shape():
     step = meshfeed.make_train_step(forgot_the_state, train_fns.OPTIMIZER, mesh=mesh, stateful=True)
     with pytest.raises(TypeError, match=r"returns \(loss, \(metrics, new_model_state\)\)"):
         step(_state(mesh), batch)
+
+
+def _save_and_restore(directory):
+    mesh = meshfeed.make_mesh(data=8)
+    state, _ = _run("shard_map", steps=3)
+    meshfeed.save_checkpoint(directory, 3, state)
+    restored = meshfeed.restore_checkpoint(directory, _state(mesh, seed=0))
+    assert restored.rng is not None
+    return {
+        "step": int(restored.step.addressable_shards[0].data),
+        "rng": np.asarray(jax.random.key_data(restored.rng).addressable_shards[0].data),
+        "mean": np.asarray(restored.model_state["mean"].addressable_shards[0].data),
+        "want": np.asarray(state.model_state["mean"].addressable_shards[0].data),
+    }
+
+
+@pytest.mark.multiprocess
+def test_checkpoints_hold_model_state_and_the_key_on_2_processes(tmp_path):
+    for got in run_in_processes(_save_and_restore, str(tmp_path)):
+        assert got["step"] == 3
+        assert got["rng"].tolist() == jax.random.key_data(jax.random.key(7)).tolist()
+        np.testing.assert_array_equal(got["mean"], got["want"])

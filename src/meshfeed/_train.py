@@ -339,7 +339,10 @@ def _pmap_step(
         shardings = _shardings(state)
         parts = (state.step, state.params, state.opt_state, state.model_state)
         inputs = _rewrap(_gathered(parts), pmap_replicated)
-        rng = None if state.rng is None else jax.device_put(state.rng, pmap_replicated)
+        rng = state.rng
+        if rng is not None:  # keys have no buffers to rewrap: their bits do
+            bits = _rewrap(jax.random.key_data(rng), pmap_replicated)
+            rng = jax.random.wrap_key_data(bits, impl=jax.random.key_impl(rng))
         new_step, params, opt_state, model_state, metrics = mapped(*inputs, rng, split(dict(batch)))
         new_state = TrainState(new_step, params, opt_state, model_state, state.rng)
         replicated = NamedSharding(mesh, P())

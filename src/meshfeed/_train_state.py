@@ -63,7 +63,7 @@ class TrainState:
         opt_state = jax.tree.map(lambda x: place(x, mesh), jax.jit(optimizer.init)(params))
         step = place_host(np.zeros((), np.int32), replicated)
         model_state = jax.tree.map(lambda x: place(x, mesh), model_state)
-        key = None if rng is None else jax.device_put(typed_key(rng), replicated)
+        key = None if rng is None else place_key(typed_key(rng), replicated)
         return cls(step=step, params=params, opt_state=opt_state, model_state=model_state, rng=key)
 
 
@@ -81,6 +81,13 @@ def place(x: Any, mesh: Mesh) -> jax.Array:
         if same:  # e.g. a model built under jax.set_mesh with other axis types
             return jax.device_put(x, NamedSharding(mesh, sharding.spec))
     return place_host(np.asarray(x), NamedSharding(mesh, P()))
+
+
+def place_key(key: jax.Array, sharding: NamedSharding) -> jax.Array:
+    """A typed key placed by ``sharding``, on any number of processes (its bits placed by
+    callback, then wrapped: no cross-process ``device_put``)."""
+    bits = place_host(np.asarray(jax.random.key_data(key)), sharding)
+    return jax.random.wrap_key_data(bits, impl=jax.random.key_impl(key))
 
 
 def typed_key(rng: int | jax.Array) -> jax.Array:
