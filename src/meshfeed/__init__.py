@@ -19,7 +19,7 @@ from meshfeed._fit import EvalFn as EvalFn
 from meshfeed._fit import History as History
 from meshfeed._fit import StepFn as StepFn
 from meshfeed._fit import fit as fit
-from meshfeed._launch import initialize as initialize
+from meshfeed._initialize import initialize as initialize
 from meshfeed._launch import launch as launch
 from meshfeed._loader import Loader as Loader
 from meshfeed._mesh import DATA as DATA

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 
 from meshfeed._loader import Loader
+from meshfeed._watch import activity
 
 
 def _ocp() -> Any:
@@ -59,8 +60,9 @@ class Checkpoints:
         items = {"state": ocp.args.StandardSave(state)}
         if loader is not None:
             items["loader"] = ocp.args.JsonSave(loader.state())
-        self._manager.save(step, args=ocp.args.Composite(**items))
-        self._manager.wait_until_finished()
+        with activity(f"saving checkpoint {step} under {self.directory}"):
+            self._manager.save(step, args=ocp.args.Composite(**items))
+            self._manager.wait_until_finished()
 
     def restore(self, target: Any, loader: Loader | None = None, *, step: int | None = None) -> Any:
         """The state saved at ``step`` (default: the newest), laid out like ``target``.
@@ -76,7 +78,8 @@ class Checkpoints:
         items = {"state": ocp.args.StandardRestore(abstract)}
         if loader is not None:
             items["loader"] = ocp.args.JsonRestore()
-        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        with activity(f"restoring checkpoint {step} from {self.directory}"):
+            restored = self._manager.restore(step, args=ocp.args.Composite(**items))
         if loader is not None:
             if restored.get("loader") is None:
                 raise ValueError(

@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from meshfeed._checkpoint import Checkpoints
 from meshfeed._loader import Loader
 from meshfeed._train import Batch, valid_rows
+from meshfeed._watch import activity, doing
 
 EvalFn = Callable[..., Mapping[str, jax.Array]]
 StepFn = Callable[[Any, Batch], tuple[Any, Mapping[str, jax.Array]]]
@@ -172,6 +173,7 @@ def fit(
                 # gathered its participants (a rendezvous abort after 40 s, with or
                 # without a loader thread); with two, none in 120 loaded runs.
                 in_flight.block_until_ready()
+            doing(f"training step {k}")
             state, metrics = step(state, batch)
             in_flight, previous = previous, _an_output(metrics, state)
             history.steps = k
@@ -196,7 +198,8 @@ def fit(
                 if show and not console.is_terminal:
                     console.print(f"{description}: step {k}/{total}  {info}")
             if evaluate is not None and eval_loader is not None and (k % every == 0 or k == total):
-                result = {"step": float(k), **evaluate(state, eval_loader)}
+                with activity(f"evaluating at step {k}"):
+                    result = {"step": float(k), **evaluate(state, eval_loader)}
                 history.eval.append(result)
                 if show:
                     bar.console.print(

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from meshfeed._env import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
@@ -47,59 +47,6 @@ def check_port(port: int) -> None:
                 f"port {port} on 127.0.0.1 is in use; pass another port, or none to let "
                 "meshfeed pick a free one."
             ) from None
-
-
-def initialize() -> None:
-    """Connects this process to the others, like ``jax.distributed.initialize``.
-
-    Under ``meshfeed launch`` (or ``run_in_processes``) it reads the coordinator, the
-    process count and id from the environment and uses gloo CPU collectives. Elsewhere
-    it calls ``jax.distributed.initialize()`` with no arguments, whose auto-detection
-    covers Slurm, Kubernetes, MPI and Cloud TPU; and where it detects no cluster (a
-    laptop, a single machine, a notebook) it does nothing and JAX runs as one process,
-    without error, so one script runs alone and launched. Call it before any other JAX
-    call.
-
-    It also makes an uncaught exception end the process at once (exit code 1, traceback
-    printed) instead of waiting in ``jax.distributed``'s shutdown barrier for processes
-    that may be waiting for this one.
-    """
-    import jax
-
-    coordinator = os.environ.get(ENV_COORDINATOR)
-    _exit_on_uncaught_exception()
-    if coordinator is None:
-        try:
-            jax.distributed.initialize()
-        except ValueError as error:
-            # JAX found no cluster and was told no coordinator: a single process.
-            if "coordinator_address" not in str(error):
-                raise
-        return
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator,
-        num_processes=int(os.environ[ENV_NUM_PROCESSES]),
-        process_id=int(os.environ[ENV_PROCESS_ID]),
-    )
-
-
-def _exit_on_uncaught_exception() -> None:
-    """An uncaught exception ends this process at once, with exit code 1.
-
-    Otherwise Python's exit runs ``jax.distributed``'s shutdown, whose barrier waits for
-    every other process -- which may be blocked in a collective waiting for this one: a
-    hang instead of an error. The traceback is printed first, as usual.
-    """
-    previous = sys.excepthook
-
-    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        previous(kind, value, tb)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-
-    sys.excepthook = hook
 
 
 def process_env(

@@ -40,6 +40,7 @@ from meshfeed._shardings import FieldShardings, ShardingArg, fit_to_rank, load_s
 from meshfeed._sources import FieldSpec, Source
 from meshfeed._state import LoaderState, fingerprint
 from meshfeed._strategies import BUILDERS
+from meshfeed._watch import doing
 
 
 class Loader:
@@ -226,6 +227,7 @@ class Loader:
                     if ahead is not None:
                         ahead.close()
                     ahead = self._read_ahead()
+                doing(f"loading step {self._step}")
                 step, host = next(ahead)
                 batch = self._builder.place(host, self._target)
                 # In the consuming thread, in step order: a collective must run in the
@@ -233,6 +235,7 @@ class Loader:
                 if self.check_every and step % self.check_every == 0:
                     check_replicas(batch)
                 self._step = step + 1
+                doing(f"running step {step} (its batch loaded)")
                 yield batch
         finally:
             if ahead is not None:

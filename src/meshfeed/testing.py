@@ -23,8 +23,10 @@ import jax
 import numpy as np
 
 from meshfeed._env import ENV_PROCESS_ID
-from meshfeed._launch import initialize, python_argv, start_processes, supervise
+from meshfeed._initialize import initialize
+from meshfeed._launch import python_argv, start_processes, supervise
 from meshfeed._s3_server import Proxy, S3Server
+from meshfeed._watch import watching
 from meshfeed._workers import send_by_value
 
 __all__ = [
@@ -116,9 +118,12 @@ def child_main() -> None:
         result = fn(*args)
         with (out / f"result_{process_id}.pkl").open("wb") as f:
             pickle.dump(result, f)
-    except BaseException:
+    except BaseException as error:
         (out / f"error_{process_id}.txt").write_text(traceback.format_exc())
         sys.stderr.flush()
+        watch = watching()
+        if watch is not None:  # the other processes hear why, and end at once
+            watch.fail(f"{type(error).__name__}: {error}")
         # Skip atexit: jax.distributed's shutdown barrier would wait for peers forever.
         os._exit(1)
 

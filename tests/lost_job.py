@@ -1,0 +1,84 @@
+"""A training job for the lost-process tests, run as one of N processes.
+
+Started by the tests the way a cluster manager starts a job (each process with its
+coordinator, count and id in the environment, no ``meshfeed launch``); one process can
+be made to die mid-step (SIGKILL right after dispatching a step), while a checkpoint is
+being saved (SIGKILL once Orbax's temporary folder for it appears) or to stop (SIGSTOP).
+"""
+
+import argparse
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import meshfeed
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--checkpoint-dir", required=True)
+parser.add_argument("--out", required=True)
+parser.add_argument("--steps", type=int, default=20)
+parser.add_argument("--every", type=int, default=3)
+parser.add_argument("--kill", choices=["none", "step", "save", "stop"], default="none")
+parser.add_argument("--victim", type=int, default=1)
+parser.add_argument("--at", type=int, default=8)
+parser.add_argument("--heartbeat", type=float, default=4.0)
+args = parser.parse_args()
+
+meshfeed.initialize(heartbeat_timeout=args.heartbeat)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import train_fns  # noqa: E402
+from meshfeed._checkpoint import Checkpoints  # noqa: E402
+
+victim = args.kill != "none" and jax.process_index() == args.victim
+
+
+def die() -> None:
+    Path(f"{args.out}.died").write_text(str(time.monotonic()))
+    os.kill(os.getpid(), signal.SIGSTOP if args.kill == "stop" else signal.SIGKILL)
+
+
+if victim and args.kill == "save":
+
+    def when_saving() -> None:
+        tmp = Path(args.checkpoint_dir) / f"{args.at}.orbax-checkpoint-tmp"
+        while not tmp.exists():
+            time.sleep(0.001)
+        die()
+
+    threading.Thread(target=when_saving, daemon=True).start()
+
+checkpoints = Checkpoints(args.checkpoint_dir)
+print(f"process {jax.process_index()}: newest checkpoint {checkpoints.latest_step()}", flush=True)
+checkpoints.close()
+
+mesh = meshfeed.make_mesh(data=jax.device_count())
+state = meshfeed.TrainState.create(train_fns.init_params(), train_fns.OPTIMIZER, mesh=mesh)
+inner = meshfeed.make_train_step(train_fns.loss_fn, train_fns.OPTIMIZER, mesh=mesh)
+
+
+def step(state, batch):
+    number = int(state.step) + 1
+    out = inner(state, batch)
+    if victim and args.kill in ("step", "stop") and number == args.at:
+        die()  # the step is dispatched: the others are in its collectives
+    return out
+
+
+history = meshfeed.fit(
+    step,
+    state,
+    train_fns.loader(mesh),
+    num_steps=args.steps,
+    progress=False,
+    checkpoint_dir=args.checkpoint_dir,
+    checkpoint_every=args.every,
+)
+if jax.process_index() == 0:
+    params = {n: np.asarray(v.addressable_shards[0].data) for n, v in history.state.params.items()}
+    np.savez(args.out, **params)
+print(f"process {jax.process_index()}: done", flush=True)
