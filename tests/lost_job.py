@@ -80,5 +80,5 @@ history = meshfeed.fit(
 )
 if jax.process_index() == 0:
     params = {n: np.asarray(v.addressable_shards[0].data) for n, v in history.state.params.items()}
-    np.savez(args.out, **params)
+    np.savez(args.out, **params)  # type: ignore[arg-type]
 print(f"process {jax.process_index()}: done", flush=True)
