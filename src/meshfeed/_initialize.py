@@ -37,11 +37,12 @@ def initialize(*, heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> None:
     ``heartbeat_timeout`` seconds, each survivor printing one line -- which process was
     lost and what this one was doing -- and exiting with code 1, instead of waiting in
     a collective until JAX aborts it. ``heartbeat_timeout`` is 10 s by default: on this
-    project's 2-core test machine, loaded with 4 training processes and a busy loop per
-    core, the longest gap between one process's heartbeats was about 0.3 s (a quarter
-    of the timeout apart), so 10 s leaves room for a machine far busier (swapping, a
-    long garbage collection) before a live process is taken for dead. JAX's own
-    coordination service gets twice it (``heartbeat_timeout_seconds``), as the
+    project's 2-core test machine, with 4 training processes and a busy loop per core, a
+    thread that sleeps a quarter of a second (as the watch's does) woke at most 0.44 s
+    late (``benchmarks/lost_process.py``), so 10 s leaves room for a machine far busier
+    (swapping, a long garbage collection) before a live process is taken for dead, and
+    a dead one is still found in seconds. JAX's own coordination service gets twice it
+    (``heartbeat_timeout_seconds``), as the
     backstop that aborts a process if the watch itself could not run.
 
     It also makes an uncaught exception end the process at once (exit code 1, traceback
