@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import signal
 import statistics
@@ -27,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from meshfeed.testing import cluster_env, free_port
 
 JOB = r"""
 import os, signal, sys, threading, time
@@ -76,21 +77,14 @@ print(f"late {late[0]:.4f}", flush=True)
 
 def _run(tmp: Path, how: str, action: str, processes: int, devices: int, steps: int) -> dict:
     """One job; the survivors' seconds to exit after the death, codes and last lines."""
-    port = _free_port()
+    coordinator = f"127.0.0.1:{free_port()}"
     out = tmp / f"{how}-{action}-{time.monotonic_ns()}"
     job = tmp / "job.py"
     job.write_text(JOB)
     started = []
     for i in range(processes):
-        env = {
-            **os.environ,
-            "MESHFEED_COORDINATOR": f"127.0.0.1:{port}",
-            "MESHFEED_NUM_PROCESSES": str(processes),
-            "MESHFEED_PROCESS_ID": str(i),
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-            "JAX_PLATFORMS": "cpu",
-            "BENCH_DIR": str(Path(__file__).resolve().parent),
-        }
+        env = cluster_env(i, processes, devices, coordinator)
+        env["BENCH_DIR"] = str(Path(__file__).resolve().parent)
         log = Path(f"{out}.{i}.log")
         with log.open("w") as f:
             cmd = [sys.executable, str(job), how, action, str(steps), "12", str(out)]
@@ -125,14 +119,6 @@ def _run(tmp: Path, how: str, action: str, processes: int, devices: int, steps: 
             }
         )
     return {"survivors": survivors}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _emit(record: dict) -> None:

@@ -1,6 +1,5 @@
 """A process lost anywhere ends the job in seconds, each survivor naming it (no launcher)."""
 
-import os
 import re
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 
 import train_fns
-from meshfeed._launch import free_port
+from meshfeed.testing import cluster_env, free_port
 
 JOB = Path(__file__).with_name("lost_job.py")
 TOPOLOGIES = [(2, 4), (4, 2)]  # processes x devices per process
@@ -19,17 +18,10 @@ TOPOLOGIES = [(2, 4), (4, 2)]  # processes x devices per process
 
 def _start(processes, devices, tmp, *args):
     """The job's processes, started as a cluster manager would: env, no launcher."""
-    port = free_port()
+    coordinator = f"127.0.0.1:{free_port()}"
     started = []
     for i in range(processes):
-        env = {
-            **os.environ,
-            "MESHFEED_COORDINATOR": f"127.0.0.1:{port}",
-            "MESHFEED_NUM_PROCESSES": str(processes),
-            "MESHFEED_PROCESS_ID": str(i),
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-            "JAX_PLATFORMS": "cpu",
-        }
+        env = cluster_env(i, processes, devices, coordinator)
         log = (tmp / f"log_{i}_{time.monotonic_ns()}.txt").open("w")
         cmd = [sys.executable, str(JOB), "--checkpoint-dir", str(tmp / "ckpt"), *args]
         popen = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -95,7 +87,11 @@ def test_a_killed_process_ends_the_job_and_the_relaunch_resumes(
         assert gone - died < 20
         line = f"meshfeed: process {victim} of {topology[0]} was lost (its connection closed"
         assert line in log and re.search(f"while process {i} {doing}", log), log[-2000:]
-        assert "Traceback" not in log and "Terminating process" not in log, log[-2000:]
+        assert "Traceback" not in log, log[-2000:]
+        if victim != 0:
+            # Process 0 hosts JAX's coordination service: when it dies, JAX's client on a
+            # survivor may log its own 'Terminating process' line as the watch exits.
+            assert "Terminating process" not in log, log[-2000:]
     # The same command again: it resumes from the last complete checkpoint and finishes.
     ends = _wait(_start(*topology, tmp_path, "--out", out))
     for i, (code, _, log) in ends.items():

@@ -24,7 +24,7 @@ import numpy as np
 
 from meshfeed._env import ENV_PROCESS_ID
 from meshfeed._initialize import initialize
-from meshfeed._launch import python_argv, start_processes, supervise
+from meshfeed._launch import free_port, process_env, python_argv, start_processes, supervise
 from meshfeed._s3_server import Proxy, S3Server
 from meshfeed._watch import watching
 from meshfeed._workers import send_by_value
@@ -34,9 +34,23 @@ __all__ = [
     "Proxy",
     "S3Server",
     "assert_resumes_identically",
+    "cluster_env",
+    "free_port",
     "local_shards",
     "run_in_processes",
 ]
+
+
+def cluster_env(
+    process_id: int, num_processes: int, devices_per_process: int, coordinator: str
+) -> dict[str, str]:
+    """This process's environment plus what ``meshfeed.initialize()`` reads to join a
+    job (coordinator, process count and id, CPU devices), as a cluster manager gives
+    it: for starting the processes of a job yourself, without ``meshfeed launch``.
+    ``coordinator`` is ``"127.0.0.1:<port>"``, the same for every process (``free_port``).
+    """
+    return process_env(process_id, num_processes, devices_per_process, coordinator)
+
 
 _ENV_PAYLOAD = "MESHFEED_TEST_PAYLOAD"
 _ENV_OUT = "MESHFEED_TEST_OUT"
