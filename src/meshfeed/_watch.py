@@ -72,8 +72,6 @@ class Watch:
         self._peers: list[_Peer] = []
         self._listener: socket.socket | None = None
         self._joined = 0  # processes that said hello (process 0)
-        self.longest_silence = 0.0
-        """The longest time between two messages from one watched process (seconds)."""
         self._done = False
         self._losing = threading.Event()
 
@@ -157,9 +155,7 @@ class Watch:
             if self._done:
                 return False
             self._lost(peer.process_id, "was lost (its connection closed: killed or crashed)")
-        now = time.monotonic()
-        self.longest_silence = max(self.longest_silence, now - peer.seen)
-        peer.seen = now
+        peer.seen = time.monotonic()
         peer.buffer += data
         while peer.buffer:
             kind, rest = peer.buffer[:1], peer.buffer[1:]
