@@ -113,8 +113,11 @@ def test_a_stopped_process_is_found_silent_and_ends_the_job(topology, victim, tm
         if i == victim:
             continue
         assert code == 1, log[-2000:]
-        # Silence is timed from the last heartbeat, up to a quarter of the timeout earlier.
-        assert 4 - 1 - 0.5 < gone - died < 20
+        # Silence is timed from the last heartbeat the stopped process sent: a quarter of
+        # the timeout before the stop, or more when its watch thread woke late on the busy
+        # 2-core host (2.25 s seen with a 4 s timeout). Over 1 s still tells silence from a
+        # closed connection, which ends the job in about 0.1 s.
+        assert 1 < gone - died < 20
         assert f"meshfeed: process {victim} of {topology[0]} went silent" in log, log[-2000:]
         assert re.search(f"while process {i} was training step (8|9|10);", log), log[-2000:]
 
