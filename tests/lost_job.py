@@ -32,7 +32,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import train_fns  # noqa: E402
-from meshfeed._checkpoint import Checkpoints  # noqa: E402
+from meshfeed.train._checkpoint import Checkpoints  # noqa: E402
 
 victim = args.kill != "none" and jax.process_index() == args.victim
 

@@ -7,7 +7,7 @@ import pytest
 
 import meshfeed
 from meshfeed import Permutation
-from meshfeed._schedule import BlockOrder
+from meshfeed.feed._schedule import BlockOrder
 
 
 def _runs(ids: np.ndarray) -> int:

@@ -66,10 +66,12 @@ def _loader(mesh, mode, *, seed=3, data=None, num_epochs=None):
     )
 
 
-def _train(mode, *, dropout=0.0, seed=0, steps=STEPS, checkpoint_dir=None, evaluate=False):
+def _train(
+    mode, *, dropout=0.0, seed=0, steps=STEPS, checkpoint_dir=None, evaluate=False, rngs=None
+):
     mesh = meshfeed.make_mesh(data=4, model=2)
     with jax.set_mesh(mesh):
-        model = CNN(dropout=dropout, rngs=nnx.Rngs(0))
+        model = CNN(dropout=dropout, rngs=rngs or nnx.Rngs(0))
     state = mflax.create_state(model, OPTIMIZER, mesh=mesh, seed=seed)
     step = mflax.make_train_step(
         model, _loss, OPTIMIZER, mesh=mesh, mode=mode, batch_axes=MESH_AXES[mode]
@@ -166,6 +168,14 @@ def test_dropout_draws_from_the_state_key_reproducibly():
     kernel = first["hidden"]["kernel"]
     assert not np.allclose(other_seed["hidden"]["kernel"], kernel, atol=1e-4)
     assert not np.allclose(no_dropout["hidden"]["kernel"], kernel, atol=1e-4)
+
+
+def test_the_models_own_dropout_stream_does_not_matter():
+    """Dropout masks come from ``state.rng``: the model's own ``nnx.Rngs`` dropout seed
+    changes nothing (the docs say so; a hand-written loop's masks come from that seed)."""
+    one = _train("jit", dropout=0.5, rngs=nnx.Rngs(params=0, dropout=7))[1].state.params
+    other = _train("jit", dropout=0.5, rngs=nnx.Rngs(params=0, dropout=8))[1].state.params
+    _assert_close(other, one, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("mode", ["jit", "pmap"])

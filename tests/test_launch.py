@@ -125,7 +125,7 @@ GLOO_LINES = [
 
 
 def test_gloo_reports_are_told_from_the_program_output_even_interleaved():
-    from meshfeed._launch import GlooFilter
+    from meshfeed.cluster._launch import GlooFilter
 
     program = ["2 process(es), mesh {'data': 8}\n", "7\n", "\n", "step 20 loss 0.4\n"]
     lines = [program[0], *GLOO_LINES[:3], program[1], *GLOO_LINES[3:], program[2], program[3]]

@@ -5,7 +5,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import meshfeed
-from meshfeed._mesh import device_rows, process_rows
+from meshfeed.core._mesh import device_rows, process_rows
 
 
 def test_make_mesh_keeps_axis_order_and_defaults_to_auto():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import meshfeed
-from meshfeed._pipeline import Prefetcher
+from meshfeed.feed._pipeline import Prefetcher
 
 
 def _loader(**kwargs):

@@ -82,8 +82,8 @@ def test_bad_input():
 def test_plot_sharding_writes_a_png_of_the_expected_size(tmp_path):
     import matplotlib.image
 
-    from meshfeed._plot import figure_size
-    from meshfeed._show import grid
+    from meshfeed.inspect._plot import figure_size
+    from meshfeed.inspect._show import grid
 
     sharding = NamedSharding(_mesh(), P("data", "model"))
     path = meshfeed.plot_sharding(sharding, tmp_path / "layout.png", shape=(256, 128), dpi=80)

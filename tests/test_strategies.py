@@ -1,4 +1,4 @@
-"""README's strategy table names the call each strategy builds its arrays with: hold it."""
+"""The strategies guide's table names the call each strategy builds its arrays with: hold it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from jax.sharding import Sharding
 
 import meshfeed
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "strategies.md"
 BUILDERS = (
     "make_array_from_callback",
     "make_array_from_single_device_arrays",
@@ -23,7 +23,7 @@ BUILDERS = (
 
 def _table() -> dict[str, str]:
     """strategy -> the ``jax.`` call its row names first."""
-    section = README.read_text().split("### Strategies", 1)[1].split("\n\n", 2)[1]
+    section = GUIDE.read_text().split("## The four strategies", 1)[1].split("\n\n", 2)[1]
     rows = {}
     for line in section.splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]

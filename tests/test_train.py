@@ -109,14 +109,31 @@ def test_fit_on_2_processes_matches_single_device(reference):
     assert results[0]["eval"] == results[1]["eval"]
 
 
-def test_fit_shows_progress_on_process_0(capsys):
+@pytest.mark.parametrize("progress", [True, False])
+def test_fit_reports_a_line_per_log_and_evaluation_off_a_terminal_unless_told_not_to(
+    progress, capsys
+):
+    """The training guide's claim: off a terminal (here, captured) ``fit`` prints a line
+    per log and per evaluation; ``progress=False`` prints nothing, the History keeps it."""
     mesh = meshfeed.make_mesh(data=8)
     state = meshfeed.TrainState.create(train_fns.init_params(), train_fns.OPTIMIZER, mesh=mesh)
     step = meshfeed.make_train_step(train_fns.loss_fn, train_fns.OPTIMIZER, mesh=mesh)
-    history = meshfeed.fit(step, state, train_fns.loader(mesh), num_steps=4, log_every=2)
+    evaluation = meshfeed.Loader(
+        train_fns.source(), global_batch_size=64, sharding=meshfeed.batch_sharding(mesh),
+        shuffle=False, last_batch="pad",
+    )  # fmt: skip
+    history = meshfeed.fit(
+        step, state, train_fns.loader(mesh), num_steps=4, log_every=2, progress=progress,
+        eval_loader=evaluation, eval_fn=train_fns.eval_fn, eval_every=4,
+    )  # fmt: skip
     out = capsys.readouterr().out
-    assert "step 4/4" in out and "samples/s" in out and "input wait" in out
+    if progress:
+        assert "step 2/4" in out and "step 4/4" in out and "samples/s" in out
+        assert "input wait" in out and "eval at step 4: accuracy" in out
+    else:
+        assert out == ""
     assert history.steps == 4 and int(history.state.step) == 4
+    assert [t["step"] for t in history.train] == [2.0, 4.0] and len(history.eval) == 1
 
 
 # -- bad input ---------------------------------------------------------------------------

@@ -47,12 +47,12 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshfeed._fit import EvalFn, StepFn
-from meshfeed._mesh import DATA
-from meshfeed._shardings import place_host
-from meshfeed._train import Batch, Mode, collective_axes
-from meshfeed._train import make_train_step as _make_step
-from meshfeed._train_state import TrainState
+from meshfeed.core._mesh import DATA
+from meshfeed.feed._shardings import place_host
+from meshfeed.train._fit import EvalFn, StepFn
+from meshfeed.train._steps import Batch, Mode, collective_axes
+from meshfeed.train._steps import make_train_step as _make_step
+from meshfeed.train._train_state import TrainState
 
 __all__ = ["create_state", "make_eval_fn", "make_train_step", "update_model"]
 

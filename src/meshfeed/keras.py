@@ -47,10 +47,10 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshfeed._fit import fit as _fit
-from meshfeed._schedule import MASK
-from meshfeed._shardings import place_host
-from meshfeed._train import masked_mean
+from meshfeed.feed._schedule import MASK
+from meshfeed.feed._shardings import place_host
+from meshfeed.train._fit import fit as _fit
+from meshfeed.train._steps import masked_mean
 
 __all__ = ["KerasTrainer"]
 
@@ -120,83 +120,15 @@ class KerasTrainer:
         self._loss: Any = keras.losses.get(loss) if isinstance(loss, str) else loss
         if not callable(self._loss):
             raise TypeError(f"loss={loss!r} is not a Keras loss, a loss function or its name.")
-        self._metrics = [_metric(m, loss) for m in (metrics or [])]
-        self._loss_tracker = keras.metrics.Mean(name="loss")
+        self._metrics = _Metrics([_metric(m, loss) for m in (metrics or [])], mesh)
         optimizer.build(model.trainable_variables)
-        self._layout_map = layout_map
         self._replicated = NamedSharding(mesh, P())
-        self.state = self._place_state()
+        variables = _place_variables(model, optimizer, mesh, layout_map)
+        self.state: State = (*variables, self._metrics.fresh())
         self._train_step = jax.jit(
-            self._step, out_shardings=(self._shardings(self.state), self._replicated)
+            self._step, out_shardings=(_shardings(self.state), self._replicated)
         )
-        self._eval_step = jax.jit(
-            self._evaluate_batch, out_shardings=self._shardings(self.state[3])
-        )
-
-    # -- placement ------------------------------------------------------------------
-
-    def _layout(self, variable: Any) -> NamedSharding:
-        layout: Any = None
-        if self._layout_map is not None:
-            layout = self._layout_map[variable.path]
-        else:
-            distribution = keras.distribution.distribution()
-            if isinstance(distribution, keras.distribution.ModelParallel):
-                layout = distribution.get_variable_layout(variable)
-        axes: tuple[Any, ...] = tuple(getattr(layout, "axes", ()) or ())
-        if not axes:
-            return self._replicated
-        unknown = [a for a in axes if a is not None and a not in self.mesh.axis_names]
-        if unknown:
-            raise ValueError(
-                f"the layout of {variable.path} names mesh axes {unknown}, but the mesh has "
-                f"{tuple(self.mesh.axis_names)}; build the LayoutMap on a DeviceMesh with "
-                "the same axis names."
-            )
-        return NamedSharding(self.mesh, P(*axes))
-
-    def _place_state(self) -> State:
-        model, optimizer = self.model, self.optimizer
-        trainable = model.trainable_variables
-        shardings = {v.path: self._layout(v) for v in trainable}
-        by_prefix = {v.path.replace("/", "_"): v for v in trainable}
-
-        def optimizer_sharding(variable: Any) -> NamedSharding:
-            for prefix, reference in by_prefix.items():
-                if variable.name.startswith(prefix) and tuple(variable.shape) == tuple(
-                    reference.shape
-                ):
-                    return shardings[reference.path]
-            return self._replicated
-
-        groups = [
-            (trainable, [shardings[v.path] for v in trainable]),
-            (
-                model.non_trainable_variables,
-                [self._layout(v) for v in model.non_trainable_variables],
-            ),
-            (optimizer.variables, [optimizer_sharding(v) for v in optimizer.variables]),
-        ]
-        values = [[np.asarray(v.value) for v in group] for group, _ in groups]
-        if jax.process_count() > 1:
-            # Replicas must start equal: every process takes process 0's initial values.
-            values = jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(values))
-        placed = [
-            [place_host(value, s) for value, s in zip(vals, group_shardings, strict=True)]
-            for vals, (_, group_shardings) in zip(values, groups, strict=True)
-        ]
-        return placed[0], placed[1], placed[2], self._fresh_metric_variables()
-
-    def _fresh_metric_variables(self) -> list[list[jax.Array]]:
-        return [
-            [place_host(np.zeros(v.shape, v.dtype), self._replicated) for v in m.variables]
-            for m in [self._loss_tracker, *self._metrics]
-        ]
-
-    def _shardings(self, tree: Any) -> Any:
-        return jax.tree.map(lambda a: a.sharding, tree)
-
-    # -- the steps ------------------------------------------------------------------
+        self._eval_step = jax.jit(self._evaluate_batch, out_shardings=_shardings(self.state[3]))
 
     def _inputs(self, batch: Mapping[str, jax.Array]) -> Any:
         missing = [k for k in (*self.x, self.y) if k not in batch]
@@ -206,30 +138,6 @@ class KerasTrainer:
                 "KerasTrainer(..., x=<input field(s)>, y=<target field>)."
             )
         return batch[self.x[0]] if len(self.x) == 1 else [batch[k] for k in self.x]
-
-    def _update_metrics(
-        self, metric_vars: list[list[jax.Array]], batch: Any, y_pred: Any, loss: jax.Array
-    ) -> list[list[jax.Array]]:
-        weight = batch.get(MASK)
-        count = jnp.sum(weight.astype(jnp.float32)) if weight is not None else None
-        updated = [
-            self._loss_tracker.stateless_update_state(metric_vars[0], loss, sample_weight=count)
-        ]
-        for metric, variables in zip(self._metrics, metric_vars[1:], strict=True):
-            updated.append(
-                metric.stateless_update_state(
-                    variables, batch[self.y], y_pred, sample_weight=weight
-                )
-            )
-        return updated
-
-    def _results(self, metric_vars: list[list[jax.Array]]) -> dict[str, jax.Array]:
-        out = {}
-        for metric, variables in zip(
-            [self._loss_tracker, *self._metrics], metric_vars, strict=True
-        ):
-            out[metric.name] = metric.stateless_result(variables)
-        return out
 
     def _per_example_loss(self, y: Any, y_pred: Any) -> jax.Array:
         if isinstance(self._loss, keras.losses.Loss):
@@ -253,9 +161,9 @@ class KerasTrainer:
             trainable, non_trainable
         )
         trainable, optimizer_vars = self.optimizer.stateless_apply(optimizer_vars, grads, trainable)
-        metric_vars = self._update_metrics(metric_vars, batch, y_pred, loss)
+        metric_vars = self._metrics.update(metric_vars, batch[self.y], y_pred, loss, batch)
         new_state = (trainable, non_trainable, optimizer_vars, metric_vars)
-        return new_state, self._results(metric_vars)
+        return new_state, self._metrics.results(metric_vars)
 
     def _evaluate_batch(
         self, trainable: Any, non_trainable: Any, metric_vars: Any, batch: Any
@@ -264,9 +172,7 @@ class KerasTrainer:
             trainable, non_trainable, self._inputs(batch), training=False
         )
         loss = masked_mean(self._per_example_loss(batch[self.y], y_pred), batch)
-        return self._update_metrics(metric_vars, batch, y_pred, loss)
-
-    # -- the loops ------------------------------------------------------------------
+        return self._metrics.update(metric_vars, batch[self.y], y_pred, loss, batch)
 
     def fit(
         self,
@@ -297,7 +203,7 @@ class KerasTrainer:
         iterator = _Continuing(loader)
         for epoch in range(epochs):
             trainable, non_trainable, optimizer_vars, _ = self.state
-            self.state = (trainable, non_trainable, optimizer_vars, self._fresh_metric_variables())
+            self.state = (trainable, non_trainable, optimizer_vars, self._metrics.fresh())
             run = _fit(
                 self._train_step,
                 self.state,
@@ -326,10 +232,10 @@ class KerasTrainer:
         if callable(reset):
             reset()
         trainable, non_trainable, _, _ = self.state
-        metric_vars = self._fresh_metric_variables()
+        metric_vars = self._metrics.fresh()
         for batch in loader:
             metric_vars = self._eval_step(trainable, non_trainable, metric_vars, batch)
-        return {name: float(value) for name, value in self._results(metric_vars).items()}
+        return {name: float(value) for name, value in self._metrics.results(metric_vars).items()}
 
     def write_back(self) -> None:
         """Copies the trained values into the model's and the optimizer's variables."""
@@ -342,6 +248,99 @@ class KerasTrainer:
         for variables, values in pairs:
             for variable, value in zip(variables, values, strict=True):
                 variable.assign(_to_host(value))
+
+
+def _shardings(tree: Any) -> Any:
+    return jax.tree.map(lambda a: a.sharding, tree)
+
+
+def _layout(variable: Any, mesh: Mesh, layout_map: Any) -> NamedSharding:
+    """The sharding of one Keras variable: from ``layout_map``, the distribution, or none."""
+    layout: Any = None
+    if layout_map is not None:
+        layout = layout_map[variable.path]
+    else:
+        distribution = keras.distribution.distribution()
+        if isinstance(distribution, keras.distribution.ModelParallel):
+            layout = distribution.get_variable_layout(variable)
+    axes: tuple[Any, ...] = tuple(getattr(layout, "axes", ()) or ())
+    if not axes:
+        return NamedSharding(mesh, P())
+    unknown = [a for a in axes if a is not None and a not in mesh.axis_names]
+    if unknown:
+        raise ValueError(
+            f"the layout of {variable.path} names mesh axes {unknown}, but the mesh has "
+            f"{tuple(mesh.axis_names)}; build the LayoutMap on a DeviceMesh with "
+            "the same axis names."
+        )
+    return NamedSharding(mesh, P(*axes))
+
+
+def _place_variables(
+    model: Any, optimizer: Any, mesh: Mesh, layout_map: Any
+) -> tuple[Any, Any, Any]:
+    """Trainable, non-trainable and optimizer variables, placed on ``mesh``.
+
+    An optimizer variable (a moment, say) takes the layout of the trainable variable it
+    belongs to, found by name and shape; the rest are replicated.
+    """
+    trainable = model.trainable_variables
+    shardings = {v.path: _layout(v, mesh, layout_map) for v in trainable}
+    by_prefix = {v.path.replace("/", "_"): v for v in trainable}
+
+    def optimizer_sharding(variable: Any) -> NamedSharding:
+        for prefix, reference in by_prefix.items():
+            if variable.name.startswith(prefix) and tuple(variable.shape) == tuple(reference.shape):
+                return shardings[reference.path]
+        return NamedSharding(mesh, P())
+
+    groups = [
+        (trainable, [shardings[v.path] for v in trainable]),
+        (
+            model.non_trainable_variables,
+            [_layout(v, mesh, layout_map) for v in model.non_trainable_variables],
+        ),
+        (optimizer.variables, [optimizer_sharding(v) for v in optimizer.variables]),
+    ]
+    values = [[np.asarray(v.value) for v in group] for group, _ in groups]
+    if jax.process_count() > 1:
+        # Replicas must start equal: every process takes process 0's initial values.
+        values = jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(values))
+    trainable_values, non_trainable_values, optimizer_values = (
+        [place_host(value, s) for value, s in zip(vals, group_shardings, strict=True)]
+        for vals, (_, group_shardings) in zip(values, groups, strict=True)
+    )
+    return trainable_values, non_trainable_values, optimizer_values
+
+
+class _Metrics:
+    """The loss tracker and the metrics, updated statelessly inside the jitted steps."""
+
+    def __init__(self, metrics: list[keras.metrics.Metric], mesh: Mesh) -> None:
+        self._all: list[Any] = [keras.metrics.Mean(name="loss"), *metrics]
+        self._replicated = NamedSharding(mesh, P())
+
+    def fresh(self) -> list[list[jax.Array]]:
+        return [
+            [place_host(np.zeros(v.shape, v.dtype), self._replicated) for v in m.variables]
+            for m in self._all
+        ]
+
+    def update(
+        self, variables: list[list[jax.Array]], y: Any, y_pred: Any, loss: jax.Array, batch: Any
+    ) -> list[list[jax.Array]]:
+        weight = batch.get(MASK)
+        count = jnp.sum(weight.astype(jnp.float32)) if weight is not None else None
+        tracker, *metrics = self._all
+        updated = [tracker.stateless_update_state(variables[0], loss, sample_weight=count)]
+        for metric, own in zip(metrics, variables[1:], strict=True):
+            updated.append(metric.stateless_update_state(own, y, y_pred, sample_weight=weight))
+        return updated
+
+    def results(self, variables: list[list[jax.Array]]) -> dict[str, jax.Array]:
+        return {
+            m.name: m.stateless_result(own) for m, own in zip(self._all, variables, strict=True)
+        }
 
 
 _FIT_EXTRAS = ("step", "samples_per_s", "input_wait_share")

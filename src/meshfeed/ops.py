@@ -40,11 +40,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshfeed._shardings import place_host
+from meshfeed.feed._shardings import place_host
 
 __all__ = ["MATMUL_STRATEGIES", "MatmulStrategy", "bytes_moved", "layouts", "matmul"]
 
 MatmulStrategy = Literal["replicated", "rows", "allgather", "reduce_scatter", "2d", "auto"]
+"""How ``matmul`` splits ``[M, K] @ [K, N]`` over the mesh (the module docstring's table)."""
 MATMUL_STRATEGIES: tuple[MatmulStrategy, ...] = (
     "replicated",
     "rows",
@@ -53,6 +54,7 @@ MATMUL_STRATEGIES: tuple[MatmulStrategy, ...] = (
     "2d",
     "auto",
 )
+"""Every ``MatmulStrategy``, in the order ``meshfeed bench matmul`` times them."""
 
 
 def _place(x: Any, sharding: NamedSharding) -> jax.Array:

@@ -248,7 +248,7 @@ def run_demo(
 
     from meshfeed._cli.flags import fail
     from meshfeed._cli.lm import GLOBAL_BATCH_SIZE as LM_BATCH
-    from meshfeed._launch import GlooFilter, python_argv, start_processes, supervise
+    from meshfeed.cluster._launch import GlooFilter, python_argv, start_processes, supervise
 
     if keras and importlib.util.find_spec("keras") is None:
         fail(

@@ -171,7 +171,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
         return 0
     if args.command == "launch":
-        from meshfeed._launch import launch
+        from meshfeed.cluster._launch import launch
 
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         if not cmd:

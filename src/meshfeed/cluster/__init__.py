@@ -1,0 +1,21 @@
+"""Processes: connecting them, starting them on one machine, and watching them.
+
+``initialize`` connects the processes of a job (launched by ``meshfeed launch``,
+detected on a cluster, or alone) and starts the watch, which ends the whole job within
+a second, with one line, when a process is lost. ``launch`` starts and supervises
+several processes on this machine. The layer sits just above the floor, below the data
+and the loader, because the layers above tell the watch what their process is doing
+(the loader its step, ``fit`` its step, checkpoints their save), so that the line a
+survivor prints can say where the job was.
+
+Modules, lowest first (each imports only modules listed before it)::
+
+    _env           the environment meshfeed launch sets; require_initialized
+    _watch         the watch on the other processes: a lost one ends the job, named; doing
+    _initialize    initialize: connect the processes (launched, cluster, alone), start the watch
+    _launch        launch: local processes, started and supervised
+
+Users import these names from ``meshfeed``; this package exports nothing of its own.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,18 @@
+"""The floor: the pieces several layers above stand on.
+
+A mesh and its axes are what every layer talks about: the data layer's cost model, the
+strategies, the train steps and the pictures all ask which batch rows a device or a
+process holds, so those helpers live here once. The keyed permutation is the other
+shared piece: the loader's schedule orders each epoch with it, and the packing plan
+orders documents with it. Nothing here reads data, starts a thread or touches a device
+at import.
+
+Modules, lowest first (each imports only modules listed before it)::
+
+    _mesh          make_mesh, batch_sharding; which batch rows each device and process holds
+    _permutation   Permutation: a keyed bijection on [0, n), evaluated position by position; hash64
+
+Users import these names from ``meshfeed``; this package exports nothing of its own.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,33 @@
+"""Sources: random access to examples by integer ids, from wherever the data lives.
+
+A source is ``len(source)`` and ``source[ids] -> {field: array}``, nothing more: the
+schedule, the strategies and the loader above need no other access. This layer holds
+every way to get one -- numpy arrays and memory maps, meshfeed's own folder of ``.npy``
+shards (read by byte range, locally or from object storage, with retries and a local
+cache), Parquet, Hugging Face datasets, Grain, PyTorch and ArrayRecord -- and the
+writer of that folder. Variable-length fields are ``Ragged`` (flat values, offsets).
+Mixtures and packing are sources built from sources, addressed by index like any other,
+so resuming them needs nothing new. Nothing here knows about devices, steps or
+training, and nothing renders.
+
+Modules, lowest first (each imports only modules listed before it)::
+
+    _ragged        Ragged: documents of any length, flat values and offsets
+    _sources       the Source protocol, FieldSpec; the ids check and the gather by part
+    _remote        byte ranges behind a URL: requested together, failures named, faults retried
+    _cache         ShardCache: whole objects behind a URL kept on local disk, LRU within a bound
+    _blob          Blob: a local file or an object behind a URL, read by byte range
+    _files         fixed-size rows by byte range: RowFile, .npy, ragged values + offsets, .npz
+    _arrays        ArraySource: numpy arrays, memmaps read with pread
+    _store         meshfeed's folder of .npy shards, read: open_source, ShardedSource
+    _writer        write_source: one writer, or one part per worker
+    _adapters      sources over records: Grain, PyTorch, ArrayRecord
+    _arrow         sources over Arrow: Parquet, Hugging Face datasets
+    _mix           mix: sources in fixed proportions, addressed by index
+    _pack_plan     the packing plan: which piece of which document goes in which row
+    _pack          pack: documents packed into fixed rows, a source served by index
+
+Users import these names from ``meshfeed``; this package exports nothing of its own.
+"""
+
+__all__: list[str] = []

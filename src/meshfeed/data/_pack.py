@@ -1,0 +1,281 @@
+"""Sequence packing as a source: documents packed into fixed rows, served by index.
+
+``pack(source, seq_len)`` plans once (``_pack_plan``) which pieces of which documents go
+in which row, from the documents' lengths alone, and then serves rows by index like any
+source. So the schedule shuffles, shards and resumes packed rows exactly as it does
+examples, on any number of processes: every process computes the same plan from the
+same lengths, and the loader's state is still a step number. (Grain packs online; its
+state holds the open bins, so it cannot move to another process count.)
+
+A packed row has ``field`` (``[seq_len]``: the documents' tokens one after another,
+zeros in padding), ``segment_ids`` (1, 2, ... for the documents of the row in order, 0
+for padding) and ``positions`` (0 at each document's start). Other ragged fields of the
+source -- a loss mask, say -- are packed alongside under their own names, and must have
+the same lengths as ``field``. ``meshfeed.segment_mask`` turns segment ids into the
+attention mask that keeps each token inside its own document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from meshfeed.data._pack_plan import (
+    ALGORITHMS,
+    LONG_DOCS,
+    Algorithm,
+    LongDocs,
+    PackPlan,
+    narrowest,
+    plan_packing,
+)
+from meshfeed.data._ragged import Ragged
+from meshfeed.data._sources import (
+    FieldSpec,
+    Source,
+    check_ids,
+    document_lengths,
+    field_text,
+    thread_safe,
+)
+
+SEGMENT_IDS, POSITIONS = "segment_ids", "positions"
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _narrow_lengths(source: Source, field: str) -> np.ndarray:
+    """The documents' lengths in the narrowest type that holds them (the plan keeps them
+    while it plans)."""
+    found = document_lengths(source, field)
+    return found.astype(narrowest(int(found.max()) if len(found) else 0))
+
+
+def _dtype(source: Source, name: str) -> np.dtype:
+    """A packed field's dtype: a ragged field's own, or an object field's first document's."""
+    spec = source.fields[name]
+    if spec.ragged:
+        return np.dtype(spec.dtype)
+    return np.asarray(source[np.array([0])][name][0]).dtype
+
+
+def _as_ragged(values: Any) -> Ragged:
+    return values if isinstance(values, Ragged) else Ragged.from_list(list(values))
+
+
+class Packed:
+    """Rows of ``seq_len`` tokens packed from a source's documents; build with ``meshfeed.pack``."""
+
+    def __init__(
+        self, source: Source, seq_len: int, field: str, plan: PackPlan, stats: dict[str, int],
+        settings: dict[str, Any],
+    ) -> None:  # fmt: skip
+        self.source, self.seq_len, self.field = source, seq_len, field
+        self.plan = plan
+        self._stats = stats
+        self._settings = settings
+        self._packed = [name for name, spec in source.fields.items() if name != field]
+        self._packed.insert(0, field)
+        self._fields = {name: FieldSpec((seq_len,), _dtype(source, name)) for name in self._packed}
+        self._fields[SEGMENT_IDS] = FieldSpec((seq_len,), np.dtype(np.int32))
+        self._fields[POSITIONS] = FieldSpec((seq_len,), np.dtype(np.int32))
+        self._digest = plan.digest()
+
+    @property
+    def fields(self) -> Mapping[str, FieldSpec]:
+        """The packed fields, ``[seq_len]`` each (tokens, segment_ids, positions, ...)."""
+        return self._fields
+
+    @property
+    def thread_safe(self) -> bool:
+        """Whether rows may be read on several threads at once (if the documents' source may)."""
+        return thread_safe(self.source)
+
+    def __len__(self) -> int:
+        """The number of packed rows."""
+        return self.plan.rows
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """What the rows depend on, which the loader's state carries (the settings, the
+        plan's digest, and the packed source's own fingerprint)."""
+        inner = getattr(self.source, "fingerprint", None)
+        return {
+            "pack": {**self._settings, "seq_len": self.seq_len, "plan": self._digest},
+            **({"source": inner} if inner is not None else {}),
+        }
+
+    def stats(self) -> dict[str, float]:
+        """Documents, rows, tokens, padding (and its fraction), split, truncated and
+        dropped documents and tokens."""
+        tokens = int(self.plan.length.sum(dtype=np.int64))
+        slots = self.plan.rows * self.seq_len
+        return {
+            **self._stats,
+            "rows": self.plan.rows,
+            "tokens": tokens,
+            "padding": slots - tokens,
+            "padding_fraction": (slots - tokens) / slots,
+        }
+
+    def pieces(self, row: int) -> list[tuple[int, int, int]]:
+        """The pieces of ``row``, in order: (document id, start in it, length)."""
+        plan = self.plan
+        pieces = np.arange(plan.row_starts[row], plan.row_starts[row + 1])
+        return [
+            (int(d), int(s), int(n))
+            for d, s, n in zip(
+                plan.doc[pieces], plan.start(pieces), plan.length[pieces], strict=True
+            )
+        ]
+
+    def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """The packed rows ``ids``, built from the documents the plan puts in them."""
+        ids = check_ids(ids, len(self), "this packed source")
+        plan, seq_len, n = self.plan, self.seq_len, len(ids)
+        first, last = plan.row_starts[ids], plan.row_starts[ids + 1]
+        count = last - first  # pieces per requested row
+        piece = np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())
+        row = np.repeat(np.arange(n), count)
+        length = plan.length[piece].astype(np.int64)
+        # Where each piece lands in its row, and its number in the row (1, 2, ...).
+        ends = np.cumsum(length)
+        row_first = np.repeat(np.cumsum(count) - count, count)
+        column = ends - length - (ends - length)[row_first] if len(piece) else length
+        segment = np.arange(len(piece)) - row_first + 1
+        docs, which = np.unique(plan.doc[piece], return_inverse=True)
+        read = self.source[docs]
+        total = int(length.sum())
+        dest = np.repeat(row * seq_len + column - np.cumsum(length) + length, length)
+        dest += np.arange(total)
+        out: dict[str, np.ndarray] = {}
+        lengths = None
+        for name in self._packed:
+            documents = _as_ragged(read[name])
+            if lengths is None:
+                lengths = documents.lengths
+            elif not np.array_equal(documents.lengths, lengths):
+                raise ValueError(
+                    f"field {name!r} has documents of other lengths than {self.field!r}; "
+                    "pack packs fields alongside only when they align token for token."
+                )
+            start = documents.offsets[which.reshape(-1)] + plan.start(piece)
+            src = np.repeat(start - np.cumsum(length) + length, length) + np.arange(total)
+            flat = np.zeros(n * seq_len, documents.dtype)
+            flat[dest] = documents.values[src]
+            out[name] = flat.reshape(n, seq_len)
+        segment_ids = np.zeros(n * seq_len, np.int32)
+        segment_ids[dest] = np.repeat(segment, length)
+        positions = np.zeros(n * seq_len, np.int32)
+        positions[dest] = np.arange(total) - np.repeat(np.cumsum(length) - length, length)
+        out[SEGMENT_IDS] = segment_ids.reshape(n, seq_len)
+        out[POSITIONS] = positions.reshape(n, seq_len)
+        return out
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (
+            f"Packed({len(self)} rows of {self.seq_len} from {s['documents']} documents, "
+            f"{100 * s['padding_fraction']:.1f}% padding)"
+        )
+
+
+def pack(
+    source: Source,
+    seq_len: int,
+    *,
+    field: str = "tokens",
+    seed: int = 0,
+    algorithm: Algorithm = "best_fit",
+    window: int = 16_384,
+    long_docs: LongDocs = "split",
+    max_segments: int | None = None,
+) -> Packed:
+    """The documents of ``source`` packed into rows of ``seq_len`` tokens: a ``Source``.
+
+    Load the result like any source -- ``Loader(pack(src, 512), global_batch_size=32,
+    sharding=NamedSharding(mesh, P('data', None)))`` -- with every strategy, ``mix``,
+    ``state()``/``restore()`` on another number of processes, and checkpoints.
+
+    Args:
+      source: a source whose ``field`` is ragged (documents of any length); its other
+        fields must be ragged too, with the same lengths, and are packed alongside.
+      seq_len: tokens per row.
+      field: the field whose documents are packed.
+      seed: the key of the order documents are taken in.
+      algorithm: ``"best_fit"`` (less padding) or ``"first_fit"``.
+      window: documents planned together; larger packs tighter and plans no slower.
+      long_docs: a document longer than ``seq_len``: ``"split"`` into pieces (positions
+        restart at 0 in every piece, as if each were a document of its own),
+        ``"truncate"`` to its first ``seq_len`` tokens, ``"drop"``, or ``"error"``.
+      max_segments: at most this many documents (pieces) in a row.
+
+    Returns:
+      A ``Packed`` source: fields ``field`` (and the other packed fields), ``segment_ids``
+      and ``positions``, each ``[seq_len]``; ``packed.stats()`` tells the padding.
+    """
+    if not isinstance(source, Source):
+        raise TypeError(f"pack takes a meshfeed.Source, got {type(source).__name__}.")
+    if not _count(seq_len) or seq_len < 1:
+        raise ValueError(f"seq_len={seq_len!r} must be an int >= 1 (tokens per packed row).")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm={algorithm!r} is unknown; pass one of {list(ALGORITHMS)}.")
+    if long_docs not in LONG_DOCS:
+        raise ValueError(f"long_docs={long_docs!r} is unknown; pass one of {list(LONG_DOCS)}.")
+    if not _count(window) or window < 1:
+        raise ValueError(f"window={window!r} must be an int >= 1 (documents planned together).")
+    if max_segments is not None and (not _count(max_segments) or max_segments < 1):
+        raise ValueError(f"max_segments={max_segments!r} must be an int >= 1, or None.")
+    if not _count(seed) or seed < 0:
+        raise ValueError(f"seed={seed!r} must be an int >= 0.")
+    _check_fields(source, field)
+    if len(source) == 0:
+        raise ValueError("source has 0 documents; pass a source with at least one.")
+    settings = {
+        "field": field, "seed": seed, "algorithm": algorithm, "window": window,
+        "long_docs": long_docs, "max_segments": max_segments,
+    }  # fmt: skip
+    plan, stats = plan_packing(
+        _narrow_lengths(source, field),
+        seq_len,
+        seed=seed,
+        algorithm=algorithm,
+        window=window,
+        long_docs=long_docs,
+        max_segments=max_segments,
+    )
+    return Packed(source, seq_len, field, plan, stats, settings)
+
+
+def _check_fields(source: Source, field: str) -> None:
+    fields = dict(source.fields)
+    if field not in fields:
+        ragged = [k for k, s in fields.items() if s.ragged]
+        raise ValueError(
+            f"pack(field={field!r}): the source has no such field; its fields are "
+            f"{list(fields)}. Pass field= naming the token field, one of {ragged}."
+        )
+    for name in (SEGMENT_IDS, POSITIONS):
+        if name in fields:
+            raise ValueError(
+                f"the source has a field named {name!r}, which pack adds itself; rename it."
+            )
+    for name, spec in fields.items():
+        documents = spec.ragged or spec.dtype == np.dtype(object)
+        if not documents:
+            raise ValueError(
+                f"pack packs documents of any length, but field {name!r} has a fixed "
+                f"shape ({field_text(spec)}). A packed row holds several documents, so a "
+                f"per-document value has no place in it: give it one value per token (a "
+                f"ragged field aligned with {field!r}), or build the source without {name!r}."
+            )
+        if spec.ragged and len(spec.shape) > 1:
+            raise ValueError(
+                f"pack packs 1-D documents, but field {name!r} has documents of "
+                f"{field_text(spec)} (2-D values); flatten them, or build the source without "
+                f"{name!r}."
+            )

@@ -1,0 +1,220 @@
+"""The packing plan: which piece of which document goes in which packed row.
+
+Planned once, from the documents' lengths alone, so it is the same on every process
+and needs no data. Documents are taken in a keyed shuffled order (``seed``) and packed
+in windows of ``window`` documents, each window on its own: no global sort, bounded
+work per window, and windows could be planned in parallel. Within a window,
+``"best_fit"`` puts each piece in the open row it fills most tightly (a sorted list of
+the rows' free space, searched with ``bisect``), ``"first_fit"`` in the first open row
+it fits; ``max_segments`` closes a row once it holds that many pieces. A document longer
+than ``seq_len`` is cut into ``seq_len`` pieces (``"split"``), cut to its first
+``seq_len`` tokens (``"truncate"``), skipped (``"drop"``) or refused (``"error"``).
+
+The plan is four arrays -- per piece its document, start and length, and where each
+row's pieces start -- about 12 bytes a document.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import itertools
+from typing import Literal
+
+import numpy as np
+
+from meshfeed.core._permutation import Permutation
+
+Algorithm = Literal["best_fit", "first_fit"]
+"""How ``pack`` fills rows: each piece into the fullest row it fits (``best_fit``), or the
+first (``first_fit``)."""
+LongDocs = Literal["split", "truncate", "drop", "error"]
+"""What ``pack`` does with a document longer than ``seq_len``: split it into pieces,
+truncate it, drop it, or raise."""
+ALGORITHMS: tuple[Algorithm, ...] = ("best_fit", "first_fit")
+LONG_DOCS: tuple[LongDocs, ...] = ("split", "truncate", "drop", "error")
+
+
+class PackPlan:
+    """Which piece of which document goes in which row: ``rows + 1`` row starts into
+    the pieces, and per piece its document, its number in the document (piece ``k``
+    starts at token ``k * seq_len``) and its length -- in the narrowest integer types
+    that hold them."""
+
+    def __init__(
+        self,
+        seq_len: int,
+        doc: np.ndarray,
+        piece: np.ndarray,
+        length: np.ndarray,
+        row_starts: np.ndarray,
+    ) -> None:
+        self.seq_len = seq_len
+        self.doc, self.piece, self.length, self.row_starts = doc, piece, length, row_starts
+
+    @property
+    def rows(self) -> int:
+        """The number of packed rows."""
+        return len(self.row_starts) - 1
+
+    def start(self, pieces: np.ndarray) -> np.ndarray:
+        """Where these pieces start in their documents."""
+        return self.piece[pieces].astype(np.int64) * self.seq_len
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the plan's arrays hold."""
+        return sum(a.nbytes for a in (self.doc, self.piece, self.length, self.row_starts))
+
+    def digest(self) -> str:
+        """A hash of the plan, the same on every process; the loader's state carries it."""
+        h = hashlib.sha256(str(self.seq_len).encode())
+        for a in (self.doc, self.piece, self.length, self.row_starts):
+            h.update(a.dtype.str.encode())  # the same lengths give the same types everywhere
+            h.update(memoryview(np.ascontiguousarray(a)))  # type: ignore[arg-type]  # no copy
+        return h.hexdigest()[:16]
+
+
+def _pieces(
+    docs: np.ndarray, lengths: np.ndarray, seq_len: int, long_docs: LongDocs, stats: dict
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pieces (document, piece number, length) of one window's documents, in order."""
+    stats["empty_documents"] += int((lengths == 0).sum())
+    keep = lengths > 0
+    docs, lengths = docs[keep], lengths[keep]
+    long = lengths > seq_len
+    if long.any():
+        if long_docs == "error":
+            i = int(np.argmax(long))
+            raise ValueError(
+                f"document {int(docs[i])} has {int(lengths[i])} tokens, more than "
+                f"seq_len={seq_len}, and long_docs='error'; pass long_docs='split' (cut it "
+                "into pieces), 'truncate' or 'drop', or a larger seq_len."
+            )
+        if long_docs == "drop":
+            stats["dropped_documents"] += int(long.sum())
+            stats["dropped_tokens"] += int(lengths[long].sum())
+            docs, lengths = docs[~long], lengths[~long]
+        elif long_docs == "truncate":
+            stats["truncated_tokens"] += int((lengths[long] - seq_len).sum())
+            lengths = np.minimum(lengths, seq_len)
+        else:
+            stats["split_documents"] += int(long.sum())
+            stats["split_tokens"] += int(lengths[long].sum())
+    stats["documents"] += len(docs)
+    counts = -(-lengths // seq_len)  # pieces per document (1 unless split)
+    doc = np.repeat(docs, counts)
+    piece = np.arange(len(doc)) - np.repeat(np.cumsum(counts) - counts, counts)
+    length = np.minimum(np.repeat(lengths, counts) - piece * seq_len, seq_len)
+    return doc, piece, length
+
+
+def _total_pieces(lengths: np.ndarray, seq_len: int, long_docs: LongDocs) -> int:
+    """How many pieces the plan will hold (computed in chunks: no N-sized temporaries)."""
+    total = 0
+    for a in range(0, len(lengths), 1 << 16):
+        chunk = lengths[a : a + (1 << 16)].astype(np.int64)
+        chunk = chunk[chunk > 0]
+        if long_docs == "split":
+            total += int((-(-chunk // seq_len)).sum())
+        elif long_docs == "drop":
+            total += int((chunk <= seq_len).sum())
+        else:
+            total += len(chunk)
+    return total
+
+
+def narrowest(largest: int) -> type:
+    """The narrowest of uint16, int32 and int64 that holds ``largest``."""
+    for kind in (np.uint16, np.int32):
+        if largest < np.iinfo(kind).max:
+            return kind
+    return np.int64
+
+
+def _best_fit(lengths: list[int], seq_len: int, cap: int | None) -> list[list[int]]:
+    """Bins of piece indices: each piece into the open bin it fills most tightly."""
+    shift = 1 << 32  # (remaining, bin) as one int: remaining * shift + bin, sorted
+    free: list[int] = []
+    bins: list[list[int]] = []
+    for i, n in enumerate(lengths):
+        j = bisect.bisect_left(free, n * shift)
+        if j < len(free):
+            key = free.pop(j)
+            b, remaining = key % shift, key // shift - n
+            bins[b].append(i)
+        else:
+            b, remaining = len(bins), seq_len - n
+            bins.append([i])
+        if remaining > 0 and (cap is None or len(bins[b]) < cap):
+            bisect.insort(free, remaining * shift + b)
+    return bins
+
+
+def _first_fit(lengths: list[int], seq_len: int, cap: int | None) -> list[list[int]]:
+    """Bins of piece indices: each piece into the first open bin it fits."""
+    remaining = np.full(max(1, len(lengths)), -1, np.int64)
+    bins: list[list[int]] = []
+    for i, n in enumerate(lengths):
+        fits = remaining[: len(bins)] >= n
+        b = int(np.argmax(fits)) if len(bins) and fits.any() else len(bins)
+        if b == len(bins):
+            bins.append([])
+            remaining[b] = seq_len
+        bins[b].append(i)
+        remaining[b] -= n
+        if cap is not None and len(bins[b]) >= cap:
+            remaining[b] = -1
+    return bins
+
+
+def plan_packing(
+    lengths: np.ndarray,
+    seq_len: int,
+    *,
+    seed: int,
+    algorithm: Algorithm,
+    window: int,
+    long_docs: LongDocs,
+    max_segments: int | None,
+) -> tuple[PackPlan, dict[str, int]]:
+    """The plan for documents of ``lengths``, and its counts (see ``Packed.stats``)."""
+    n = len(lengths)
+    lengths = lengths.astype(narrowest(int(lengths.max()) if n else 0), copy=False)
+    stats: dict[str, int] = dict.fromkeys(
+        ("documents", "empty_documents", "split_documents", "split_tokens", "truncated_tokens",
+         "dropped_documents", "dropped_tokens"),
+        0,
+    )  # fmt: skip
+    order = Permutation(n, seed=seed, epoch=0)
+    pack = _best_fit if algorithm == "best_fit" else _first_fit
+    # The plan's arrays are allocated once, at their final size and narrowest types.
+    total = _total_pieces(lengths, seq_len, long_docs)
+    most_pieces = -(-int(lengths.max()) // seq_len) if n else 1
+    doc_out = np.empty(total, np.int32 if n < 2**31 else np.int64)
+    piece_out = np.empty(total, narrowest(most_pieces))
+    length_out = np.empty(total, narrowest(seq_len + 1))
+    sizes: list[np.ndarray] = []
+    at = 0
+    for w in range(0, n, window):
+        docs = order(np.arange(w, min(n, w + window)))
+        doc, piece, length = _pieces(
+            docs, lengths[docs].astype(np.int64), seq_len, long_docs, stats
+        )
+        bins = pack(length.tolist(), seq_len, max_segments)
+        placed = np.fromiter(itertools.chain.from_iterable(bins), np.int64, len(doc))
+        end = at + len(doc)
+        doc_out[at:end], piece_out[at:end], length_out[at:end] = (
+            doc[placed],
+            piece[placed],
+            length[placed],
+        )
+        sizes.append(np.fromiter((len(b) for b in bins), np.int32, len(bins)))
+        at = end
+    if not at:
+        raise ValueError("pack found no tokens to pack: every document is empty or was dropped.")
+    counts = np.concatenate(sizes)
+    del sizes
+    row_starts = np.zeros(len(counts) + 1, np.int32 if total < 2**31 else np.int64)
+    np.cumsum(counts, out=row_starts[1:])
+    return PackPlan(seq_len, doc_out, piece_out, length_out, row_starts), stats

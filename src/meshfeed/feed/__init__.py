@@ -1,0 +1,30 @@
+"""Feeding the mesh: a source and a schedule in, global ``jax.Array`` batches out.
+
+The schedule maps each step to example ids from the seed, the epoch and the batch size
+alone, so every process computes it on its own. The planner says what each strategy
+costs and which one ``"auto"`` picks; the shardings say which rows go to which device;
+a strategy reads this process's rows and places them; the read-ahead runs steps on
+background threads; the state is the steps consumed and a fingerprint. ``Loader`` is
+the façade over all of it. The planner sits here rather than with the pictures in
+``inspect`` because ``"auto"`` is a strategy that needs it; ``check_replicas`` sits here
+because the loader runs it. Nothing here renders.
+
+Modules, lowest first (each imports only modules listed before it)::
+
+    _schedule      the step -> example ids map: shuffled or block-shuffled epochs, padding, the mask
+    _plan          the strategies' names, their costs, and what "auto" picks
+    _shardings     the sharding of each field, the rows it puts where; place_host
+    _strategies    per strategy, the rows a process reads and how they are placed; reshard
+    _options       LoaderOptions: every argument checked before anything starts
+    _reader        one step's host rows: source, padding, records, transform, checks, mask
+    _pipeline      steps read ahead on threads, depth adapting (Prefetcher), or on demand
+    _replicas      check_replicas: a collective comparing replicas across processes
+    _state         LoaderState: steps consumed and the fingerprint, to and from JSON
+    _stream        Stream: the position, the steps read ahead, placed and handed out in order
+    _assembly      assemble: a loader's parts wired from its options
+    _loader        Loader: the façade over all of the above
+
+Users import these names from ``meshfeed``; this package exports nothing of its own.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,238 @@
+"""The Loader: a source, a schedule, a strategy, and a position in the stream.
+
+``Loader`` yields one dict of global ``jax.Array`` per step, laid out by the requested
+sharding. It is a façade over the pieces that do the work: ``LoaderOptions`` checks
+the arguments, ``assemble`` wires the parts (the ``Schedule`` gives each step's example
+ids, the ``StepReader`` reads and transforms this process's rows of them, the strategy's
+``Builder`` places them on the devices), and the ``Stream`` holds the position and
+hands out batches read ahead on background threads. Its whole state is the number of
+steps consumed plus a fingerprint of what the schedule depends on (``LoaderState``);
+since every process derives the schedule on its own, that state restores exactly under
+any number of processes or devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from meshfeed.cluster._env import require_initialized
+from meshfeed.data._sources import Source
+from meshfeed.feed._assembly import assemble
+from meshfeed.feed._options import (
+    PREFETCH_BYTES,
+    LoaderOptions,
+    OptionAttributes,
+    Prefetch,
+    Transform,
+    check_source,
+    check_source_kind,
+)
+from meshfeed.feed._plan import Fetches, Plan, Strategy
+from meshfeed.feed._schedule import LastBatch
+from meshfeed.feed._shardings import ShardingArg
+from meshfeed.feed._state import LoaderState, fingerprint
+from meshfeed.workers._record_rows import RecordFn
+from meshfeed.workers._records import WorkerType
+
+
+class Loader(OptionAttributes):
+    """Global sharded batches from a source, on one process or many.
+
+    Args:
+      source: a ``meshfeed.Source`` (``len``, ``source[ids]``, ``fields``).
+      global_batch_size: rows of one step over all processes.
+      sharding: a ``NamedSharding`` for every field, or a mapping field -> sharding.
+        The batch dimension is the first; it must split evenly over its mesh axes.
+      strategy: ``"per_process"`` (default), ``"global"``, ``"per_device"``,
+        ``"reshard"`` or ``"auto"`` (the strategies guide). With ``"reshard"``
+        batches arrive in ``loader.load_sharding``; move them with
+        ``meshfeed.reshard(batch, loader.sharding)``, inside or outside ``jax.jit``.
+      shuffle: a keyed random order per epoch; else ``0 .. N-1``.
+      shuffle_block: shuffle blocks of this many consecutive examples, for data behind
+        a URL: each step reads a few contiguous runs instead of one request per row
+        (the object storage guide).
+      shuffle_window: blocks visited together, round-robin, with ``shuffle_block``
+        (default 16): more mixes more, and each step reads about that many runs.
+      seed: the key of that order.
+      num_epochs: passes over the source; ``None`` for endless.
+      last_batch: ``"drop"`` skips each epoch's final partial batch; ``"pad"`` fills it
+        with zero rows and adds a boolean ``mask`` field (True for real rows).
+      transform: a row-wise, vectorised function on the numpy dict of the rows a
+        process loads, applied before they go to devices. It must keep the row count.
+      prefetch: steps read ahead (source, record transforms, ``transform``) on
+        background threads, several at once. ``"auto"`` (default) starts at 2 and
+        deepens while the loop waits on a slow source or busy workers
+        (``loader.prefetch_depth`` says where it settled); an int fixes it; 0 reads each
+        step on demand. ``state()`` counts only the batches handed out.
+      prefetch_bytes: the most bytes of batches read ahead (default 256 MiB).
+      check_every: run ``meshfeed.check_replicas`` on every N-th batch (a collective that
+        compares replicas across processes; raises ``ValueError`` if they differ).
+      record_transform: ``fn(record, rng) -> record`` run on every example a process
+        loads (decode, augment), before ``transform``; ``record`` maps field -> that
+        example's value, ``rng`` a generator seeded from ``(seed, epoch, example_id)``.
+        Every output record must have the same fields, shapes and dtypes.
+      num_workers: workers for ``record_transform`` (0: in the loading thread). The
+        output does not depend on it, nor on ``worker_type``.
+      worker_type: ``"processes"`` (default): ``fn`` is sent to worker processes by
+        value (cloudpickle), so it may come from a script, a notebook or a closure;
+        ``"threads"``: a thread pool in this process, for decoders that release the GIL.
+
+    Every argument is a read-only attribute afterwards (``loader.seed``, ...).
+
+    Example:
+      >>> loader = meshfeed.Loader(src, global_batch_size=256,  # doctest: +SKIP
+      ...                          sharding=meshfeed.batch_sharding(mesh))
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        global_batch_size: int,
+        sharding: ShardingArg,
+        strategy: Strategy = "per_process",
+        shuffle: bool = True,
+        shuffle_block: int | None = None,
+        shuffle_window: int | None = None,
+        seed: int = 0,
+        num_epochs: int | None = 1,
+        last_batch: LastBatch = "drop",
+        transform: Transform | None = None,
+        prefetch: Prefetch = "auto",
+        prefetch_bytes: int = PREFETCH_BYTES,
+        check_every: int | None = None,
+        record_transform: RecordFn | None = None,
+        num_workers: int = 0,
+        worker_type: WorkerType = "processes",
+    ) -> None:
+        check_source_kind(source)
+        options = LoaderOptions(
+            global_batch_size=global_batch_size, sharding=sharding, strategy=strategy,
+            shuffle=shuffle, shuffle_block=shuffle_block, shuffle_window=shuffle_window,
+            seed=seed, num_epochs=num_epochs, last_batch=last_batch,
+            transform=transform, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
+            check_every=check_every, record_transform=record_transform,
+            num_workers=num_workers, worker_type=worker_type,
+        )  # fmt: skip
+        require_initialized()
+        self._source, self._options = source, options
+        self._fields = check_source(source, options)
+        self._parts = assemble(source, self._fields, options)
+        self._plan = self._parts.plan
+
+    @property
+    def options(self) -> LoaderOptions:
+        """Everything passed to ``Loader(...)`` but the source, as validated."""
+        return self._options
+
+    @property
+    def source(self) -> Source:
+        """The source the loader reads."""
+        return self._source
+
+    @property
+    def strategy(self) -> str:
+        """The strategy in use, the one requested or what ``"auto"`` picked."""
+        return self._plan.strategy
+
+    @property
+    def plan(self) -> Plan:
+        """What each strategy costs here, and why this one (``meshfeed.show_plan``);
+        for a source behind a URL, also the requests and bytes a step fetches here."""
+        if self._plan.fetches is None and getattr(self._source, "remote", False):
+            ids = [self._parts.process_ids(k) for k in range(self.step, self.step + 8)]
+            fetches = _sample_fetches(self._source, [i for i in ids if i is not None])
+            self._plan = dataclasses.replace(self._plan, fetches=fetches)
+        return self._plan
+
+    @property
+    def load_sharding(self) -> ShardingArg:
+        """Where batches arrive, ``sharding`` or the layout ``"reshard"`` loads in."""
+        return self._parts.load_sharding
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps in one pass over the source (with ``last_batch``'s rule)."""
+        return self._parts.schedule.steps_per_epoch
+
+    @property
+    def step(self) -> int:
+        """Global steps consumed so far (what ``state()`` records)."""
+        return self._parts.stream.step
+
+    def __len__(self) -> int:
+        """Steps in the whole run (``num_epochs`` epochs); an endless loader has none."""
+        if self._parts.end is None:
+            raise TypeError("the loader is endless (num_epochs=None) and has no len().")
+        return self._parts.end
+
+    def __iter__(self) -> Iterator[dict[str, jax.Array]]:
+        """Yields batches from the current step to the end of the run.
+
+        The loader holds the position: a loop that stops early, then a new loop,
+        continues where the first left off; ``reset()`` starts over.
+        """
+        return iter(self._parts.stream)
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Steps read ahead now, ``prefetch`` or what ``"auto"`` has adapted to (0
+        before iterating)."""
+        return self._parts.stream.depth
+
+    @property
+    def prefetch_peak_bytes(self) -> int:
+        """The most bytes of steps read ahead and not yet handed out, since the last
+        iteration started (within ``prefetch_bytes`` plus one step)."""
+        return self._parts.stream.peak_bytes
+
+    def batch(self, step: int) -> dict[str, jax.Array]:
+        """The global batch of ``step``, without moving the loader's position."""
+        return self._parts.stream.batch(step)
+
+    def ids(self, step: int) -> np.ndarray:
+        """The example ids of global step ``step`` (``-1`` marks padding)."""
+        return self._parts.schedule.ids(step).copy()
+
+    def reset(self) -> None:
+        """Goes back to step 0."""
+        self._parts.stream.step = 0
+
+    def close(self) -> None:
+        """Stops ``record_transform`` workers and frees their shared memory."""
+        self._parts.reader.close()
+
+    def state(self) -> dict[str, Any]:
+        """A small JSON-serialisable dict: steps consumed and what the schedule depends on."""
+        return LoaderState.now(self.step, self._fingerprint()).to_json()
+
+    def restore(self, state: Mapping[str, Any] | str | bytes) -> None:
+        """Continues the stream exactly where ``state`` was taken.
+
+        The state may come from a run with another number of processes or devices; it
+        must come from the same source, seed, shuffle, batch size and last_batch.
+        """
+        restored = LoaderState.from_json(state)
+        restored.check(self._fingerprint(), self._parts.end)
+        self._parts.stream.step = restored.step
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return fingerprint(self._source, self._fields, self._options)
+
+    def __repr__(self) -> str:
+        steps = "endless" if self._parts.end is None else f"{self._parts.end} steps"
+        return (
+            f"Loader({self._source!r}, global_batch_size={self.global_batch_size}, "
+            f"strategy={self.strategy!r}, {steps}, at step {self.step})"
+        )
+
+
+def _sample_fetches(source: Source, ids: list[np.ndarray]) -> Fetches:
+    """What a remote source fetches for each step's ``ids`` (its ``fetches`` method)."""
+    fetches = source.fetches  # type: ignore[attr-defined]
+    return Fetches.sample(source.name, [fetches(i) for i in ids])  # type: ignore[attr-defined]

@@ -1,0 +1,177 @@
+"""The host side of one step: the rows this process reads, ready to be placed.
+
+``StepReader.read(step)`` is everything a step needs before JAX: the schedule's ids for
+each row set the strategy reads, the source's values of those ids (zeros for padding),
+record transforms, the batch ``transform``, a check of the first batch's output, and
+the ``mask`` field with ``last_batch="pad"``. It is numpy work only, so the pipeline
+can run it on a background thread; placing the rows on devices is the strategy's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from meshfeed.core._mesh import check_sharding
+from meshfeed.data._ragged import Ragged, empty
+from meshfeed.data._sources import FieldSpec, Source, thread_safe
+from meshfeed.feed._options import LoaderOptions, Transform
+from meshfeed.feed._schedule import MASK, Schedule
+from meshfeed.feed._shardings import FieldShardings
+from meshfeed.workers._records import RecordStage
+
+
+class SourceRows:
+    """The source's values of some rows of a step's batch (zeros for padding)."""
+
+    def __init__(self, source: Source, fields: Mapping[str, FieldSpec], schedule: Schedule) -> None:
+        self._source, self._fields, self._schedule = source, fields, schedule
+        self._one_at_a_time = None if thread_safe(source) else threading.Lock()
+
+    def epoch(self, step: int) -> int:
+        return self._schedule.epoch_and_step(step)[0]
+
+    def read(self, step: int, rows: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
+        """The values of batch rows ``rows`` of ``step``, and their example ids."""
+        if self._one_at_a_time is None:
+            return self._read(step, rows)
+        with self._one_at_a_time:
+            return self._read(step, rows)
+
+    def _read(self, step: int, rows: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
+        batch_ids = self._schedule.ids(step)
+        ids = batch_ids if len(rows) == len(batch_ids) else batch_ids[rows]
+        valid = ids >= 0
+        if valid.all():
+            return dict(self._source[ids]), ids
+        real: Mapping[str, Any] = self._source[ids[valid]] if valid.any() else {}
+        data: dict[str, Any] = {}
+        for name, spec in self._fields.items():
+            if spec.ragged:  # padding rows are empty documents
+                data[name] = (
+                    Ragged.expand(valid, real[name])
+                    if real
+                    else empty(len(ids), spec.dtype, spec.shape[1:])
+                )  # type: ignore[arg-type]
+            else:
+                data[name] = np.zeros((len(ids), *spec.shape), spec.dtype)
+                if real:
+                    data[name][valid] = real[name]
+        return data, ids
+
+
+class StepReader:
+    """This process's host rows of a step: one dict of numpy arrays per row set.
+
+    Args:
+      source_rows: where the values come from.
+      row_sets: the batch rows the strategy reads, one array per set.
+      target: where the fields go (for the first batch's check).
+      transform: the batch transform, or ``None``.
+      records: the record stage, or ``None``.
+      pad: ``last_batch="pad"``: add the ``mask`` field.
+    """
+
+    def __init__(
+        self,
+        source_rows: SourceRows,
+        row_sets: Sequence[np.ndarray],
+        *,
+        target: FieldShardings,
+        transform: Transform | None,
+        records: RecordStage | None,
+        pad: bool,
+    ) -> None:
+        self._source_rows, self._row_sets, self._target = source_rows, list(row_sets), target
+        self._transform, self._records, self._pad = transform, records, pad
+        self._output_checked = False
+
+    def read(self, step: int) -> list[dict[str, np.ndarray]]:
+        return [self._read_rows(step, rows) for rows in self._row_sets]
+
+    def _read_rows(self, step: int, rows: np.ndarray) -> dict[str, np.ndarray]:
+        if self._records is not None:
+            data, ids = self._records(step, rows)
+        else:
+            data, ids = self._source_rows.read(step, rows)
+        if self._transform is not None:
+            data = self._transform(data)
+        if not self._output_checked:
+            self._check_output(data, len(ids))
+        if self._pad:
+            data = {**data, MASK: ids >= 0}
+        return data
+
+    def _check_output(self, data: object, rows: int) -> None:
+        who = "transform" if self._transform is not None else "source"
+        if not isinstance(data, Mapping) or not data:
+            raise TypeError(
+                f"the {who} returned {type(data).__name__}; it must return a non-empty "
+                "dict of field name -> numpy array."
+            )
+        for name, array in data.items():
+            if isinstance(array, Ragged):
+                raise ValueError(
+                    f"field {name!r} holds variable-length documents (Ragged) and cannot go "
+                    "to devices as they are; pack them into fixed rows with "
+                    "meshfeed.pack(source, seq_len), or pad them with record_transform= "
+                    "(per example) or transform= (per batch)."
+                )
+            if not isinstance(array, np.ndarray) or array.ndim == 0 or len(array) != rows:
+                got = getattr(array, "shape", type(array).__name__)
+                raise ValueError(
+                    f"the {who} returned field {name!r} as {got} for {rows} rows; return "
+                    f"one numpy row per example ({rows} rows)."
+                )
+            if array.dtype.hasobject:
+                raise ValueError(
+                    f"field {name!r} holds variable-length values (an object array) and "
+                    "cannot go to devices; decode or pad it to a fixed shape with "
+                    "record_transform= (per example) or transform= (per batch)."
+                )
+            if self._pad and name == MASK:
+                raise ValueError(
+                    f"the {who} returned a field named {MASK!r}, which last_batch='pad' "
+                    "adds itself; rename that field."
+                )
+            check_sharding(
+                self._target.of(name, array.ndim),
+                name=name,
+                global_batch_size=self._target.global_batch_size,
+                shape=array.shape[1:],
+            )
+        self._output_checked = True
+
+    def close(self) -> None:
+        """Stops record workers and frees their shared memory."""
+        if self._records is not None:
+            self._records.close()
+
+
+def make_reader(
+    source_rows: SourceRows,
+    options: LoaderOptions,
+    row_sets: Sequence[np.ndarray],
+    target: FieldShardings,
+) -> StepReader:
+    """The reader of a loader's ``options``: its record stage, transform and padding."""
+    records = None
+    if options.record_transform is not None:
+        records = RecordStage(
+            options.record_transform,
+            num_workers=options.num_workers,
+            worker_type=options.worker_type,
+            seed=options.seed,
+            source_rows=source_rows,
+        )
+    return StepReader(
+        source_rows,
+        row_sets,
+        target=target,
+        transform=options.transform,
+        records=records,
+        pad=options.last_batch == "pad",
+    )

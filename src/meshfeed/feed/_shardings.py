@@ -1,0 +1,109 @@
+"""Where each field of a batch goes, and which rows of the batch that puts where.
+
+A loader takes one ``NamedSharding`` for every field, or one per field. From the
+sharding(s) and the global batch size follow the rows each device holds and the rows
+this process must read (each once, replicas deduplicated); ``FieldShardings`` computes
+them once, since they are the same at every step. The ``mask`` field (added with
+``last_batch="pad"``) takes the batch dimension of the first sharding unless named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from meshfeed.core._mesh import Device, batch_axes, device_rows, process_rows
+from meshfeed.feed._plan import load_sharding
+from meshfeed.feed._schedule import MASK
+
+ShardingArg = NamedSharding | Mapping[str, NamedSharding]
+"""A ``NamedSharding`` for every field, or a mapping field name -> ``NamedSharding``."""
+
+
+def fit_to_rank(sharding: NamedSharding, ndim: int) -> NamedSharding:
+    """Drops spec entries past ``ndim`` so one sharding can serve a lower-rank field."""
+    if len(sharding.spec) <= ndim:
+        return sharding
+    return NamedSharding(sharding.mesh, P(*tuple(sharding.spec)[:ndim]))
+
+
+def place_host(array: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """A host array that every process holds whole, placed by ``sharding``.
+
+    Each addressable device gets its slice through ``jax.make_array_from_callback``,
+    never a cross-process ``device_put``, which compares the data across processes.
+    """
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
+def load_shardings(sharding: ShardingArg, global_batch_size: int) -> ShardingArg:
+    """The shardings ``reshard`` loads in, per field (see ``_plan.load_sharding``)."""
+    if isinstance(sharding, NamedSharding):
+        return load_sharding(sharding, global_batch_size)
+    return {name: load_sharding(s, global_batch_size) for name, s in sharding.items()}
+
+
+def _row_key(sharding: NamedSharding) -> tuple[Any, ...]:
+    return (sharding.mesh, batch_axes(sharding))
+
+
+class FieldShardings:
+    """The sharding of each field, and the batch rows each device and this process need."""
+
+    def __init__(self, sharding: ShardingArg, global_batch_size: int) -> None:
+        self.global_batch_size = global_batch_size
+        if isinstance(sharding, NamedSharding):
+            self._default: NamedSharding | None = sharding
+            self._by_field: dict[str, NamedSharding] = {}
+        else:
+            self._default = None
+            self._by_field = dict(sharding)
+        first = self._default or next(iter(self._by_field.values()))
+        self._mask = self._by_field.get(MASK, fit_to_rank(first, 1))
+        shardings = [*self._by_field.values(), self._mask]
+        if self._default is not None:
+            shardings.append(self._default)
+        self._device_rows: dict[Any, dict[Device, slice]] = {}
+        process: dict[Any, np.ndarray] = {}
+        for s in shardings:
+            key = _row_key(s)
+            if key not in process:
+                self._device_rows[key] = device_rows(s, global_batch_size)
+                process[key] = process_rows(s, global_batch_size)
+        # The sorted batch rows this process reads (the union over fields), and where
+        # each of them sits among those rows.
+        self.process_rows = np.unique(np.concatenate(list(process.values())))
+        self.row_offsets = {int(r): i for i, r in enumerate(self.process_rows)}
+        self.devices = sorted(
+            {d for rows in self._device_rows.values() for d in rows}, key=lambda d: d.id
+        )
+
+    def of(self, field: str, ndim: int) -> NamedSharding:
+        """The sharding of ``field``, cut to its rank ``ndim``."""
+        if field == MASK:
+            return self._mask
+        s = self._by_field.get(field, self._default)
+        if s is None:
+            raise ValueError(
+                f"the batch has field {field!r} but the sharding mapping names only "
+                f"{list(self._by_field)}; add {field!r} to it."
+            )
+        return fit_to_rank(s, ndim)
+
+    def field_device_rows(self, field: str) -> dict[Device, slice]:
+        """The rows of ``field`` each local device holds."""
+        return self._device_rows[_row_key(self.of(field, 1))]
+
+    def device_rows(self, device: Device) -> np.ndarray:
+        """Sorted rows one device holds, over all fields."""
+        blocks = {
+            (s.start, s.stop)
+            for rows in self._device_rows.values()
+            if (s := rows.get(device)) is not None
+        }
+        return np.concatenate([np.arange(a, z) for a, z in sorted(blocks)])

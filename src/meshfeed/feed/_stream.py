@@ -1,0 +1,91 @@
+"""The loader's moving part: its position, the steps read ahead, and the hand-out.
+
+``Stream`` owns the position in the run (the global steps handed out) and hands out
+placed batches from there, in step order, until the end of the run. Rows are read ahead
+by a ``Prefetcher`` (or ``Inline`` with ``prefetch=0``); placing them on the devices and
+``check_replicas`` stay on the consuming thread, in step order, because a collective
+must run in the same order on every process. When the position moves under it
+(``restore`` or ``reset`` between two batches) the read-ahead is dropped and restarted
+at the new position, so nothing read ahead is ever counted as consumed. It also tells
+the watch what this process is doing, for the line a lost peer makes it print.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+
+from meshfeed.cluster._watch import doing
+from meshfeed.feed._pipeline import Inline, Prefetcher
+from meshfeed.feed._replicas import check_replicas
+
+GlobalBatch = dict[str, jax.Array]
+
+
+class Stream:
+    """Placed batches from ``step`` to ``end``, read ahead by ``prefetch`` steps."""
+
+    def __init__(
+        self,
+        read: Callable[[int], Any],
+        place: Callable[[Any], GlobalBatch],
+        *,
+        end: int | None,
+        prefetch: int | str,
+        prefetch_bytes: int,
+        check_every: int | None,
+    ) -> None:
+        self._read, self._place = read, place
+        self.end = end
+        self._prefetch, self._budget, self._check_every = prefetch, prefetch_bytes, check_every
+        self.step = 0
+        self._ahead: Inline | Prefetcher | None = None
+
+    def __iter__(self) -> Iterator[GlobalBatch]:
+        ahead: Inline | Prefetcher | None = None
+        try:
+            while self.end is None or self.step < self.end:
+                if ahead is None or ahead.next_step != self.step:  # or restore()/reset()
+                    if ahead is not None:
+                        ahead.close()
+                    ahead = self._read_ahead()
+                doing(f"loading step {self.step}")
+                step, host = next(ahead)
+                batch = self._place(host)
+                if self._check_every and step % self._check_every == 0:
+                    check_replicas(batch)
+                self.step = step + 1
+                doing(f"running step {step} (its batch loaded)")
+                yield batch
+        finally:
+            if ahead is not None:
+                ahead.close()
+
+    def batch(self, step: int) -> GlobalBatch:
+        """The placed batch of ``step``, read now, without moving the position."""
+        return self._place(self._read(step))
+
+    def _read_ahead(self) -> Inline | Prefetcher:
+        if self._prefetch == 0:
+            self._ahead = Inline(self._read, start=self.step)
+        else:
+            self._ahead = Prefetcher(
+                self._read,
+                start=self.step,
+                end=self.end,
+                depth=None if self._prefetch == "auto" else int(self._prefetch),
+                budget_bytes=self._budget,
+            )
+        return self._ahead
+
+    @property
+    def depth(self) -> int:
+        """Steps read ahead now (0 before the first iteration)."""
+        return 0 if self._ahead is None else self._ahead.depth
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most bytes read ahead and not yet handed out, since the last iteration began."""
+        return 0 if self._ahead is None else self._ahead.peak_bytes

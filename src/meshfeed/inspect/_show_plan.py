@@ -1,0 +1,72 @@
+"""A plan as a table: what each loading strategy reads, copies and moves per step.
+
+The planner (``meshfeed.plan``, ``loader.plan``) computes the numbers in the data layer;
+drawing them is this module's job, so the data layer renders nothing.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Mapping
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from meshfeed.feed._plan import Plan
+
+_HEADINGS = ("strategy", "rows read", "bytes read", "host->device", "device<->device")
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _per_process(values: Mapping[int, int], fmt: Callable[[int], str]) -> str:
+    distinct = set(values.values())
+    if len(distinct) == 1:
+        return f"{fmt(next(iter(distinct)))} each"
+    return "/".join(fmt(values[p]) for p in sorted(values))
+
+
+def show_plan(plan: Plan) -> str:
+    """The costs of every strategy as a table, the one in use marked, and why.
+
+    Example:
+      >>> print(meshfeed.show_plan(loader.plan))  # doctest: +SKIP
+    """
+    if not isinstance(plan, Plan):
+        raise TypeError(
+            f"show_plan takes a Plan (from meshfeed.plan or loader.plan), got "
+            f"{type(plan).__name__}."
+        )
+    table = Table(box=box.SIMPLE_HEAD, title_justify="left")
+    for heading in _HEADINGS:
+        table.add_column(heading, justify="left" if heading == "strategy" else "right")
+    for name, cost in plan.costs.items():
+        table.add_row(
+            name + ("  <-" if name == plan.strategy else ""),
+            _per_process(cost.rows_read, str),
+            _per_process(cost.bytes_read, _bytes),
+            _per_process(cost.host_to_device, _bytes),
+            _bytes(cost.device_to_device),
+        )
+    out = io.StringIO()
+    Console(file=out, width=110, color_system=None, highlight=False).print(table)
+    fields = ", ".join(f"{k} {v}" for k, v in plan.fields.items())
+    fetched = ""
+    if plan.fetches is not None:
+        f = plan.fetches
+        fetched = (
+            f"from {f.url}: {f.requests:.1f} range requests and {_bytes(round(f.bytes))} "
+            f"per step on this process (the mean of the next {f.steps} steps)\n"
+        )
+    return (
+        f"plan for global_batch_size={plan.global_batch_size} on {plan.processes} "
+        f"process(es); fields: {fields}\nper step and per process ('x each': the same on every "
+        "process; 'x/y': process 0/process 1); device<->device: all devices together\n"
+        f"{out.getvalue().rstrip()}\n{plan.summary}\n{fetched}"
+    )

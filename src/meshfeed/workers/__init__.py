@@ -1,0 +1,24 @@
+"""Record transforms: a function run on every example, in worker processes or threads.
+
+``Loader(record_transform=fn, num_workers=n)`` decodes and augments one example at a
+time, off the loading thread. Worker processes start with ``python -c`` (not by
+re-running the user's script), get ``fn`` by value with cloudpickle, read their rows
+from shared memory and write their output there, in order; a worker that raises or dies
+is named with the example it was on. ``worker_type="threads"`` runs the same on a thread
+pool instead. The output never depends on the number or the kind of workers. This layer
+knows sources' field specs and the keyed hash that seeds each record's generator, and
+nothing of devices or steps.
+
+Modules, lowest first (each imports only modules listed before it)::
+
+    _shm             shared memory: output slots, input blocks, a worker's maps of them
+    _record_rows     a record transform over rows, with its per-example rng (no JAX)
+    _worker_loop     what a worker process runs: bootstrap without JAX or __main__, serve chunks
+    _thread_workers  worker_type="threads": record transforms on a thread pool
+    _workers         the pool of worker processes: start, chunks in and out, deaths, shutdown
+    _records         the record stage: each step's rows through the workers, thread-safe
+
+Users import these names from ``meshfeed``; this package exports nothing of its own.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,63 @@
+"""Record transforms on a pool of threads in the loading process (``worker_type="threads"``).
+
+No process to start, nothing pickled, no copy between processes: each chunk of a batch's
+rows is transformed straight into the batch's output arrays. Threads run in parallel
+only where ``fn`` releases the GIL (PIL, OpenCV and most numpy work do) or on a
+free-threaded Python; elsewhere worker processes are faster. The output is the same as
+with processes or none.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+
+from meshfeed.workers._record_rows import EXAMPLE_ID, RecordFn, chunks, transform_rows
+from meshfeed.workers._shm import Spec
+
+
+@dataclasses.dataclass
+class ThreadTicket:
+    out: dict[str, np.ndarray]
+    futures: list[tuple[concurrent.futures.Future[None], np.ndarray]]
+
+
+class ThreadWorkers:
+    """``num_workers`` threads that run ``fn`` on chunks of rows."""
+
+    def __init__(self, fn: RecordFn, num_workers: int) -> None:
+        self.fn, self.num_workers = fn, num_workers
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            num_workers, thread_name_prefix="meshfeed-record"
+        )
+
+    def submit(
+        self, batch: Mapping[str, np.ndarray], ids: np.ndarray, spec: Spec, seed: int, epoch: int
+    ) -> ThreadTicket:
+        out = {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
+        futures = []
+        for lo, hi in chunks(len(ids), 2 * self.num_workers):
+            part = {k: v[lo:hi] for k, v in batch.items()}
+            future = self._executor.submit(
+                transform_rows, self.fn, part, ids[lo:hi], out, lo, seed, epoch
+            )
+            futures.append((future, ids[lo:hi]))
+        return ThreadTicket(out, futures)
+
+    def collect(self, ticket: ThreadTicket) -> dict[str, np.ndarray]:
+        for future, ids in ticket.futures:
+            error = future.exception()
+            if error is not None:
+                first = next((int(i) for i in ids if i >= 0), -1)
+                example = getattr(error, EXAMPLE_ID, first)
+                raise RuntimeError(
+                    f"record_transform raised on example {example} in a worker thread: "
+                    f"{type(error).__name__}: {error}"
+                ) from error
+        return ticket.out
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,319 @@
+"""A pool of worker processes that transform chunks of rows into shared-memory slots.
+
+``WorkerPool(fn, W)`` starts W processes with ``python -c`` (``_worker_loop``): nothing of
+the user's script runs again in them, no process running JAX is forked, and ``fn`` goes
+to them pickled by value (cloudpickle), so a function from a script without a main
+guard, a notebook, stdin or a closure works. ``submit`` cuts a batch's rows into chunks,
+writes their rows into a shared-memory input block (``put_rows``) and sends each chunk's
+small task to the worker with the fewest in hand; it returns at once. ``collect`` waits for
+one batch and copies its rows out of their slot. Several threads may submit and collect
+at once (the pipeline reads steps ahead on several threads): whichever waits reads the
+workers' replies for all of them.
+
+A worker's exception, or its death (its reply pipe ends), becomes an error within a
+poll interval that names the example it was transforming and the worker's last line on
+stderr (the pool copies the workers' stderr through to this process's and keeps the
+tail); the pool then stops its other workers and unlinks its shared memory, as it does
+on close and at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import fcntl
+import os
+import pickle
+import select
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meshfeed.workers._record_rows import RecordFn, chunks
+from meshfeed.workers._shm import Inputs, Slots, Spec, create, prepare_rows, put_rows, unlink_all
+from meshfeed.workers._worker_loop import BOOT, IDS
+
+_POLL_S = 0.05
+_PIPE_BYTES = 1 << 20  # room for every task in flight, so a send never waits
+_TAIL_BYTES = 8192
+
+
+def send_by_value(fn: Any) -> bytes:
+    """``fn`` pickled by value where it must be (cloudpickle); raises if it cannot be."""
+    import cloudpickle
+
+    return cloudpickle.dumps(fn)
+
+
+@dataclasses.dataclass(eq=False)
+class _Worker:
+    index: int
+    popen: subprocess.Popen[bytes]
+    tasks: Connection
+    results: Connection
+    in_hand: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)  # token -> ids
+    tail: bytes = b""
+    stderr_closed: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def last_error_line(self) -> str:
+        """The worker's last line on stderr (a crash's "Fatal Python error" line, if any)."""
+        self.stderr_closed.wait(0.5)
+        lines = [line.strip() for line in self.tail.decode(errors="replace").splitlines()]
+        lines = [line for line in lines if line]
+        fatal = [line for line in lines if line.startswith("Fatal Python error")]
+        return (fatal or lines or [""])[-1]
+
+
+@dataclasses.dataclass
+class Ticket:
+    """One submitted batch: its output slot, its input block and its chunks in flight."""
+
+    slot: int
+    block: int
+    rows: int
+    spec: dict[str, Any]
+    chunks: list[int]  # tokens
+
+
+def _pipe() -> tuple[int, int]:
+    r, w = os.pipe()
+    with contextlib.suppress(OSError, AttributeError):  # Linux only; a default pipe works
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[attr-defined]
+    return r, w
+
+
+def _launch(index: int, status: str) -> _Worker:
+    task_r, task_w = _pipe()
+    result_r, result_w = _pipe()
+    package = str(Path(__file__).resolve().parent.parent)  # meshfeed/, not workers/
+    argv = [sys.executable, "-c", BOOT, package, str(task_r), str(result_w), status, str(index)]
+    try:
+        popen = subprocess.Popen(
+            argv, pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+    finally:
+        os.close(task_r)
+        os.close(result_w)
+    return _Worker(index, popen, Connection(task_w, readable=False), Connection(result_r))
+
+
+def _copy_stderr(workers: list[_Worker]) -> None:
+    """Copies the workers' stderr to this process's and keeps each one's tail."""
+    selector = selectors.DefaultSelector()
+    for w in workers:
+        assert w.popen.stderr is not None
+        selector.register(w.popen.stderr, selectors.EVENT_READ, w)
+    while selector.get_map():
+        for key, _ in selector.select():
+            worker: _Worker = key.data
+            data = os.read(key.fd, 65536)
+            if not data:
+                selector.unregister(key.fileobj)
+                key.fileobj.close()  # type: ignore[union-attr]
+                worker.stderr_closed.set()
+                continue
+            worker.tail = (worker.tail + data)[-_TAIL_BYTES:]
+            with contextlib.suppress(OSError):
+                os.write(2, data)
+    selector.close()
+
+
+class WorkerPool:
+    """W worker processes that run ``fn`` on chunks of rows into shared-memory slots."""
+
+    def __init__(self, fn: RecordFn, num_workers: int, *, timeout_s: float = 600.0) -> None:
+        payload = pickle.dumps((list(sys.path), send_by_value(fn)))
+        self.num_workers, self.timeout_s = num_workers, timeout_s
+        self._status_block = create(8 * num_workers)  # each worker's example in hand
+        status = self._status_block.buf
+        assert status is not None
+        status[: 8 * num_workers] = b"\xff" * (8 * num_workers)  # -1: none
+        self._slots, self._inputs = Slots(), Inputs()
+        self._blocks = [self._slots.blocks, self._inputs.blocks, [self._status_block]]
+        self._workers = [_launch(i, self._status_block.name) for i in range(num_workers)]
+        self._finalizer = weakref.finalize(self, WorkerPool._shutdown, self._workers, self._blocks)
+        atexit.register(self.close)
+        for w in self._workers:
+            w.tasks.send_bytes(payload)
+        threading.Thread(
+            target=_copy_stderr, args=(self._workers,), name="meshfeed-worker-stderr", daemon=True
+        ).start()
+        self._by_fd = {w.results.fileno(): w for w in self._workers}
+        self._poller = select.poll()  # registered once: wait() would build a selector a call
+        for fd in self._by_fd:
+            self._poller.register(fd, select.POLLIN)
+        self._cond = threading.Condition()
+        self._done: set[int] = set()
+        self._failure: str | None = None
+        self._receiving = False
+        self._heard = time.monotonic()
+        self._token = 0
+
+    def submit(
+        self, batch: Mapping[str, np.ndarray], ids: np.ndarray, spec: Spec, seed: int, epoch: int
+    ) -> Ticket:
+        """Queues ``batch``'s rows (example ids ``ids``) for the workers; returns at once."""
+        rows, spec = len(ids), dict(spec)
+        # One chunk a worker: the steps read ahead keep every worker's queue full.
+        bounds = chunks(rows, self.num_workers)
+        parts = [
+            prepare_rows({**{k: v[lo:hi] for k, v in batch.items()}, IDS: ids[lo:hi]})
+            for lo, hi in bounds
+        ]
+        size = sum(size for _, size in parts)
+        with self._cond:
+            self._raise_if_failed()
+            ticket = Ticket(self._slots.take(spec, rows), self._inputs.take(size), rows, spec, [])
+            inputs, slot = self._inputs.name(ticket.block), self._slots.name(ticket.slot)
+            buffer, at = self._inputs.buffer(ticket.block), 0
+            for (prepared, _), (lo, hi) in zip(parts, bounds, strict=True):
+                layout, at = put_rows(buffer, at, prepared)
+                self._token += 1
+                worker = min(self._workers, key=lambda w: len(w.in_hand))
+                worker.in_hand[self._token] = ids[lo:hi]
+                task = (self._token, inputs, layout, slot, rows, spec, lo, seed, epoch)
+                worker.tasks.send_bytes(pickle.dumps(task))
+                ticket.chunks.append(self._token)
+            del buffer
+        return ticket
+
+    def collect(self, ticket: Ticket) -> dict[str, np.ndarray]:
+        """Waits for ``ticket``'s rows; returns copies of them."""
+        self._wait(ticket)
+        out = self._slots.copy_out(ticket.slot, ticket.spec, ticket.rows)
+        with self._cond:
+            self._slots.give_back(ticket.slot, ticket.spec, ticket.rows)
+            self._inputs.give_back(ticket.block)
+        return out
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError(self._failure)
+
+    def _wait(self, ticket: Ticket) -> None:
+        with self._cond:
+            while True:
+                self._raise_if_failed()
+                if all(token in self._done for token in ticket.chunks):
+                    self._done.difference_update(ticket.chunks)
+                    return
+                if self._receiving:  # another thread reads the replies; it will wake us
+                    self._cond.wait(_POLL_S)
+                    continue
+                self._receiving = True
+                self._cond.release()
+                try:
+                    self._receive()
+                finally:
+                    self._cond.acquire()
+                    self._receiving = False
+                    self._cond.notify_all()
+
+    def _receive(self) -> None:
+        """Reads the replies that arrive within one poll interval (without the lock)."""
+        try:
+            ready = [self._by_fd[fd] for fd, _ in self._poller.poll(1000 * _POLL_S)]
+        except (OSError, ValueError):  # closed under us
+            ready = []
+        for worker in ready:
+            pipe = worker.results
+            try:
+                while self._failure is None and pipe.poll():
+                    self._handle(worker, pickle.loads(pipe.recv_bytes()))
+            except (EOFError, OSError):
+                if self._failure is None:  # not a pipe this pool closed itself
+                    self._fail(self._died(worker))
+            if self._failure is not None:
+                return
+        if ready:
+            self._heard = time.monotonic()
+        elif time.monotonic() - self._heard > self.timeout_s:
+            self._fail(f"record_transform workers sent nothing for {self.timeout_s} s.")
+
+    def _handle(self, worker: _Worker, reply: tuple[Any, Any]) -> None:
+        token, error = reply
+        if token == "start":
+            line = error.strip().splitlines()[-1]
+            self._fail(f"record_transform worker {worker.index} could not start: {line}\n{error}")
+            return
+        worker.in_hand.pop(token, None)
+        if error is not None:
+            example_id, trace = error
+            self._fail(
+                f"record_transform raised on example {example_id} in a worker process:\n{trace}"
+            )
+            return
+        with self._cond:
+            self._done.add(token)
+
+    def _died(self, worker: _Worker) -> str:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.popen.wait(timeout=1.0)
+        code = worker.popen.returncode
+        if code is None:
+            how = "closed its pipe"
+        elif code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exited with code {code}"
+        doing = (
+            f"while transforming example {self._example_in_hand(worker.index)}"
+            if worker.in_hand
+            else "while idle"
+        )
+        line = worker.last_error_line()
+        cause = f"; its last line on stderr: {line!r}" if line else ""
+        return (
+            f"record_transform worker {worker.index} (pid {worker.popen.pid}) {how} {doing}"
+            f"{cause}. The loader stopped its other workers."
+        )
+
+    def _example_in_hand(self, index: int) -> int:
+        buffer = self._status_block.buf
+        if buffer is None:  # closed
+            return -1
+        return int.from_bytes(buffer[8 * index : 8 * index + 8], sys.byteorder, signed=True)
+
+    def _fail(self, message: str) -> None:
+        with self._cond:
+            if self._failure is None:
+                self._failure = message
+            self._cond.notify_all()
+        self.close()
+
+    def close(self) -> None:
+        """Stops the workers and unlinks the shared memory. Safe to call twice."""
+        with self._cond:
+            if self._failure is None:
+                self._failure = "the record workers were stopped: the loader was closed."
+            self._cond.notify_all()
+        self._finalizer()
+        atexit.unregister(self.close)
+
+    @staticmethod
+    def _shutdown(workers: list[_Worker], blocks: list[list[Any]]) -> None:
+        for w in workers:
+            with contextlib.suppress(OSError):  # a full or broken pipe: the kill below
+                w.tasks.send_bytes(pickle.dumps(None))
+            w.tasks.close()
+        deadline = time.monotonic() + 1.0
+        for w in workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if w.popen.poll() is None:
+                w.popen.kill()
+                w.popen.wait()
+            w.results.close()
+        for group in blocks:
+            unlink_all(group)
