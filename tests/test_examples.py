@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,6 @@ SINGLE = [
     "matmul",
     "keras_multi_device",
     "four_strategies",
-    "lm_bpe",
 ]
 
 
@@ -65,8 +65,37 @@ def test_multi_process_example_under_launch():
     assert ours == _promised("multi_process")
 
 
+@pytest.mark.multiprocess
+def test_text_to_a_trained_model_in_three_commands(tmp_path):
+    """lm_corpus.py, meshfeed prepare, lm_train.py under launch: the commands of their
+    docstrings (the docs guide "From text to batches"), on a small corpus."""
+    folder = tmp_path / "lm"
+    steps = [
+        [sys.executable, str(EXAMPLES / "lm_corpus.py"), str(folder), "--max-mb", "0.5",
+         "--vocab", "512"],
+        [sys.executable, "-m", "meshfeed", "prepare", str(folder / "corpus" / "*.jsonl"),
+         "--tokenizer", str(folder / "tokenizer.json"), "--out", str(folder / "tokens"),
+         "--workers", "2"],
+        [sys.executable, "-m", "meshfeed", "launch", "-n", "2", "--devices-per-process", "4",
+         "--", sys.executable, str(EXAMPLES / "lm_train.py"), str(folder), "--steps", "12",
+         "--seq-len", "128", "--batch", "16"],
+    ]  # fmt: skip
+    out = []
+    for command in steps:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=300, env=_env())
+        assert run.returncode == 0, run.stdout + run.stderr
+        out.append(run.stdout)
+    assert "tokenizer: byte-level BPE, 512 tokens" in out[0]
+    assert "parts written (complete)" in out[1]
+    assert "rows of 128 tokens" in out[2] and "mesh {'data': 4, 'model': 2}" in out[2]
+    first, last = (
+        float(x) for x in re.findall(r"loss ([\d.]+) bits .*, ([\d.]+) after", out[2])[0]
+    )
+    assert last < first
+
+
 def test_every_example_is_tested():
     # train.py is run alone and under launch in test_first_hour.py
     assert sorted(p.stem for p in EXAMPLES.glob("*.py")) == sorted(
-        [*SINGLE, "multi_process", "train"]
+        [*SINGLE, "multi_process", "train", "lm_corpus", "lm_train"]
     )

@@ -16,10 +16,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "meshfeed"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-LAYERS = ("core", "cluster", "data", "workers", "feed", "train", "inspect")
+LAYERS = ("core", "cluster", "data", "workers", "prepare", "feed", "train", "inspect")
 """The layer folders, each with an ordered module list in its docstring."""
 QUIET = ("core", "cluster", "data", "workers", "feed")
-"""Folders that render nothing (no rich, no matplotlib)."""
+"""Folders that render nothing (no rich, no matplotlib); prepare draws its progress bar."""
 RENDERERS = ("rich", "matplotlib")
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 200

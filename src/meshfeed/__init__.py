@@ -33,6 +33,7 @@ from meshfeed.data._sources import FieldSpec as FieldSpec
 from meshfeed.data._sources import Source as Source
 from meshfeed.data._store import ShardedSource as ShardedSource
 from meshfeed.data._store import open_source as open_source
+from meshfeed.data._tokenizer import TokenizerFunction as TokenizerFunction
 from meshfeed.data._writer import write_source as write_source
 from meshfeed.feed._loader import Loader as Loader
 from meshfeed.feed._options import LoaderOptions as LoaderOptions
@@ -54,6 +55,12 @@ from meshfeed.inspect._plot import plot_sharding as plot_sharding
 from meshfeed.inspect._plot_packing import plot_packing as plot_packing
 from meshfeed.inspect._show import show_sharding as show_sharding
 from meshfeed.inspect._show_plan import show_plan as show_plan
+from meshfeed.prepare._prepare import OnError as OnError
+from meshfeed.prepare._prepare import PrepareExecutor as PrepareExecutor
+from meshfeed.prepare._prepare import PrepareStatus as PrepareStatus
+from meshfeed.prepare._prepare import TxtMode as TxtMode
+from meshfeed.prepare._prepare import prepare as prepare
+from meshfeed.prepare._prepare import prepare_status as prepare_status
 from meshfeed.train._attention import segment_mask as segment_mask
 from meshfeed.train._checkpoint import restore_checkpoint as restore_checkpoint
 from meshfeed.train._checkpoint import save_checkpoint as save_checkpoint
@@ -100,12 +107,15 @@ __all__ = [
     "LossFn",
     "Mixture",
     "Mode",
+    "OnError",
     "PackPlan",
     "Packed",
     "ParquetSource",
     "Permutation",
     "Plan",
     "Prefetch",
+    "PrepareExecutor",
+    "PrepareStatus",
     "Ragged",
     "RecordFn",
     "Schedule",
@@ -114,9 +124,11 @@ __all__ = [
     "Source",
     "StepFn",
     "Strategy",
+    "TokenizerFunction",
     "TorchSource",
     "TrainState",
     "Transform",
+    "TxtMode",
     "WorkerType",
     "batch_sharding",
     "check_replicas",
@@ -134,6 +146,8 @@ __all__ = [
     "plan",
     "plot_packing",
     "plot_sharding",
+    "prepare",
+    "prepare_status",
     "reshard",
     "restore_checkpoint",
     "save_checkpoint",

@@ -16,6 +16,7 @@ from meshfeed._cli.flags import (
     parse_shape,
     parse_spec,
 )
+from meshfeed._cli.prepare import add_parser as add_prepare_parser
 
 EXAMPLES = """examples:
   meshfeed show --mesh data=4,model=2 --spec data,model --shape 256,128
@@ -23,6 +24,7 @@ EXAMPLES = """examples:
   meshfeed plan --mesh data=4,model=2 --spec data --shape 256,784 --dtype uint8 --processes 2
   meshfeed plan --mesh data=8 --spec data --data s3://bucket/ds --batch 256 --shuffle-block 1024
   meshfeed launch -n 2 --devices-per-process 4 -- python examples/train.py --epochs 3
+  meshfeed prepare 'corpus/*.jsonl' --tokenizer tokenizer.json --out tokens --workers 2
   meshfeed demo            (or: meshfeed demo --keras, meshfeed demo --lm)
   meshfeed bench loader --shape 28,28,1 --dtype uint8 --batch 256
 """
@@ -94,6 +96,8 @@ def _parser() -> argparse.ArgumentParser:
         "--port", type=int, default=None, help="coordinator port (default: a free one)"
     )
     launch.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+    add_prepare_parser(sub)
 
     demo = sub.add_parser(
         "demo",
@@ -183,6 +187,10 @@ def _run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             port=args.port,
         )
+    if args.command == "prepare":
+        from meshfeed._cli.prepare import run
+
+        return run(args)
     if args.command == "demo":
         from meshfeed._cli.demo import run_demo
 

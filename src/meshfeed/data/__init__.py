@@ -18,6 +18,8 @@ Modules, lowest first (each imports only modules listed before it)::
     _cache         ShardCache: whole objects behind a URL kept on local disk, LRU within a bound
     _blob          Blob: a local file or an object behind a URL, read by byte range
     _files         fixed-size rows by byte range: RowFile, .npy, ragged values + offsets, .npz
+    _tokenizer     Tokenizer: an encoder with its identity (content hash, fingerprint, specials)
+    _folder        the folder layout: manifests, part folders, a prepared folder's record
     _arrays        ArraySource: numpy arrays, memmaps read with pread
     _store         meshfeed's folder of .npy shards, read: open_source, ShardedSource
     _writer        write_source: one writer, or one part per worker

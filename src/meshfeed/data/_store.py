@@ -36,6 +36,7 @@ import numpy as np
 from meshfeed.data._blob import Blob, is_url, require_fsspec
 from meshfeed.data._cache import CACHE_BYTES, ShardCache
 from meshfeed.data._files import NpyRows, RaggedRows, npz_members
+from meshfeed.data._folder import FORMAT, MANIFEST, check_prepared, join, part_folder
 from meshfeed.data._remote import RETRY_S, merge
 from meshfeed.data._sources import (
     FieldSpec,
@@ -45,20 +46,10 @@ from meshfeed.data._sources import (
     gather_by_part,
     locate,
 )
+from meshfeed.data._tokenizer import TokenizerArg
 
-MANIFEST = "meshfeed.json"
-FORMAT = "meshfeed.source/1"
 _PART = re.compile(r"part-(\d{5})-of-(\d{5})$")
 Rows = NpyRows | RaggedRows
-
-
-def join(root: str, *parts: str) -> str:
-    return "/".join([root.rstrip("/"), *parts]) if is_url(root) else os.path.join(root, *parts)
-
-
-def part_folder(index: int, count: int) -> str:
-    """The folder of part ``index`` of ``count`` written separately."""
-    return f"part-{index:05d}-of-{count:05d}"
 
 
 REMOTE_READS = 16  # reads in flight at once, per process, for shards behind URLs
@@ -193,6 +184,7 @@ def open_source(
     retry_s: float = RETRY_S,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_bytes: int = CACHE_BYTES,
+    tokenizer: TokenizerArg | None = None,
 ) -> ShardedSource:
     """Opens a meshfeed folder (one with ``meshfeed.json``, or one of parts), a ``.npy``
     or a ``.npz``.
@@ -212,6 +204,11 @@ def open_source(
       cache_bytes: the most bytes ``cache_dir`` holds (16 GiB by default); the least
         recently used files are deleted to make room, and a file larger than this is
         read by range instead.
+      tokenizer: for a folder made by ``meshfeed.prepare``, the tokenizer the reader
+        will use (a ``tokenizers.Tokenizer``, a ``tokenizer.json`` path or a
+        ``TokenizerFunction``): its content hash, fingerprint, vocabulary and special
+        tokens are compared with the folder's record, and a mismatch is refused, naming
+        what differs. A prepared folder whose build is unfinished is always refused.
 
     Returns:
       A ``ShardedSource`` reading only the rows asked for.
@@ -241,12 +238,15 @@ def open_source(
         if len(set(lengths.values())) > 1:
             raise ValueError(f"{root} holds arrays of different lengths {lengths}.")
         return ShardedSource(list([members]), name=root)  # type: ignore[list-item]
+    check_prepared(root, tokenizer=tokenizer, storage_options=storage_options)
     parts = _parts(root, storage_options)
     if parts:
         shards: list[dict[str, Rows]] = []
         fields: Any = None
         for folder in parts:
             manifest = _manifest(join(root, folder), blob)
+            if not manifest["num_examples"]:
+                continue  # a part of a build that kept no documents
             if fields is not None and manifest["fields"] != fields:
                 raise ValueError(
                     f"{join(root, folder)} has fields {manifest['fields']}, {parts[0]} has "
@@ -254,8 +254,12 @@ def open_source(
                 )
             fields = manifest["fields"]
             shards += _shards(join(root, folder), manifest, blob, verify=verify)
+        if not shards:
+            raise ValueError(f"{root} holds {len(parts)} parts and no examples in any of them.")
         return ShardedSource(shards, name=root)
     manifest = _manifest(root, blob)
+    if not manifest["shards"]:
+        raise ValueError(f"{join(root, MANIFEST)} lists no examples.")
     return ShardedSource(_shards(root, manifest, blob, verify=verify), name=root)
 
 
@@ -303,7 +307,7 @@ def _manifest(root: str, blob: Callable[[str], Blob]) -> dict[str, Any]:
         raise ValueError(f"{manifest_path} is not valid JSON ({error}): corrupt?") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{manifest_path} is not a {FORMAT} manifest.")
-    if not manifest["shards"]:
+    if not manifest["shards"] and manifest.get("num_examples") != 0:
         raise ValueError(f"{manifest_path} lists no shards.")
     return manifest
 

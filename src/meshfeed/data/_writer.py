@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 
 from meshfeed.data._blob import is_url, require_fsspec
+from meshfeed.data._folder import FORMAT, MANIFEST, join, part_folder
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._sources import FieldSpec, describe
-from meshfeed.data._store import FORMAT, MANIFEST, join, part_folder
 
 Shard = dict[str, "np.ndarray | Ragged"]
 
 
-class _Writer:
+class FolderWriter:
     """Writes files under a local folder or an fsspec URL."""
 
     def __init__(self, root: str, storage_options: Mapping[str, Any] | None) -> None:
@@ -44,11 +44,15 @@ class _Writer:
             self.fs, self.path = None, root
 
     def write(self, relative: str, data: bytes) -> None:
+        """Writes ``data`` whole or not at all: a process killed mid-write leaves no file
+        (locally a temporary name renamed into place; an object store's put is atomic)."""
         if self.fs is None:
             target = os.path.join(self.path, relative)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target, "wb") as f:
+            temporary = f"{target}.tmp{os.getpid()}"
+            with open(temporary, "wb") as f:
                 f.write(data)
+            os.replace(temporary, target)
         else:
             target = f"{self.path.rstrip('/')}/{relative}"
             self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
@@ -196,7 +200,7 @@ def write_source(
                 f"part={part!r} must be (index, count) with 0 <= index < count, e.g. part=(0, 4)."
             )
         root = join(root, part_folder(*part))
-    writer = _Writer(root, storage_options)
+    writer = FolderWriter(root, storage_options)
     if writer.exists(MANIFEST):
         raise FileExistsError(
             f"{join(root, MANIFEST)} exists: {root} already holds a dataset; write to a "
@@ -214,6 +218,20 @@ def write_source(
             f"data is a {type(data).__name__}; pass a mapping field -> array or an "
             "iterable of dicts."
         )
+    return write_folder(writer, shards)
+
+
+def write_folder(
+    writer: FolderWriter,
+    shards: Iterable[Shard],
+    *,
+    extra: Mapping[str, Any] | None = None,
+    allow_empty: bool = False,
+) -> dict[str, Any]:
+    """Writes ``shards`` under the writer's folder, then the manifest (with ``extra``'s
+    entries beside its own); returns the manifest. With ``allow_empty``, no shards at
+    all make a manifest of no examples (a part of a build whose records were all
+    empty), which ``open_source`` passes over."""
     fields: dict[str, dict[str, Any]] = {}
     entries = []
     total = 0
@@ -243,8 +261,9 @@ def write_source(
         rows = len(next(iter(shard.values())))
         entries.append({"rows": rows, "files": files})
         total += rows
-    if not total:
+    if not total and not allow_empty:
         raise ValueError("data has no examples; write at least one.")
     manifest = {"format": FORMAT, "num_examples": total, "fields": fields, "shards": entries}
+    manifest.update(extra or {})
     writer.write(MANIFEST, json.dumps(manifest, indent=1).encode())
     return manifest

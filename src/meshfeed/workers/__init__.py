@@ -11,6 +11,7 @@ nothing of devices or steps.
 
 Modules, lowest first (each imports only modules listed before it)::
 
+    _bare            python -c processes that import meshfeed bare: no JAX, no user script
     _shm             shared memory: output slots, input blocks, a worker's maps of them
     _record_rows     a record transform over rows, with its per-example rng (no JAX)
     _worker_loop     what a worker process runs: bootstrap without JAX or __main__, serve chunks

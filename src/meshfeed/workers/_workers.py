@@ -35,14 +35,14 @@ import time
 import weakref
 from collections.abc import Mapping
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from meshfeed.workers._bare import bare_argv
 from meshfeed.workers._record_rows import RecordFn, chunks
 from meshfeed.workers._shm import Inputs, Slots, Spec, create, prepare_rows, put_rows, unlink_all
-from meshfeed.workers._worker_loop import BOOT, IDS
+from meshfeed.workers._worker_loop import IDS
 
 _POLL_S = 0.05
 _PIPE_BYTES = 1 << 20  # room for every task in flight, so a send never waits
@@ -96,8 +96,9 @@ def _pipe() -> tuple[int, int]:
 def _launch(index: int, status: str) -> _Worker:
     task_r, task_w = _pipe()
     result_r, result_w = _pipe()
-    package = str(Path(__file__).resolve().parent.parent)  # meshfeed/, not workers/
-    argv = [sys.executable, "-c", BOOT, package, str(task_r), str(result_w), status, str(index)]
+    argv = bare_argv(
+        "meshfeed.workers._worker_loop", str(task_r), str(result_w), status, str(index)
+    )
     try:
         popen = subprocess.Popen(
             argv, pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE

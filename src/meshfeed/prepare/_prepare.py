@@ -1,0 +1,317 @@
+"""``prepare``: text in, a meshfeed folder of token documents out, on any number of workers.
+
+One call plans the build -- the inputs, the settings, the tokenizer's identity, the parts
+-- and writes that plan to ``out/meshfeed.prepare.json`` before any part; a later run
+(after a crash, or another ``--part i/N`` share on another machine) must plan exactly
+the same build, or it is refused, naming what differs. Each run writes the parts of its
+share that have no manifest yet, so a killed build re-run redoes only what was not
+finished; whichever run finds every part written marks the record complete, with the
+totals. ``open_source`` refuses a build until then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from meshfeed.data._blob import is_url
+from meshfeed.data._folder import (
+    MANIFEST,
+    RECORD,
+    RECORD_FORMAT,
+    join,
+    missing_parts,
+    part_folder,
+    read_json,
+)
+from meshfeed.data._tokenizer import Special, Tokenizer, TokenizerArg, differences, token_dtype
+from meshfeed.data._writer import FolderWriter
+from meshfeed.prepare._encode import worker_threads
+from meshfeed.prepare._inputs import PART_BYTES, dataset_input, expand, plan_parts
+from meshfeed.prepare._read import KEEP_TYPES
+from meshfeed.prepare._run import Report, run_local, run_ray
+
+OnError = Literal["raise", "skip"]
+"""What ``prepare`` does with a bad record: raise naming it, or skip and count it."""
+TxtMode = Literal["file", "line"]
+"""How ``prepare`` reads ``.txt`` inputs: a document per file, or per line."""
+PrepareExecutor = Literal["local", "ray"]
+"""Where ``prepare`` runs its parts: local worker processes, or Ray tasks."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareStatus:
+    """How far a ``prepare`` build is, and what the last run did.
+
+    ``parts`` and ``done`` count every part of the build; ``documents`` and ``tokens``
+    (written, BOS and EOS included), ``empty`` (documents that encode to nothing,
+    dropped) and ``skipped`` (bad records, with ``on_error="skip"``) sum the parts
+    written so far. ``ran``, ``seconds`` and ``tokens_per_s`` describe the run that
+    returned this (zero for ``prepare_status``).
+    """
+
+    out: str
+    parts: int
+    done: int
+    missing: list[int]
+    complete: bool
+    documents: int = 0
+    tokens: int = 0
+    empty: int = 0
+    skipped: int = 0
+    ran: int = 0
+    seconds: float = 0.0
+    tokens_per_s: float = 0.0
+
+    def __str__(self) -> str:
+        state = "complete" if self.complete else f"{len(self.missing)} parts to go"
+        return (
+            f"{self.out}: {self.done} of {self.parts} parts written ({state}); "
+            f"{self.documents:,} documents, {self.tokens:,} tokens, {self.empty:,} empty "
+            f"and {self.skipped:,} bad records dropped"
+        )
+
+
+def prepare(
+    inputs: Any,
+    out: str | os.PathLike[str],
+    *,
+    tokenizer: TokenizerArg,
+    text: str = "text",
+    keep: Sequence[str] | Mapping[str, str] = (),
+    txt: TxtMode = "file",
+    bos: Special = True,
+    eos: Special = True,
+    on_error: OnError = "raise",
+    workers: int | None = None,
+    part: tuple[int, int] | None = None,
+    executor: PrepareExecutor = "local",
+    part_bytes: int = PART_BYTES,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: bool = True,
+) -> PrepareStatus:
+    """Tokenizes text into a meshfeed folder with a ``tokens`` field, a document per record.
+
+    Args:
+      inputs: paths, globs or URLs (any fsspec URL) of ``.jsonl``, ``.jsonl.gz``,
+        ``.jsonl.zst``, ``.parquet`` and ``.txt`` files, in the order their documents
+        should keep (a glob's matches sorted); or one ``datasets.Dataset``.
+      out: the folder to write (local or a URL); it holds one part folder per part, and
+        ``meshfeed.prepare.json``, the build's record.
+      tokenizer: a ``tokenizers.Tokenizer``, the path of a ``tokenizer.json``, or a
+        ``TokenizerFunction``. Documents are encoded without special tokens, never
+        truncated (``pack`` handles long documents); the ids are stored in the
+        narrowest unsigned dtype of the vocabulary.
+      text: the field (JSON key, Parquet or dataset column) holding the text.
+      keep: other fields to keep beside the tokens: names (kept as text: UTF-8 bytes,
+        one ``Ragged`` ``uint8`` document per record) or a mapping name -> ``"str"``,
+        ``"int"``, ``"float"`` or ``"bool"``.
+      txt: ``.txt`` inputs hold a document per ``"file"`` or per ``"line"``.
+      bos: add a BOS id before every document: ``True`` where the tokenizer defines one
+        (its post-processor's template, or a usual name), a token, an id, or ``False``.
+      eos: add an EOS id after every document: ``True`` (the default; the tokenizer
+        must define one), a token, an id, or ``False``.
+      on_error: ``"raise"``: a bad record (not JSON, no text, a kept field of the wrong
+        type) stops the build with an error naming the file and the line or row;
+        ``"skip"``: skip it and count it. A truncated compressed file always raises.
+      workers: local worker processes (default: one per core); each runs its tokenizer
+        with the cores shared out among the workers.
+      part: ``(i, n)``: write only share ``i`` of ``n`` of the parts (part ``p`` when
+        ``p % n == i``), for ``n`` separate runs -- a Slurm array, a Kubernetes indexed
+        job -- in any order, any number of times. Whichever run finishes the last part
+        marks the build complete.
+      executor: ``"local"`` worker processes, or ``"ray"``: one Ray task per part on the
+        cluster ``ray.init()`` connects to (the ``ray`` extra).
+      part_bytes: input bytes per part (uncompressed; 32 MiB). Parts are cut from the
+        inputs and this alone, never from the number of workers, so the output is the
+        same bytes however the build is run.
+      storage_options: for URLs, the filesystem's options (``endpoint_url``, ...).
+      progress: show progress: a bar on a terminal, a line per part off one.
+
+    Returns:
+      A ``PrepareStatus``: the build's state and what this run did.
+
+    Example:
+      >>> meshfeed.prepare("corpus/*.jsonl.zst", "tokens", tokenizer="tokenizer.json",
+      ...                  workers=8)  # doctest: +SKIP
+    """
+    root = os.fspath(out)
+    settings = _settings(text, keep, txt, on_error, part_bytes)
+    run_workers = _check_run(workers, part, executor)
+    tok = Tokenizer(tokenizer, bos=bos, eos=eos)
+    settings["dtype"] = token_dtype(tok.vocab_size).str
+    dataset = None
+    if type(inputs).__module__.split(".")[0] == "datasets":
+        dataset, files = inputs, [dataset_input(inputs)]
+    else:
+        files = expand(inputs, storage_options)
+    if settings["keep"] and any(f["kind"] == "txt" for f in files):
+        raise ValueError("keep= names fields of records, but .txt inputs have none; drop keep=.")
+    parts = plan_parts(files, part_bytes=part_bytes, txt=txt, storage_options=storage_options)
+    plan = {"inputs": files, "settings": settings, "tokenizer": tok.record(), "parts": parts}
+    _start_record(root, plan, storage_options)
+    share = [p for p in range(len(parts)) if part is None or p % part[1] == part[0]]
+    missing = set(missing_parts(root, len(parts), storage_options))
+    todo = [p for p in share if p in missing]
+    init = {
+        "path": list(sys.path),
+        "plan": plan,
+        "tokenizer": (tok.kind, tok.payload),
+        "threads": worker_threads(run_workers),
+        "out": root,
+        "storage_options": dict(storage_options or {}),
+        "dataset": pickle.dumps(dataset) if dataset is not None else None,
+    }
+    start = time.perf_counter()
+    with Report(len(todo), show=progress) as report:
+        if todo and executor == "ray":
+            run_ray(todo, init, init["threads"], report)
+        elif todo:
+            run_local(todo, init, run_workers, report)
+    seconds = time.perf_counter() - start
+    status = _finish(root, plan, storage_options)
+    tokens = report.counts["tokens"]
+    return dataclasses.replace(
+        status, ran=len(todo), seconds=seconds, tokens_per_s=tokens / seconds if todo else 0.0
+    )
+
+
+def prepare_status(
+    out: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+) -> PrepareStatus:
+    """How far the ``prepare`` build in ``out`` is: parts written, missing, and totals."""
+    root = os.fspath(out)
+    record = read_json(join(root, RECORD), storage_options)
+    if record is None:
+        raise FileNotFoundError(
+            f"{join(root, RECORD)} does not exist: {root} holds no meshfeed.prepare build."
+        )
+    return _status(
+        root, record["plan"], storage_options, complete=record.get("complete") is not None
+    )
+
+
+def _settings(
+    text: str, keep: Sequence[str] | Mapping[str, str], txt: str, on_error: str, part_bytes: int
+) -> dict[str, Any]:
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"text={text!r} must name the field that holds the text.")
+    if isinstance(keep, str):
+        raise TypeError(f"keep={keep!r} is a string; pass a list of field names, e.g. keep=['id'].")
+    kept = dict(keep) if isinstance(keep, Mapping) else {str(k): "str" for k in keep}
+    bad = {k: v for k, v in kept.items() if v not in KEEP_TYPES}
+    if bad:
+        raise ValueError(f"keep={kept}: each field's type must be one of {list(KEEP_TYPES)}.")
+    reserved = [k for k in kept if k in ("tokens", text)]
+    if reserved:
+        raise ValueError(f"keep={list(kept)} names {reserved}, which prepare writes itself.")
+    if txt not in ("file", "line"):
+        raise ValueError(f"txt={txt!r} must be 'file' (a document per file) or 'line'.")
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error={on_error!r} must be 'raise' or 'skip'.")
+    if not isinstance(part_bytes, int) or isinstance(part_bytes, bool) or part_bytes < 1:
+        raise ValueError(f"part_bytes={part_bytes!r} must be an int >= 1 (bytes of input).")
+    return {"text": text, "keep": kept, "txt": txt, "on_error": on_error, "part_bytes": part_bytes}
+
+
+def _check_run(workers: int | None, part: tuple[int, int] | None, executor: str) -> int:
+    if executor not in ("local", "ray"):
+        raise ValueError(f"executor={executor!r} must be 'local' or 'ray'.")
+    if workers is not None and (
+        not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
+    ):
+        raise ValueError(f"workers={workers!r} must be an int >= 1 (local processes).")
+    if part is not None and not (
+        isinstance(part, tuple) and len(part) == 2 and all(isinstance(x, int) for x in part)
+        and 0 <= part[0] < part[1]
+    ):  # fmt: skip
+        raise ValueError(f"part={part!r} must be (i, n) with 0 <= i < n, e.g. part=(0, 4).")
+    return workers or os.cpu_count() or 1
+
+
+def _start_record(
+    root: str, plan: dict[str, Any], storage_options: Mapping[str, Any] | None
+) -> None:
+    """Writes the build's record, or checks that the one there plans this same build."""
+    if read_json(join(root, MANIFEST), storage_options) is not None:
+        raise FileExistsError(
+            f"{join(root, MANIFEST)} exists: {root} holds a dataset written by write_source; "
+            "prepare into a new folder."
+        )
+    record = read_json(join(root, RECORD), storage_options)
+    if record is None:
+        _write_record(
+            root, {"format": RECORD_FORMAT, "plan": plan, "complete": None}, storage_options
+        )
+        return
+    old = record["plan"]
+    differ = []
+    if old["tokenizer"] != plan["tokenizer"]:
+        differ += [f"tokenizer {d}" for d in differences(old["tokenizer"], plan["tokenizer"])]
+    for key, value in plan["settings"].items():
+        if old["settings"].get(key) != value:
+            differ.append(f"{key}={value!r} now, {old['settings'].get(key)!r} when it started")
+    before = {f["path"]: f for f in old["inputs"]}
+    now = {f["path"]: f for f in plan["inputs"]}
+    if list(before) != list(now):
+        differ.append(
+            f"the inputs are {list(now)[:4]}... now, {list(before)[:4]}... when it started"
+        )
+    else:
+        for path, f in now.items():
+            if f != before[path]:
+                differ.append(
+                    f"input {path} is {f['size']} bytes now, {before[path]['size']} when it started"
+                )
+    if not differ and old["parts"] != plan["parts"]:
+        differ.append("the parts are cut differently")
+    if differ:
+        raise ValueError(
+            f"{root} holds a build of other inputs or settings than this one: "
+            + "; ".join(differ[:4])
+            + ". Finish it with the same command, or prepare into a new folder."
+        )
+
+
+def _write_record(
+    root: str, record: dict[str, Any], storage_options: Mapping[str, Any] | None
+) -> None:
+    if not is_url(root):
+        os.makedirs(root, exist_ok=True)
+    FolderWriter(root, storage_options).write(RECORD, json.dumps(record, indent=1).encode())
+
+
+def _finish(
+    root: str, plan: dict[str, Any], storage_options: Mapping[str, Any] | None
+) -> PrepareStatus:
+    status = _status(root, plan, storage_options, complete=False)
+    if not status.missing:
+        totals = {k: getattr(status, k) for k in ("documents", "tokens", "empty", "skipped")}
+        complete = {"parts": status.parts, **totals}
+        _write_record(
+            root, {"format": RECORD_FORMAT, "plan": plan, "complete": complete}, storage_options
+        )
+        status = dataclasses.replace(status, complete=True)
+    return status
+
+
+def _status(
+    root: str, plan: dict[str, Any], storage_options: Mapping[str, Any] | None, *, complete: bool
+) -> PrepareStatus:
+    count = len(plan["parts"])
+    missing = missing_parts(root, count, storage_options)
+    totals = {"documents": 0, "tokens": 0, "empty": 0, "skipped": 0}
+    for i in sorted(set(range(count)) - set(missing)):
+        manifest = read_json(join(root, part_folder(i, count), MANIFEST), storage_options) or {}
+        for key in totals:
+            totals[key] += manifest.get("prepare", {}).get(key, 0)
+    return PrepareStatus(
+        out=root, parts=count, done=count - len(missing), missing=missing,
+        complete=complete and not missing, **totals,
+    )  # fmt: skip

@@ -1,0 +1,327 @@
+"""A part's documents, read from its input: text and kept fields, with where each came from.
+
+``documents(part, ...)`` yields batches of ``(texts, kept, counts)``: the documents'
+texts in input order, the kept fields' values, and how many records were skipped. A bad
+record -- a line that is not JSON, a missing or non-string text field, a kept field of
+the wrong type, text that is not UTF-8 -- raises ``BadInput`` naming the file and the
+line (or row), unless ``on_error="skip"``, which counts it and goes on. A truncated or
+unreadable compressed file always raises: what it still held cannot be told.
+
+Files are read by byte range through ``Blob`` (``pread`` locally; behind a URL, ranged
+requests with retries), a few MiB at a time, so a part's memory stays bounded whatever
+the file's size. Compressed streams are decompressed as they arrive: gzip by ``zlib``
+(several members in a row allowed), zstandard by ``zstandard`` (several frames), each
+checked to end where its last frame ends.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from meshfeed.data._blob import Blob
+from meshfeed.prepare._inputs import InputFile, Part, open_parquet
+
+CHUNK = 8 << 20  # bytes read at a time
+BATCH_BYTES = 1 << 20  # text per batch handed to the tokenizer
+KEEP_TYPES = ("str", "int", "float", "bool")
+
+
+class BadInput(ValueError):
+    """A record or a file that cannot be read as the settings say."""
+
+
+class Batch:
+    """Documents read so far, handed to the tokenizer in about ``BATCH_BYTES`` of text."""
+
+    def __init__(self, keep: Mapping[str, str]) -> None:
+        self.texts: list[str] = []
+        self.kept: dict[str, list[Any]] = {k: [] for k in keep}
+        self.size = 0
+        self.skipped = 0
+
+
+def documents(
+    part: Part,
+    files: list[InputFile],
+    settings: Mapping[str, Any],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    dataset: Any = None,
+) -> Iterator[Batch]:
+    """The part's documents in input order, in batches (the module docstring)."""
+    keep: Mapping[str, str] = settings["keep"]
+    reader = _Reader(settings, keep)
+    f = files[part["input"]]
+    a, b = part["range"]
+    if part["unit"] == "files":
+        for i in range(a, b):
+            path = files[i]["path"]
+            data = _read_all(Blob(path, storage_options))
+            reader.text(path, "the file", data)
+            yield from reader.flush(False)
+    elif f["kind"] == "jsonl" or f["kind"] == "txt":
+        blob = Blob(f["path"], storage_options)
+        handle = reader.json_line if f["kind"] == "jsonl" else reader.text_line
+        for offset, line in _lines_in_range(blob, a, b):
+            handle(f["path"], offset, line, blob)
+            yield from reader.flush(False)
+    elif f["kind"] in ("jsonl.gz", "jsonl.zst"):
+        lines = _lines(_decompressed(Blob(f["path"], storage_options), f["kind"]))
+        for number, line in enumerate(lines, start=1):
+            reader.json_record(f["path"], f"line {number}", line)
+            yield from reader.flush(False)
+    elif f["kind"] == "parquet":
+        yield from _parquet(reader, f["path"], a, b, settings, storage_options)
+    elif f["kind"] == "dataset":
+        yield from _dataset(reader, dataset, a, b, settings)
+    yield from reader.flush(True)
+
+
+class _Reader:
+    def __init__(self, settings: Mapping[str, Any], keep: Mapping[str, str]) -> None:
+        self.field, self.keep, self.skip = settings["text"], keep, settings["on_error"] == "skip"
+        self.batch = Batch(keep)
+
+    def flush(self, last: bool) -> Iterator[Batch]:
+        if self.batch.size >= BATCH_BYTES or (last and (self.batch.texts or self.batch.skipped)):
+            batch, self.batch = self.batch, Batch(self.keep)
+            yield batch
+
+    def bad(self, message: str) -> None:
+        if not self.skip:
+            raise BadInput(
+                f"{message}; fix the input, or pass on_error='skip' to skip such records."
+            )
+        self.batch.skipped += 1
+
+    def json_line(self, path: str, offset: int, line: bytes, blob: Blob) -> None:
+        if line.strip():
+            self.json_record(path, lambda: _line_number(blob, offset), line)
+
+    def json_record(self, path: str, where: Any, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            record = json.loads(line)
+        except ValueError as error:
+            self.bad(f"{path}, {_where(where)}: not JSON ({error})")
+            return
+        if not isinstance(record, dict):
+            self.bad(f"{path}, {_where(where)}: a JSON {type(record).__name__}, not an object")
+            return
+        self.record(path, where, record)
+
+    def record(self, path: str, where: Any, record: Mapping[str, Any]) -> None:
+        text = record.get(self.field)
+        if not isinstance(text, str):
+            what = "no field" if self.field not in record else f"a {type(text).__name__} in field"
+            self.bad(f"{path}, {_where(where)}: {what} {self.field!r}, not a string of text")
+            return
+        values = []
+        for name, kind in self.keep.items():
+            value = record.get(name)
+            converted = _kept(value, kind)
+            if converted is None:
+                self.bad(
+                    f"{path}, {_where(where)}: kept field {name!r} is "
+                    f"{'missing' if name not in record else repr(value)[:40]}, not a {kind}"
+                )
+                return
+            values.append(converted)
+        self.add(text, values)
+
+    def add(self, text: str, values: list[Any]) -> None:
+        self.batch.texts.append(text)
+        for name, value in zip(self.keep, values, strict=True):
+            self.batch.kept[name].append(value)
+        self.batch.size += len(text)
+
+    def text(self, path: str, where: str, data: bytes) -> None:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            self.bad(f"{path}, {where}: not UTF-8 ({error})")
+            return
+        self.add(text, [])  # plain text has no fields to keep (prepare refuses keep=)
+
+    def text_line(self, path: str, offset: int, line: bytes, blob: Blob) -> None:
+        self.text(path, f"line at byte {offset}", line.rstrip(b"\r\n"))
+
+
+def _where(where: Any) -> str:
+    """Where a record is: a string, or a function that says it (counted only on error)."""
+    return str(where() if callable(where) else where)
+
+
+def _kept(value: Any, kind: str) -> Any:
+    """A kept field's value as stored, or ``None`` where it is not of its ``kind``."""
+    if kind == "str":
+        if isinstance(value, str):
+            return value.encode()
+        if isinstance(value, int | float | bool):
+            return json.dumps(value).encode()
+        return None
+    if kind == "bool":
+        return value if isinstance(value, bool) else None
+    if kind == "int":
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if kind == "float":
+        return (
+            float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        )
+    return None
+
+
+def _read_all(blob: Blob) -> bytes:
+    size = blob.size()
+    return b"".join(blob.read(a, min(size, a + CHUNK)) for a in range(0, size, CHUNK))
+
+
+def _lines_in_range(blob: Blob, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+    """``(offset, line)`` of every line whose first byte is in ``[start, end)``."""
+    size = blob.size()
+    position = start
+    carry = b""
+    if start > 0:  # the line that starts before ``start`` is the previous part's
+        position = start - 1
+        while True:
+            data = blob.read(position, min(size, position + CHUNK))
+            if not data:
+                return
+            newline = data.find(b"\n")
+            if newline >= 0:
+                position += newline + 1
+                break
+            position += len(data)
+    line_start = position
+    while line_start < end and position < size:
+        data = blob.read(position, min(size, position + CHUNK))
+        if not data:
+            break
+        position += len(data)
+        carry += data
+        lines = carry.split(b"\n")
+        carry = lines.pop()
+        for line in lines:
+            if line_start >= end:
+                return
+            yield line_start, line
+            line_start += len(line) + 1
+    if carry and line_start < end:
+        yield line_start, carry
+
+
+def _line_number(blob: Blob, offset: int) -> str:
+    """``line N`` of the line at ``offset`` (counted only when an error names it)."""
+    count = sum(blob.read(a, min(offset, a + CHUNK)).count(b"\n") for a in range(0, offset, CHUNK))
+    return f"line {count + 1}"
+
+
+def _chunks(blob: Blob) -> Iterator[bytes]:
+    size = blob.size()
+    for a in range(0, size, CHUNK):
+        yield blob.read(a, min(size, a + CHUNK))
+
+
+def _decompressed(blob: Blob, kind: str) -> Iterator[bytes]:
+    if kind == "jsonl.gz":
+        yield from _gunzip(blob)
+    else:
+        yield from _unzstd(blob)
+
+
+def _gunzip(blob: Blob) -> Iterator[bytes]:
+    d = zlib.decompressobj(wbits=31)
+    fed = False
+    for chunk in _chunks(blob):
+        while chunk:
+            try:
+                yield d.decompress(chunk)
+            except zlib.error as error:
+                raise BadInput(f"{blob.path}: not a gzip stream, or corrupt ({error})") from None
+            fed = True
+            if d.eof:  # a member ended: another may follow
+                chunk, d, fed = d.unused_data, zlib.decompressobj(wbits=31), False
+            else:
+                chunk = b""
+    if fed:
+        raise BadInput(f"{blob.path}: truncated (the gzip stream ends before its last member does)")
+
+
+def _unzstd(blob: Blob) -> Iterator[bytes]:
+    try:
+        import zstandard
+    except ImportError:
+        raise ImportError(
+            f"{blob.path}: reading .zst needs zstandard: pip install 'meshfeed[text]' (from a "
+            "clone: pip install -e '.[text]')."
+        ) from None
+    d = zstandard.ZstdDecompressor().decompressobj()
+    fed = False
+    for chunk in _chunks(blob):
+        while chunk:
+            try:
+                yield d.decompress(chunk)
+            except zstandard.ZstdError as error:
+                raise BadInput(
+                    f"{blob.path}: not a zstandard stream, or corrupt ({error})"
+                ) from None
+            fed = True
+            if d.eof:
+                chunk, d, fed = d.unused_data, zstandard.ZstdDecompressor().decompressobj(), False
+            else:
+                chunk = b""
+    if fed:
+        raise BadInput(f"{blob.path}: truncated (the zstandard stream ends inside a frame)")
+
+
+def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    carry = b""
+    for chunk in chunks:
+        if not chunk:
+            continue
+        lines = (carry + chunk).split(b"\n")
+        carry = lines.pop()
+        yield from lines
+    if carry:
+        yield carry
+
+
+def _parquet(
+    reader: _Reader, path: str, a: int, b: int, settings: Mapping[str, Any],
+    storage_options: Mapping[str, Any] | None,
+) -> Iterator[Batch]:  # fmt: skip
+    parquet = open_parquet(path, storage_options)
+    field, keep = settings["text"], list(settings["keep"])
+    names = parquet.schema_arrow.names
+    missing = [c for c in (field, *keep) if c not in names]
+    if missing:
+        raise BadInput(f"{path}: no column {missing[0]!r} (its columns: {names})")
+    row = sum(parquet.metadata.row_group(g).num_rows for g in range(a))
+    for g in range(a, b):
+        table = parquet.read_row_group(g, columns=[field, *keep])
+        columns = {c: table.column(c).to_pylist() for c in (field, *keep)}
+        for j in range(table.num_rows):
+            reader.record(path, f"row {row + j}", {c: v[j] for c, v in columns.items()})
+            yield from reader.flush(False)
+        row += table.num_rows
+
+
+def _dataset(
+    reader: _Reader, dataset: Any, a: int, b: int, settings: Mapping[str, Any]
+) -> Iterator[Batch]:
+    field, keep = settings["text"], list(settings["keep"])
+    missing = [c for c in (field, *keep) if c not in dataset.column_names]
+    if missing:
+        raise BadInput(
+            f"the dataset has no column {missing[0]!r} (its columns: {dataset.column_names})"
+        )
+    step = 1024
+    for start in range(a, b, step):
+        rows = dataset.select_columns([field, *keep])[start : min(b, start + step)]
+        for j in range(len(rows[field])):
+            reader.record("the dataset", f"row {start + j}", {c: rows[c][j] for c in rows})
+            yield from reader.flush(False)

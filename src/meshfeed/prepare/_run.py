@@ -1,0 +1,209 @@
+"""Running a build's parts: local worker processes or Ray tasks, with progress.
+
+``run_local`` starts ``workers`` processes in a bare meshfeed (``_worker``) and hands
+each the next part as soon as it finishes one, so a slow part does not hold the others
+up; the parts' contents do not depend on which worker wrote them. ``run_ray`` submits
+one Ray task per part to the cluster ``ray.init()`` connects to (a local one if none
+is running), each with ``threads`` CPUs and its tokenizer's thread pool set to match.
+Both stop at the first error: the other workers are stopped, and the parts they had not
+finished stay unwritten (no manifest), so a re-run redoes just those.
+
+``Report`` shows progress on process-wide figures -- parts, documents, tokens/s -- as a
+bar on a terminal and as a line per finished part off one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pickle
+import subprocess
+import sys
+import time
+from collections import deque
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from meshfeed.prepare._read import BadInput
+from meshfeed.workers._bare import bare_argv
+
+
+class Report:
+    """Progress of one run: its parts, documents and tokens so far."""
+
+    def __init__(self, total: int, *, show: bool) -> None:
+        self.total, self.parts = total, 0
+        self.counts = {"documents": 0, "tokens": 0, "empty": 0, "skipped": 0}
+        self._live: dict[int, tuple[int, int]] = {}  # part -> (documents, tokens) so far
+        self.start = time.perf_counter()
+        self._console = Console(file=sys.stderr)
+        self._show = show
+        self._bar = Progress(
+            TextColumn("[bold]prepare"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("parts  {task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=self._console,
+            disable=not (show and self._console.is_terminal),
+        )
+        self._task = self._bar.add_task("prepare", total=total, info="")
+
+    def __enter__(self) -> Report:
+        self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._bar.__exit__(*exc)
+
+    def progress(self, part: int, documents: int, tokens: int) -> None:
+        self._live[part] = (documents, tokens)
+        self._bar.update(self._task, info=self._info())
+
+    def done(self, part: int, counts: dict[str, int]) -> None:
+        self._live.pop(part, None)
+        self.parts += 1
+        for key in self.counts:
+            self.counts[key] += counts.get(key, 0)
+        self._bar.update(self._task, completed=self.parts, info=self._info())
+        if self._show and not self._console.is_terminal:
+            print(f"prepare: part {part} written ({self.parts}/{self.total})  {self._info()}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    def _info(self) -> str:
+        documents = self.counts["documents"] + sum(d for d, _ in self._live.values())
+        tokens = self.counts["tokens"] + sum(t for _, t in self._live.values())
+        rate = tokens / max(1e-9, time.perf_counter() - self.start)
+        return f"{documents:,} documents  {tokens:,} tokens  {rate:,.0f} tokens/s"
+
+
+@dataclasses.dataclass(eq=False)
+class _Worker:
+    popen: subprocess.Popen[bytes]
+    tasks: Connection
+    results: Connection
+    part: int | None = None
+
+
+def run_local(parts: list[int], init: dict[str, Any], workers: int, report: Report) -> None:
+    """Writes ``parts`` with ``workers`` local processes (the module docstring)."""
+    todo = deque(parts)
+    pool = [_start(init) for _ in range(min(workers, len(parts)))]
+    try:
+        for worker in pool:
+            _expect_ready(worker)
+            _next(worker, todo)
+        while any(w.part is not None for w in pool):
+            busy = {w.results: w for w in pool if w.part is not None}
+            for connection in wait(list(busy)):
+                worker = busy[connection]  # type: ignore[index]
+                try:
+                    message = worker.results.recv()
+                except EOFError:
+                    code = worker.popen.wait()
+                    raise RuntimeError(
+                        f"a prepare worker (pid {worker.popen.pid}) exited with code {code} "
+                        f"while writing part {worker.part}; its stderr is above. The parts "
+                        "written so far are kept: run the same command again to go on."
+                    ) from None
+                _handle(message, report)
+                if message[0] == "done":
+                    _next(worker, todo)
+    finally:
+        for worker in pool:
+            with contextlib.suppress(OSError):
+                worker.tasks.close()
+            if worker.part is not None:  # stopped mid-part: nothing of it counts
+                worker.popen.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.popen.wait(timeout=10)
+            if worker.popen.poll() is None:
+                worker.popen.kill()
+                worker.popen.wait()
+
+
+def _start(init: dict[str, Any]) -> _Worker:
+    task_r, task_w = os.pipe()
+    result_r, result_w = os.pipe()
+    argv = bare_argv("meshfeed.prepare._worker", str(task_r), str(result_w))
+    try:
+        popen = subprocess.Popen(argv, pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL)
+    finally:
+        os.close(task_r)
+        os.close(result_w)
+    worker = _Worker(
+        popen, Connection(task_w, readable=False), Connection(result_r, writable=False)
+    )
+    worker.tasks.send_bytes(pickle.dumps(init))
+    return worker
+
+
+def _expect_ready(worker: _Worker) -> None:
+    try:
+        message = worker.results.recv()
+    except EOFError:
+        raise RuntimeError(
+            f"a prepare worker exited with code {worker.popen.wait()} while starting; its "
+            "stderr is above."
+        ) from None
+    if message[0] == "error":
+        raise RuntimeError(f"a prepare worker could not start:\n{message[2]}")
+
+
+def _next(worker: _Worker, todo: deque[int]) -> None:
+    worker.part = todo.popleft() if todo else None
+    worker.tasks.send(worker.part)
+
+
+def _handle(message: tuple[Any, ...], report: Report) -> None:
+    kind = message[0]
+    if kind == "progress":
+        report.progress(*message[1:])
+    elif kind == "done":
+        report.done(message[1], message[2])
+    elif kind == "error":
+        raise BadInput(message[2])
+
+
+def run_ray(parts: list[int], init: dict[str, Any], threads: int, report: Report) -> None:
+    """Writes ``parts`` as Ray tasks (the module docstring)."""
+    try:
+        import ray
+    except ImportError:
+        raise ImportError(
+            "executor='ray' needs Ray: pip install 'meshfeed[ray]' (from a clone: pip "
+            "install -e '.[ray]')."
+        ) from None
+    if not ray.is_initialized():
+        ray.init(log_to_driver=False)
+    env = {"RAYON_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "true"}
+    task = ray.remote(num_cpus=threads, max_retries=0, runtime_env={"env_vars": env})(ray_part)
+    shared = ray.put(init)
+    pending = {task.remote(shared, i): i for i in parts}
+    try:
+        while pending:
+            finished, _ = ray.wait(list(pending), num_returns=1)
+            pending.pop(finished[0])
+            _handle(ray.get(finished[0]), report)
+    finally:
+        for ref in pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+
+
+_RUNNERS: dict[int, Any] = {}
+
+
+def ray_part(init: dict[str, Any], index: int) -> tuple[Any, ...]:
+    """One part, in a Ray worker (which keeps its encoder for the next part)."""
+    from meshfeed.prepare._worker import Runner
+
+    key = hash(pickle.dumps((init["out"], init["tokenizer"])))
+    if key not in _RUNNERS:
+        _RUNNERS.clear()
+        _RUNNERS[key] = Runner(init)
+    return _RUNNERS[key](index)

@@ -1,0 +1,78 @@
+"""What a ``prepare`` worker process runs: part numbers in, written parts out.
+
+Started in a bare meshfeed (``workers._bare``: no JAX, nothing of the user's script).
+The first message holds the build's plan, the tokenizer's payload and how many threads
+its Rust pool may use -- set in the environment before ``tokenizers`` first runs, which
+is what a forked ``multiprocessing`` worker gets wrong: ``tokenizers`` turns its
+parallelism off in a forked child, silently. Each later message is a part to write; the
+worker answers with progress now and then, and with the part's counts when its
+manifest is written, or with the error that stopped it. It ignores Ctrl-C (its parent
+stops it) and ends when the task pipe closes.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import sys
+import traceback
+import types
+from multiprocessing.connection import Connection
+from typing import Any
+
+from meshfeed.data._tokenizer import encoder
+from meshfeed.prepare._encode import write_part
+from meshfeed.prepare._read import BadInput
+from meshfeed.workers._bare import load_on_use
+
+
+def main(package: types.ModuleType, tasks_fd: str, results_fd: str) -> None:
+    """Serves parts until the task pipe closes (the module docstring)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    load_on_use(package)
+    tasks = Connection(int(tasks_fd), writable=False)
+    results = Connection(int(results_fd), readable=False)
+    try:
+        init = pickle.loads(tasks.recv_bytes())
+        sys.path[:0] = [p for p in init["path"] if p not in sys.path]
+        run = Runner(init)
+    except BaseException:
+        results.send(("error", None, traceback.format_exc()))
+        sys.exit(1)
+    results.send(("ready",))
+    while True:
+        try:
+            index = tasks.recv()
+        except EOFError:
+            return
+        if index is None:
+            return
+        results.send(run(index, lambda d, t, i=index: results.send(("progress", i, d, t))))
+
+
+class Runner:
+    """Writes parts with one encoder (built once per process, used for every part)."""
+
+    def __init__(self, init: dict[str, Any]) -> None:
+        self.plan, self.out = init["plan"], init["out"]
+        self.storage_options = init["storage_options"]
+        kind, payload = init["tokenizer"]
+        self.encode = encoder(kind, payload, threads=init["threads"])
+        self.dataset = pickle.loads(init["dataset"]) if init["dataset"] is not None else None
+
+    def __call__(self, index: int, progress: Any = None) -> tuple[Any, ...]:
+        try:
+            counts = write_part(
+                index,
+                self.plan,
+                self.encode,
+                self.out,
+                storage_options=self.storage_options,
+                dataset=self.dataset,
+                progress=progress,
+            )
+        except BadInput as error:
+            return ("error", index, str(error))
+        except Exception as error:
+            return ("error", index, f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
+        return ("done", index, counts)
