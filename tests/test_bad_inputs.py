@@ -314,7 +314,7 @@ CASES: list[tuple[str, Callable[..., Any], type[BaseException], str]] = [
         ),
         ValueError,
         "pack packs 1-D documents, but field 'tokens' has documents of float64[*, 3] (2-D "
-        "values); flatten them, or build the source without 'tokens'.",
+        "values); flatten them.",
     ),
     (
         "pack with seq_len 0",
@@ -335,8 +335,8 @@ CASES: list[tuple[str, Callable[..., Any], type[BaseException], str]] = [
         ValueError,
         "pack packs documents of any length, but field 'label' has a fixed shape (int64[]). A "
         "packed row holds several documents, so a per-document value has no place in it: "
-        "give it one value per token (a ragged field aligned with 'tokens'), or build the "
-        "source without 'label'.",
+        "give it one value per token (a ragged field aligned with 'tokens'), or leave it "
+        "out: pack(..., alongside=[...]) without 'label'.",
     ),
     (
         "pack a document longer than seq_len with long_docs='error'",

@@ -182,3 +182,23 @@ def test_plot_packing_draws_the_rows(tmp_path):
     assert image.shape[0] > 100 and image[..., :3].std() > 0.05
     with pytest.raises(ValueError, match=r"must end in \.png or \.svg"):
         meshfeed.plot_packing(pack_fns.packed(), tmp_path / "packing.jpg")
+
+
+def test_alongside_packs_the_named_fields_and_leaves_per_document_ones_out():
+    docs = [np.arange(n, dtype=np.int32) for n in (5, 3, 7, 2)]
+    source = meshfeed.ArraySource({
+        "tokens": meshfeed.Ragged.from_list(docs),
+        "loss_mask": meshfeed.Ragged.from_list([d % 2 for d in docs]),
+        "id": np.arange(4),
+    })  # fmt: skip
+    with pytest.raises(ValueError, match=r"field 'id' has a fixed shape .* alongside=\[...\]"):
+        meshfeed.pack(source, 8)
+    both = meshfeed.pack(source, 8, alongside=["loss_mask"])
+    assert set(both.fields) == {"tokens", "loss_mask", "segment_ids", "positions"}
+    rows = both[np.arange(len(both))]
+    np.testing.assert_array_equal(rows["loss_mask"], rows["tokens"] % 2 * (rows["segment_ids"] > 0))
+    alone = meshfeed.pack(source, 8, alongside=[])
+    assert set(alone.fields) == {"tokens", "segment_ids", "positions"}
+    np.testing.assert_array_equal(alone[np.arange(len(alone))]["tokens"], rows["tokens"])
+    with pytest.raises(ValueError, match=r"alongside=\['label'\] names \['label'\], not other"):
+        meshfeed.pack(source, 8, alongside=["label"])

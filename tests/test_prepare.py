@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+import meshfeed
 from prepare_fns import (
     documents,
     token_documents,
@@ -21,8 +23,6 @@ from prepare_fns import (
     write_jsonl,
     write_parquet,
 )
-
-import meshfeed
 
 tokenizers = pytest.importorskip("tokenizers", reason="the text extra (tokenizers) is needed")
 PART = 6000  # bytes per part: a dozen parts from the small corpus

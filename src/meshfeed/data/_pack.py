@@ -17,7 +17,7 @@ attention mask that keeps each token inside its own document.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -71,15 +71,14 @@ class Packed:
     """Rows of ``seq_len`` tokens packed from a source's documents; build with ``meshfeed.pack``."""
 
     def __init__(
-        self, source: Source, seq_len: int, field: str, plan: PackPlan, stats: dict[str, int],
-        settings: dict[str, Any],
+        self, source: Source, seq_len: int, packed: list[str], plan: PackPlan,
+        stats: dict[str, int], settings: dict[str, Any],
     ) -> None:  # fmt: skip
-        self.source, self.seq_len, self.field = source, seq_len, field
+        self.source, self.seq_len, self.field = source, seq_len, packed[0]
         self.plan = plan
         self._stats = stats
         self._settings = settings
-        self._packed = [name for name, spec in source.fields.items() if name != field]
-        self._packed.insert(0, field)
+        self._packed = packed
         self._fields = {name: FieldSpec((seq_len,), _dtype(source, name)) for name in self._packed}
         self._fields[SEGMENT_IDS] = FieldSpec((seq_len,), np.dtype(np.int32))
         self._fields[POSITIONS] = FieldSpec((seq_len,), np.dtype(np.int32))
@@ -194,6 +193,7 @@ def pack(
     window: int = 16_384,
     long_docs: LongDocs = "split",
     max_segments: int | None = None,
+    alongside: Sequence[str] | None = None,
 ) -> Packed:
     """The documents of ``source`` packed into rows of ``seq_len`` tokens: a ``Source``.
 
@@ -213,6 +213,10 @@ def pack(
         restart at 0 in every piece, as if each were a document of its own),
         ``"truncate"`` to its first ``seq_len`` tokens, ``"drop"``, or ``"error"``.
       max_segments: at most this many documents (pieces) in a row.
+      alongside: the other fields packed with ``field`` (ragged, one value per token);
+        default: every other field of the source. Fields not named are left out -- a
+        per-document field such as an id, which a row of several documents has no
+        place for.
 
     Returns:
       A ``Packed`` source: fields ``field`` (and the other packed fields), ``segment_ids``
@@ -232,13 +236,15 @@ def pack(
         raise ValueError(f"max_segments={max_segments!r} must be an int >= 1, or None.")
     if not _count(seed) or seed < 0:
         raise ValueError(f"seed={seed!r} must be an int >= 0.")
-    _check_fields(source, field)
+    packed = _packed_fields(source, field, alongside)
     if len(source) == 0:
         raise ValueError("source has 0 documents; pass a source with at least one.")
     settings = {
         "field": field, "seed": seed, "algorithm": algorithm, "window": window,
         "long_docs": long_docs, "max_segments": max_segments,
     }  # fmt: skip
+    if alongside is not None:  # only when given: states of earlier loaders still restore
+        settings["alongside"] = list(alongside)
     plan, stats = plan_packing(
         _narrow_lengths(source, field),
         seq_len,
@@ -248,10 +254,11 @@ def pack(
         long_docs=long_docs,
         max_segments=max_segments,
     )
-    return Packed(source, seq_len, field, plan, stats, settings)
+    return Packed(source, seq_len, packed, plan, stats, settings)
 
 
-def _check_fields(source: Source, field: str) -> None:
+def _packed_fields(source: Source, field: str, alongside: Sequence[str] | None) -> list[str]:
+    """``field`` and the fields packed with it, checked."""
     fields = dict(source.fields)
     if field not in fields:
         ragged = [k for k, s in fields.items() if s.ragged]
@@ -264,18 +271,35 @@ def _check_fields(source: Source, field: str) -> None:
             raise ValueError(
                 f"the source has a field named {name!r}, which pack adds itself; rename it."
             )
-    for name, spec in fields.items():
+    if alongside is None:
+        alongside = [name for name in fields if name != field]
+    elif isinstance(alongside, str) or not all(isinstance(a, str) for a in alongside):
+        raise TypeError(f"alongside={alongside!r} must be a list of field names.")
+    unknown = [a for a in alongside if a not in fields or a == field]
+    if unknown:
+        raise ValueError(
+            f"alongside={list(alongside)} names {unknown}, not other fields of the source "
+            f"({[k for k in fields if k != field]})."
+        )
+    for name in [field, *alongside]:
+        spec = fields[name]
         documents = spec.ragged or spec.dtype == np.dtype(object)
         if not documents:
             raise ValueError(
                 f"pack packs documents of any length, but field {name!r} has a fixed "
                 f"shape ({field_text(spec)}). A packed row holds several documents, so a "
                 f"per-document value has no place in it: give it one value per token (a "
-                f"ragged field aligned with {field!r}), or build the source without {name!r}."
+                f"ragged field aligned with {field!r}), or leave it out: pack(..., "
+                f"alongside=[...]) without {name!r}."
             )
         if spec.ragged and len(spec.shape) > 1:
+            out = (
+                ""
+                if name == field
+                else f", or leave it out: pack(..., alongside=[...]) without {name!r}"
+            )
             raise ValueError(
                 f"pack packs 1-D documents, but field {name!r} has documents of "
-                f"{field_text(spec)} (2-D values); flatten them, or build the source without "
-                f"{name!r}."
+                f"{field_text(spec)} (2-D values); flatten them{out}."
             )
+    return [field, *alongside]

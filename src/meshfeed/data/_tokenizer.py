@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -107,7 +107,7 @@ class Tokenizer:
             self.name = f"{tokenizer.name}@{tokenizer.version}"
             self.vocab_size, self.sha256 = tokenizer.vocab_size, None
             self._own = (tokenizer.bos_id, tokenizer.eos_id)
-            self._encode: Callable[[list[str]], list[list[int]]] = tokenizer.encode
+            self._encode = encoder("function", self.payload, threads=None)
         elif type(tokenizer).__module__.split(".")[0] == "tokenizers":
             self._from_json(tokenizer.to_str(), name="tokenizers.Tokenizer")
         else:
@@ -176,7 +176,7 @@ class Tokenizer:
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """The ids of each text, without special tokens."""
-        return self._encode(texts)
+        return [list(ids) for ids in self._encode(texts)[1]]
 
     def record(self) -> dict[str, Any]:
         """What the manifest records (and ``open_source(tokenizer=...)`` compares)."""
@@ -222,18 +222,32 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
     return out
 
 
-def encoder(
-    kind: str, payload: bytes, *, threads: int | None
-) -> Callable[[list[str]], list[list[int]]]:
+Encoded = tuple[np.ndarray, Iterable[Iterable[int]]]
+"""A batch encoded: each text's number of ids, and the ids (read once, in order)."""
+
+
+def encoder(kind: str, payload: bytes, *, threads: int | None) -> Callable[[list[str]], Encoded]:
     """The encode function a worker rebuilds from a ``Tokenizer``'s payload.
 
+    It returns each text's length and its ids as iterables, so that the ids go from the
+    tokenizer's objects into one numpy array without a list of lists in between.
     ``threads`` caps the Rust thread pool of ``tokenizers`` (``RAYON_NUM_THREADS``); it
     takes effect only before the library's first parallel call in the process, so
     workers set it first thing.
     """
     if kind == "function":
         function: TokenizerFunction = pickle.loads(payload)
-        return function.encode
+
+        def encode_lists(texts: list[str]) -> Encoded:
+            ids = function.encode(texts)
+            if len(ids) != len(texts):
+                raise ValueError(
+                    f"{function.name} returned {len(ids)} encodings for {len(texts)} texts; "
+                    "encode must return one list of ids per text."
+                )
+            return np.fromiter(map(len, ids), np.int64, count=len(ids)), ids
+
+        return encode_lists
     if threads is not None:
         os.environ["RAYON_NUM_THREADS"] = str(threads)
         os.environ["TOKENIZERS_PARALLELISM"] = "true"
@@ -241,8 +255,10 @@ def encoder(
     model.no_truncation()
     model.no_padding()
 
-    def encode(texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in model.encode_batch_fast(texts, add_special_tokens=False)]
+    def encode(texts: list[str]) -> Encoded:
+        encodings = model.encode_batch_fast(texts, add_special_tokens=False)
+        lengths = np.fromiter(map(len, encodings), np.int64, count=len(encodings))
+        return lengths, (e.ids for e in encodings)
 
     return encode
 

@@ -19,7 +19,7 @@ import itertools
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ import numpy as np
 from meshfeed.data._blob import is_url, require_fsspec
 from meshfeed.data._folder import join, part_folder
 from meshfeed.data._ragged import Ragged
+from meshfeed.data._tokenizer import Encoded
 from meshfeed.data._writer import FolderWriter, Shard, write_folder
 from meshfeed.prepare._inputs import InputFile, Part
 from meshfeed.prepare._read import documents
@@ -41,7 +42,7 @@ Progress = Callable[[int, int], None]  # (documents, tokens) written so far in t
 def write_part(
     index: int,
     plan: Mapping[str, Any],
-    encode: Callable[[list[str]], list[list[int]]],
+    encode: Callable[[list[str]], Encoded],
     out: str,
     *,
     storage_options: Mapping[str, Any] | None = None,
@@ -76,7 +77,7 @@ def remove(root: str, storage_options: Mapping[str, Any] | None) -> None:
 
 def _shards(
     batches: Iterator[Any],
-    encode: Callable[[list[str]], list[list[int]]],
+    encode: Callable[[list[str]], Encoded],
     tokenizer: Mapping[str, Any],
     settings: Mapping[str, Any],
     counts: Counts,
@@ -89,34 +90,24 @@ def _shards(
     pending: list[tuple[np.ndarray, np.ndarray, dict[str, Any]]] = []
     pending_tokens = 0
     last = time.monotonic()
+    extra = [i for i in (bos, eos) if i is not None]
     for batch in batches:
         counts["skipped"] += batch.skipped
         if not batch.texts:
             continue
-        ids = encode(batch.texts)
-        if len(ids) != len(batch.texts):
-            raise ValueError(
-                f"the tokenizer returned {len(ids)} encodings for {len(batch.texts)} texts; "
-                "encode must return one list of ids per text."
-            )
-        lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
-        flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, count=int(lengths.sum()))
-        if flat.size and (flat.min() < 0 or flat.max() >= vocab):
-            bad = int(flat.max() if flat.max() >= vocab else flat.min())
-            raise ValueError(
-                f"the tokenizer returned id {bad}, outside its vocabulary of {vocab}; give "
-                "the right vocab_size."
-            )
+        lengths, ids = encode(batch.texts)
         kept = {name: batch.kept[name] for name in keep}
         nonempty = lengths > 0
-        if not nonempty.all():
+        if not nonempty.all():  # dropped: no tokens, so no document (nor BOS/EOS)
             counts["empty"] += int((~nonempty).sum())
             kept = {
                 n: [v for v, k in zip(vs, nonempty, strict=True) if k] for n, vs in kept.items()
             }
+            ids = (d for d, k in zip(ids, nonempty, strict=True) if k)
             lengths = lengths[nonempty]
-        values, lengths = _with_specials(flat, lengths, bos, eos)
-        pending.append((values.astype(dtype, copy=False), lengths, kept))
+        values = _flat(ids, lengths, bos, eos, dtype, vocab)
+        lengths = lengths + len(extra)
+        pending.append((values, lengths, kept))
         pending_tokens += int(values.size)
         counts["documents"] += int(lengths.size)
         counts["tokens"] += int(values.size)
@@ -132,24 +123,29 @@ def _shards(
         progress(counts["documents"], counts["tokens"])
 
 
-def _with_specials(
-    flat: np.ndarray, lengths: np.ndarray, bos: int | None, eos: int | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each document's tokens with BOS before and EOS after: values and new lengths."""
-    extra = (bos is not None) + (eos is not None)
-    if not extra:
-        return flat, lengths
-    new_lengths = lengths + extra
-    starts = np.concatenate([[0], np.cumsum(new_lengths)[:-1]])
-    out = np.empty(int(new_lengths.sum()), flat.dtype)
-    document = np.repeat(np.arange(lengths.size), lengths)
-    within = np.arange(flat.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    out[starts[document] + within + (bos is not None)] = flat
-    if bos is not None:
-        out[starts] = bos
-    if eos is not None:
-        out[starts + new_lengths - 1] = eos
-    return out, new_lengths
+def _flat(
+    ids: Iterable[Iterable[int]], lengths: np.ndarray, bos: int | None, eos: int | None,
+    dtype: np.dtype, vocab: int,
+) -> np.ndarray:  # fmt: skip
+    """Every document's ids, with BOS before and EOS after, one after another, in ``dtype``
+    (straight from the tokenizer's output: no list of lists, no wider array)."""
+    before, after = (() if bos is None else (bos,)), (() if eos is None else (eos,))
+    if before or after:
+        ids = (itertools.chain(before, d, after) for d in ids)
+    total = int(lengths.sum()) + lengths.size * (len(before) + len(after))
+    try:
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype, count=total)
+    except (OverflowError, ValueError) as error:
+        raise ValueError(
+            f"the tokenizer returned an id outside its vocabulary of {vocab} ({error}); give "
+            "the right vocab_size."
+        ) from None
+    if vocab <= np.iinfo(dtype).max and flat.size and flat.max() >= vocab:
+        raise ValueError(
+            f"the tokenizer returned id {int(flat.max())}, outside its vocabulary of {vocab}; "
+            "give the right vocab_size."
+        )
+    return flat
 
 
 def _shard(
@@ -161,7 +157,7 @@ def _shard(
     offsets = np.zeros(lengths.size + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     shard: Shard = {
-        "tokens": Ragged(np.concatenate([p[0] for p in pending]).astype(dtype), offsets)
+        "tokens": Ragged(np.concatenate([p[0] for p in pending]), offsets)
     }
     for name, kind in keep.items():
         values = [v for p in pending for v in p[2][name]]

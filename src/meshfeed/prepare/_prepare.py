@@ -35,7 +35,7 @@ from meshfeed.data._writer import FolderWriter
 from meshfeed.prepare._encode import worker_threads
 from meshfeed.prepare._inputs import PART_BYTES, dataset_input, expand, plan_parts
 from meshfeed.prepare._read import KEEP_TYPES
-from meshfeed.prepare._run import Report, run_local, run_ray
+from meshfeed.prepare._run import Report, run_local, run_ray, start_workers, stop_workers
 
 OnError = Literal["raise", "skip"]
 """What ``prepare`` does with a bad record: raise naming it, or skip and count it."""
@@ -90,6 +90,7 @@ def prepare(
     eos: Special = True,
     on_error: OnError = "raise",
     workers: int | None = None,
+    threads: int | None = None,
     part: tuple[int, int] | None = None,
     executor: PrepareExecutor = "local",
     part_bytes: int = PART_BYTES,
@@ -120,8 +121,10 @@ def prepare(
       on_error: ``"raise"``: a bad record (not JSON, no text, a kept field of the wrong
         type) stops the build with an error naming the file and the line or row;
         ``"skip"``: skip it and count it. A truncated compressed file always raises.
-      workers: local worker processes (default: one per core); each runs its tokenizer
-        with the cores shared out among the workers.
+      workers: local worker processes (default: one per core).
+      threads: threads each worker's tokenizer may use (``tokenizers``' Rust pool; a
+        Ray task asks for as many CPUs); default: the cores shared out among the
+        workers, at least one each.
       part: ``(i, n)``: write only share ``i`` of ``n`` of the parts (part ``p`` when
         ``p % n == i``), for ``n`` separate runs -- a Slurm array, a Kubernetes indexed
         job -- in any order, any number of times. Whichever run finishes the last part
@@ -143,9 +146,24 @@ def prepare(
     """
     root = os.fspath(out)
     settings = _settings(text, keep, txt, on_error, part_bytes)
-    run_workers = _check_run(workers, part, executor)
+    run_workers = _check_run(workers, threads, part, executor)
     tok = Tokenizer(tokenizer, bos=bos, eos=eos)
     settings["dtype"] = token_dtype(tok.vocab_size).str
+    # Every argument is checked: start the workers now, to boot while the build is planned.
+    pool = start_workers(run_workers) if executor == "local" else []
+    try:
+        return _prepare(inputs, root, tok, settings, pool, threads or worker_threads(run_workers),
+                        part, executor, storage_options, progress)  # fmt: skip
+    finally:
+        stop_workers(pool)
+
+
+def _prepare(
+    inputs: Any, root: str, tok: Tokenizer, settings: dict[str, Any], pool: list[Any],
+    threads: int, part: tuple[int, int] | None, executor: str,
+    storage_options: Mapping[str, Any] | None, progress: bool,
+) -> PrepareStatus:  # fmt: skip
+    """``prepare`` once its arguments are checked and its workers started."""
     dataset = None
     if type(inputs).__module__.split(".")[0] == "datasets":
         dataset, files = inputs, [dataset_input(inputs)]
@@ -153,7 +171,8 @@ def prepare(
         files = expand(inputs, storage_options)
     if settings["keep"] and any(f["kind"] == "txt" for f in files):
         raise ValueError("keep= names fields of records, but .txt inputs have none; drop keep=.")
-    parts = plan_parts(files, part_bytes=part_bytes, txt=txt, storage_options=storage_options)
+    parts = plan_parts(files, part_bytes=settings["part_bytes"], txt=settings["txt"],
+                       storage_options=storage_options)  # fmt: skip
     plan = {"inputs": files, "settings": settings, "tokenizer": tok.record(), "parts": parts}
     _start_record(root, plan, storage_options)
     share = [p for p in range(len(parts)) if part is None or p % part[1] == part[0]]
@@ -163,7 +182,7 @@ def prepare(
         "path": list(sys.path),
         "plan": plan,
         "tokenizer": (tok.kind, tok.payload),
-        "threads": worker_threads(run_workers),
+        "threads": threads,
         "out": root,
         "storage_options": dict(storage_options or {}),
         "dataset": pickle.dumps(dataset) if dataset is not None else None,
@@ -171,9 +190,9 @@ def prepare(
     start = time.perf_counter()
     with Report(len(todo), show=progress) as report:
         if todo and executor == "ray":
-            run_ray(todo, init, init["threads"], report)
+            run_ray(todo, init, threads, report)
         elif todo:
-            run_local(todo, init, run_workers, report)
+            run_local(pool, todo, init, report)
     seconds = time.perf_counter() - start
     status = _finish(root, plan, storage_options)
     tokens = report.counts["tokens"]
@@ -220,13 +239,19 @@ def _settings(
     return {"text": text, "keep": kept, "txt": txt, "on_error": on_error, "part_bytes": part_bytes}
 
 
-def _check_run(workers: int | None, part: tuple[int, int] | None, executor: str) -> int:
+def _check_run(
+    workers: int | None, threads: int | None, part: tuple[int, int] | None, executor: str
+) -> int:
     if executor not in ("local", "ray"):
         raise ValueError(f"executor={executor!r} must be 'local' or 'ray'.")
     if workers is not None and (
         not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
     ):
         raise ValueError(f"workers={workers!r} must be an int >= 1 (local processes).")
+    if threads is not None and (
+        not isinstance(threads, int) or isinstance(threads, bool) or threads < 1
+    ):
+        raise ValueError(f"threads={threads!r} must be an int >= 1 (tokenizer threads a worker).")
     if part is not None and not (
         isinstance(part, tuple) and len(part) == 2 and all(isinstance(x, int) for x in part)
         and 0 <= part[0] < part[1]

@@ -89,12 +89,32 @@ class _Worker:
     part: int | None = None
 
 
-def run_local(parts: list[int], init: dict[str, Any], workers: int, report: Report) -> None:
-    """Writes ``parts`` with ``workers`` local processes (the module docstring)."""
+def start_workers(count: int) -> list[_Worker]:
+    """``count`` worker processes, started now: they import what they need while the
+    caller plans the build, and wait for ``run_local`` to send them the plan."""
+    workers = []
+    for _ in range(count):
+        task_r, task_w = os.pipe()
+        result_r, result_w = os.pipe()
+        argv = bare_argv("meshfeed.prepare._worker", str(task_r), str(result_w))
+        try:
+            popen = subprocess.Popen(argv, pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL)
+        finally:
+            os.close(task_r)
+            os.close(result_w)
+        tasks = Connection(task_w, readable=False)
+        workers.append(_Worker(popen, tasks, Connection(result_r, writable=False)))
+    return workers
+
+
+def run_local(pool: list[_Worker], parts: list[int], init: dict[str, Any], report: Report) -> None:
+    """Writes ``parts`` with the started ``pool`` (the module docstring); stops the pool."""
     todo = deque(parts)
-    pool = [_start(init) for _ in range(min(workers, len(parts)))]
     try:
         for worker in pool:
+            if not todo:
+                break
+            worker.tasks.send_bytes(pickle.dumps(init))
             _expect_ready(worker)
             _next(worker, todo)
         while any(w.part is not None for w in pool):
@@ -114,32 +134,22 @@ def run_local(parts: list[int], init: dict[str, Any], workers: int, report: Repo
                 if message[0] == "done":
                     _next(worker, todo)
     finally:
-        for worker in pool:
-            with contextlib.suppress(OSError):
-                worker.tasks.close()
-            if worker.part is not None:  # stopped mid-part: nothing of it counts
-                worker.popen.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                worker.popen.wait(timeout=10)
-            if worker.popen.poll() is None:
-                worker.popen.kill()
-                worker.popen.wait()
+        stop_workers(pool)
 
 
-def _start(init: dict[str, Any]) -> _Worker:
-    task_r, task_w = os.pipe()
-    result_r, result_w = os.pipe()
-    argv = bare_argv("meshfeed.prepare._worker", str(task_r), str(result_w))
-    try:
-        popen = subprocess.Popen(argv, pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL)
-    finally:
-        os.close(task_r)
-        os.close(result_w)
-    worker = _Worker(
-        popen, Connection(task_w, readable=False), Connection(result_r, writable=False)
-    )
-    worker.tasks.send_bytes(pickle.dumps(init))
-    return worker
+def stop_workers(pool: list[_Worker]) -> None:
+    """Ends the workers: idle ones when their task pipe closes, busy ones killed."""
+    for worker in pool:
+        with contextlib.suppress(OSError):
+            worker.tasks.close()
+        if worker.part is not None:  # stopped mid-part: nothing of it counts
+            worker.popen.kill()
+    for worker in pool:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.popen.wait(timeout=10)
+        if worker.popen.poll() is None:
+            worker.popen.kill()
+            worker.popen.wait()
 
 
 def _expect_ready(worker: _Worker) -> None:

@@ -12,6 +12,7 @@ stops it) and ends when the task pipe closes.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import signal
 import sys
@@ -30,6 +31,8 @@ def main(package: types.ModuleType, tasks_fd: str, results_fd: str) -> None:
     """Serves parts until the task pipe closes (the module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     load_on_use(package)
+    with contextlib.suppress(ImportError):  # while the parent plans, not after
+        import tokenizers  # noqa: F401
     tasks = Connection(int(tasks_fd), writable=False)
     results = Connection(int(results_fd), readable=False)
     try:
