@@ -173,6 +173,11 @@ def _prepare(
         raise ValueError("keep= names fields of records, but .txt inputs have none; drop keep=.")
     parts = plan_parts(files, part_bytes=settings["part_bytes"], txt=settings["txt"],
                        storage_options=storage_options)  # fmt: skip
+    if len(parts) > 99_999:  # part folders are numbered with five digits
+        raise ValueError(
+            f"part_bytes={settings['part_bytes']} cuts the inputs into {len(parts):,} parts, "
+            "more than a folder holds (99,999); pass a larger part_bytes."
+        )
     plan = {"inputs": files, "settings": settings, "tokenizer": tok.record(), "parts": parts}
     _start_record(root, plan, storage_options)
     share = [p for p in range(len(parts)) if part is None or p % part[1] == part[0]]
