@@ -156,9 +156,7 @@ def _shard(
     lengths = np.concatenate([p[1] for p in pending])
     offsets = np.zeros(lengths.size + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    shard: Shard = {
-        "tokens": Ragged(np.concatenate([p[0] for p in pending]), offsets)
-    }
+    shard: Shard = {"tokens": Ragged(np.concatenate([p[0] for p in pending]), offsets)}
     for name, kind in keep.items():
         values = [v for p in pending for v in p[2][name]]
         if kind == "str":
