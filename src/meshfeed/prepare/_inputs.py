@@ -25,12 +25,12 @@ any number of workers, on one machine or many.
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from meshfeed.data._blob import Blob, is_url, require_fsspec
+from meshfeed.data._blob import Blob, is_url
+from meshfeed.data._paths import expand_paths
 
 KINDS = {
     ".jsonl": "jsonl",
@@ -64,28 +64,15 @@ def expand(
     storage_options: Mapping[str, Any] | None = None,
 ) -> list[InputFile]:
     """The input files named by paths, globs or URLs, in order, with kinds and sizes."""
-    names = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else list(inputs)
-    if not names:
-        raise ValueError("inputs is empty; pass paths, globs or URLs of text files.")
     files: list[InputFile] = []
-    for name in names:
-        if not isinstance(name, str | os.PathLike):
-            raise TypeError(
-                f"inputs holds a {type(name).__name__}; pass paths, globs or URLs (str), or "
-                "one datasets.Dataset."
+    for path in expand_paths(inputs, storage_options):
+        kind = kind_of(path)
+        if kind is None:
+            raise ValueError(
+                f"{path}: meshfeed.prepare reads {', '.join(KINDS)} files; rename it, or "
+                "convert it to one of those."
             )
-        for path in _matches(os.fspath(name), storage_options):
-            kind = kind_of(path)
-            if kind is None:
-                raise ValueError(
-                    f"{path}: meshfeed.prepare reads {', '.join(KINDS)} files; rename it, or "
-                    "convert it to one of those."
-                )
-            files.append({"path": path, "kind": kind, "size": _size(path, storage_options)})
-    seen = [f["path"] for f in files]
-    twice = sorted({p for p in seen if seen.count(p) > 1})
-    if twice:
-        raise ValueError(f"inputs names {twice} more than once; name each file once.")
+        files.append({"path": path, "kind": kind, "size": _size(path, storage_options)})
     return files
 
 
@@ -165,28 +152,6 @@ def _row_group_parts(
     if start < metadata.num_row_groups or not parts:
         parts.append({"input": i, "unit": "row_groups", "range": [start, metadata.num_row_groups]})
     return parts
-
-
-def _matches(name: str, storage_options: Mapping[str, Any] | None) -> list[str]:
-    pattern = any(c in name for c in "*?[")
-    if not is_url(name):
-        if not pattern:
-            if not os.path.isfile(name):
-                raise FileNotFoundError(f"input {name} does not exist (or is not a file).")
-            return [name]
-        found = sorted(p for p in glob.glob(name, recursive=True) if os.path.isfile(p))
-    else:
-        fs, inner = require_fsspec().core.url_to_fs(name, **dict(storage_options or {}))
-        protocol = name.split("://", 1)[0]
-        if not pattern:
-            if not fs.isfile(inner):
-                raise FileNotFoundError(f"input {name} does not exist (or is not a file).")
-            return [name]
-        found = sorted(f"{protocol}://{p.lstrip('/')}" if protocol != "file" else p
-                       for p in fs.glob(inner) if fs.isfile(p))  # fmt: skip
-    if not found:
-        raise FileNotFoundError(f"input {name} matches no file.")
-    return found
 
 
 def _size(path: str, storage_options: Mapping[str, Any] | None) -> int:

@@ -9,19 +9,18 @@ unreadable compressed file always raises: what it still held cannot be told.
 
 Files are read by byte range through ``Blob`` (``pread`` locally; behind a URL, ranged
 requests with retries), a few MiB at a time, so a part's memory stays bounded whatever
-the file's size. Compressed streams are decompressed as they arrive: gzip by ``zlib``
-(several members in a row allowed), zstandard by ``zstandard`` (several frames), each
-checked to end where its last frame ends.
+the file's size. Compressed streams are decompressed as they arrive (``Inflater``: gzip
+members and zstandard frames in a row, checked to end where the last one ends).
 """
 
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from meshfeed.data._blob import Blob
+from meshfeed.data._compressed import GZIP, ZSTD, Inflater
 from meshfeed.prepare._inputs import InputFile, Part, open_parquet
 
 CHUNK = 8 << 20  # bytes read at a time
@@ -227,55 +226,10 @@ def _chunks(blob: Blob) -> Iterator[bytes]:
 
 
 def _decompressed(blob: Blob, kind: str) -> Iterator[bytes]:
-    if kind == "jsonl.gz":
-        yield from _gunzip(blob)
-    else:
-        yield from _unzstd(blob)
-
-
-def _gunzip(blob: Blob) -> Iterator[bytes]:
-    d = zlib.decompressobj(wbits=31)
-    fed = False
+    inflater = Inflater(GZIP if kind == "jsonl.gz" else ZSTD, blob.path)
     for chunk in _chunks(blob):
-        while chunk:
-            try:
-                yield d.decompress(chunk)
-            except zlib.error as error:
-                raise BadInput(f"{blob.path}: not a gzip stream, or corrupt ({error})") from None
-            fed = True
-            if d.eof:  # a member ended: another may follow
-                chunk, d, fed = d.unused_data, zlib.decompressobj(wbits=31), False
-            else:
-                chunk = b""
-    if fed:
-        raise BadInput(f"{blob.path}: truncated (the gzip stream ends before its last member does)")
-
-
-def _unzstd(blob: Blob) -> Iterator[bytes]:
-    try:
-        import zstandard
-    except ImportError:
-        raise ImportError(
-            f"{blob.path}: reading .zst needs zstandard: pip install 'meshfeed[text]' (from a "
-            "clone: pip install -e '.[text]')."
-        ) from None
-    d = zstandard.ZstdDecompressor().decompressobj()
-    fed = False
-    for chunk in _chunks(blob):
-        while chunk:
-            try:
-                yield d.decompress(chunk)
-            except zstandard.ZstdError as error:
-                raise BadInput(
-                    f"{blob.path}: not a zstandard stream, or corrupt ({error})"
-                ) from None
-            fed = True
-            if d.eof:
-                chunk, d, fed = d.unused_data, zstandard.ZstdDecompressor().decompressobj(), False
-            else:
-                chunk = b""
-    if fed:
-        raise BadInput(f"{blob.path}: truncated (the zstandard stream ends inside a frame)")
+        yield from inflater.feed(chunk)
+    inflater.close()
 
 
 def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
