@@ -51,6 +51,16 @@ from meshfeed.feed._schedule import Schedule as Schedule
 from meshfeed.feed._shardings import ShardingArg as ShardingArg
 from meshfeed.feed._state import LoaderState as LoaderState
 from meshfeed.feed._strategies import reshard as reshard
+from meshfeed.formats._build import IndexReport as IndexReport
+from meshfeed.formats._build import index as index
+from meshfeed.formats._jsonl import JsonlSource as JsonlSource
+from meshfeed.formats._jsonl import JsonlType as JsonlType
+from meshfeed.formats._tar import TarDecoder as TarDecoder
+from meshfeed.formats._tar import TarMissing as TarMissing
+from meshfeed.formats._tar import TarSource as TarSource
+from meshfeed.formats._tfrecord import FeatureType as FeatureType
+from meshfeed.formats._tfrecord import TFRecordSource as TFRecordSource
+from meshfeed.formats._tfrecord import parse_example as parse_example
 from meshfeed.inspect._plot import plot_sharding as plot_sharding
 from meshfeed.inspect._plot_packing import plot_packing as plot_packing
 from meshfeed.inspect._show import show_sharding as show_sharding
@@ -94,11 +104,15 @@ __all__ = [
     "Column",
     "Cost",
     "EvalFn",
+    "FeatureType",
     "Fetches",
     "FieldSpec",
     "GrainSource",
     "HFSource",
     "History",
+    "IndexReport",
+    "JsonlSource",
+    "JsonlType",
     "LastBatch",
     "Loader",
     "LoaderOptions",
@@ -124,6 +138,10 @@ __all__ = [
     "Source",
     "StepFn",
     "Strategy",
+    "TFRecordSource",
+    "TarDecoder",
+    "TarMissing",
+    "TarSource",
     "TokenizerFunction",
     "TorchSource",
     "TrainState",
@@ -134,6 +152,7 @@ __all__ = [
     "check_replicas",
     "collective_axes",
     "fit",
+    "index",
     "initialize",
     "launch",
     "make_mesh",
@@ -143,6 +162,7 @@ __all__ = [
     "open_source",
     "ops",
     "pack",
+    "parse_example",
     "plan",
     "plot_packing",
     "plot_sharding",

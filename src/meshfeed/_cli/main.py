@@ -16,6 +16,7 @@ from meshfeed._cli.flags import (
     parse_shape,
     parse_spec,
 )
+from meshfeed._cli.index import add_parser as add_index_parser
 from meshfeed._cli.prepare import add_parser as add_prepare_parser
 
 EXAMPLES = """examples:
@@ -25,6 +26,7 @@ EXAMPLES = """examples:
   meshfeed plan --mesh data=8 --spec data --data s3://bucket/ds --batch 256 --shuffle-block 1024
   meshfeed launch -n 2 --devices-per-process 4 -- python examples/train.py --epochs 3
   meshfeed prepare 'corpus/*.jsonl' --tokenizer tokenizer.json --out tokens --workers 2
+  meshfeed index 'shards/shard-{000..127}.tar'
   meshfeed demo            (or: meshfeed demo --keras, meshfeed demo --lm)
   meshfeed bench loader --shape 28,28,1 --dtype uint8 --batch 256
 """
@@ -98,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
     add_prepare_parser(sub)
+    add_index_parser(sub)
 
     demo = sub.add_parser(
         "demo",
@@ -145,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _run(args)
-    except (ValueError, TypeError) as error:  # the user's input, refused by meshfeed
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as error:  # refused input
         fail(str(error).splitlines()[0])
 
 
@@ -187,6 +190,10 @@ def _run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             port=args.port,
         )
+    if args.command == "index":
+        from meshfeed._cli.index import run as run_index
+
+        return run_index(args)
     if args.command == "prepare":
         from meshfeed._cli.prepare import run
 

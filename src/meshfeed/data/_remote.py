@@ -16,10 +16,13 @@ object (a Parquet row group, say).
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+REMOTE_READS = 16  # reads in flight at once, per process, for files behind URLs
 RETRY_S = 60.0  # how long a read outlives a failing store by default
 MAX_GAP = 64 << 10  # ranges closer than this are one request
 MAX_REQUEST = 16 << 20  # but no request larger than this
@@ -142,3 +145,18 @@ def _fetch(
             backoff.wait_or_raise(failed[0][1])
         todo = [i for i, _ in failed]
     return out
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def remote_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that keep reads of several files behind URLs in flight together."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                REMOTE_READS, thread_name_prefix="meshfeed-remote-read"
+            )
+        return _pool

@@ -21,13 +21,11 @@ shard's header and size are checked against the manifest (dtype, shape, truncati
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import hashlib
 import json
 import os
 import re
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,7 +35,7 @@ from meshfeed.data._blob import Blob, is_url, require_fsspec
 from meshfeed.data._cache import CACHE_BYTES, ShardCache
 from meshfeed.data._files import NpyRows, RaggedRows, npz_members
 from meshfeed.data._folder import FORMAT, MANIFEST, check_prepared, join, part_folder
-from meshfeed.data._remote import RETRY_S, merge
+from meshfeed.data._remote import RETRY_S, merge, remote_pool
 from meshfeed.data._sources import (
     FieldSpec,
     check_ids,
@@ -50,21 +48,6 @@ from meshfeed.data._tokenizer import TokenizerArg
 
 _PART = re.compile(r"part-(\d{5})-of-(\d{5})$")
 Rows = NpyRows | RaggedRows
-
-
-REMOTE_READS = 16  # reads in flight at once, per process, for shards behind URLs
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _remote_pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                REMOTE_READS, thread_name_prefix="meshfeed-remote-read"
-            )
-        return _pool
 
 
 class ShardedSource:
@@ -143,7 +126,7 @@ class ShardedSource:
             return gather_by_part(shard, local, self._fields, self._read_shard)
         # Behind a URL every read waits on the network: put the reads of every shard and
         # field in flight together (each one all its byte ranges, through cat_ranges).
-        pool = _remote_pool()
+        pool = remote_pool()
         reads = {
             p: {
                 name: pool.submit(rows.read, local[shard == p])

@@ -1,0 +1,302 @@
+"""JSON Lines files read by index: ``JsonlSource``.
+
+``scan_jsonl`` finds every line's start with a vectorised scan for newlines (numpy over
+8 MiB at a time: the scan runs at memory speed, far above any disk), blank lines left
+out. A record is then a byte range. Compressed files (``.jsonl.gz``, ``.jsonl.zst``) are
+read through their *members*: a gzip file may hold several members one after another,
+a zstandard file several frames, each decompressible on its own; the index records each
+member's compressed extent and the records' offsets in the decompressed text, and a read
+decompresses only the members that hold the records asked for. A file of one large
+member (what ``gzip`` and ``zstd`` write by default) could only be read by decompressing
+all of it for every record, so it is refused, with the command that rewrites it in
+members of 1 MiB of text -- still one valid ``.gz``/``.zst`` stream for every other tool:
+``meshfeed index --seekable FILE``. (Restart points inside one deflate stream would need
+the decompressor's bit position and its 32 KiB window saved for each; Python's ``zlib``
+cannot resume at a bit position, and the windows would make the index a few percent of
+the data.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from meshfeed.data._blob import Blob
+from meshfeed.data._cache import CACHE_BYTES
+from meshfeed.data._compressed import Inflater, compression_of, inflate_member
+from meshfeed.data._ragged import Ragged
+from meshfeed.data._remote import RETRY_S
+from meshfeed.data._sources import FieldSpec, fields_text
+from meshfeed.formats._index import INDEX_FORMAT, Index
+from meshfeed.formats._indexed import IndexedFiles
+
+READ = 8 << 20
+MAX_MEMBER = 16 << 20
+"""The largest decompressed member read for one record (16 MiB)."""
+SEEKABLE_MEMBER = 1 << 20
+"""Text per member when ``meshfeed index --seekable`` rewrites a file (1 MiB)."""
+OBJECT = np.dtype(object)
+JsonlType = str
+"""A JSON Lines field's type: ``"int64"``, ``"float32"``, ... (any numpy number or
+``"bool"``), ``"str"`` and ``"object"`` (object arrays), or ``"ragged:<dtype>"`` (a list
+of numbers per record, as ``Ragged``)."""
+
+
+class JsonlError(ValueError):
+    """A JSON Lines file that cannot be read as its index says."""
+
+
+def _lines(chunks: Any, name: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """Line starts and lengths (blank lines left out), and the text's size."""
+    starts, ends = [np.zeros(1, np.int64)], []
+    at = 0
+    for chunk in chunks:
+        newlines = np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10) + at
+        ends.append(newlines)
+        starts.append(newlines + 1)
+        at += len(chunk)
+    start = np.concatenate(starts)
+    end = np.concatenate([*ends, [at]]).astype(np.int64)
+    length = end - start
+    keep = length > 0
+    return start[keep], length[keep], at
+
+
+def scan_jsonl(blob: Blob) -> Index:
+    """The index of one JSON Lines file, plain or compressed (the module docstring)."""
+    name, size = blob.path, blob.size()
+    chunks = (blob.read(a, min(size, a + READ)) for a in range(0, size, READ))
+    kind = compression_of(name)
+    inflater = None if kind is None else Inflater(kind, name)
+    if inflater is not None:
+        chunks = (piece for chunk in chunks for piece in inflater.feed(chunk))
+    starts, lengths, total = _lines(chunks, name)
+    meta: dict[str, Any] = {"format": INDEX_FORMAT, "kind": "jsonl", "samples": len(starts),
+                            "compression": kind, "text_bytes": total}  # fmt: skip
+    arrays = {"starts": starts, "lengths": lengths.astype(np.int32 if total < 2**31 else np.int64)}
+    if inflater is not None:
+        inflater.close()
+        members = np.array(inflater.members, np.int64).reshape(-1, 4)
+        largest = int((members[:, 3] - members[:, 2]).max()) if len(members) else 0
+        if largest > MAX_MEMBER and len(starts) > 1:
+            raise JsonlError(
+                f"{name} holds a {kind} member of {largest / 2**20:.0f} MiB of text: reading "
+                "one record would decompress all of it. Rewrite it seekable (members of 1 MiB, "
+                f"still one valid {kind} stream for any tool): meshfeed index --seekable {name}"
+            )
+        arrays["members"] = members
+    return Index(meta, arrays)
+
+
+def _type_of(value: Any) -> JsonlType:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int64"
+    if isinstance(value, float):
+        return "float64"
+    if isinstance(value, str):
+        return "str"
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    ):
+        return "ragged:int64" if all(isinstance(v, int) for v in value) else "ragged:float64"
+    return "object"
+
+
+def _spec(kind: JsonlType, name: str) -> FieldSpec:
+    if kind in ("str", "object"):
+        return FieldSpec((), OBJECT)
+    ragged = kind.startswith("ragged:")
+    try:
+        dtype = np.dtype(kind.removeprefix("ragged:"))
+    except TypeError:
+        raise ValueError(
+            f"fields: {name!r} has type {kind!r}; pass a numpy number type ('int64', "
+            "'float32', 'bool'), 'str', 'object' or 'ragged:<type>'."
+        ) from None
+    return FieldSpec((None,) if ragged else (), dtype)
+
+
+class JsonlSource:
+    """JSON Lines files read by index: a record per line, chosen fields as typed columns.
+
+    Args:
+      files: paths, globs, brace patterns or URLs of ``.jsonl``, ``.jsonl.gz`` and
+        ``.jsonl.zst`` files (compressed ones in members: ``meshfeed index --seekable``).
+      fields: the fields to read: names (typed from the first record: numbers,
+        booleans, strings as objects, lists of numbers as ``Ragged``, anything else as
+        objects) or a mapping name -> type (``"int32"``, ``"float32"``, ``"str"``,
+        ``"object"``, ``"ragged:int32"``, ...); default: every field of the first record.
+      index_dir, build, storage_options, retry_s, cache_dir, cache_bytes: as ``TarSource``.
+
+    A record that is not JSON, or lacks a field, raises ``ValueError`` naming the file and
+    the record's byte offset (in the decompressed text, for a compressed file).
+    """
+
+    def __init__(
+        self,
+        files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        fields: Sequence[str] | Mapping[str, JsonlType] | None = None,
+        index_dir: str | os.PathLike[str] | None = None,
+        build: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
+        retry_s: float = RETRY_S,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int = CACHE_BYTES,
+    ) -> None:
+        if isinstance(fields, str):
+            raise TypeError(f"fields={fields!r} is a string; pass a list of names, e.g. ['text'].")
+        self.files = IndexedFiles(
+            files, kind="jsonl", scan=scan_jsonl, index_dir=index_dir, build=build,
+            storage_options=storage_options, retry_s=retry_s, cache_dir=cache_dir,
+            cache_bytes=cache_bytes,
+        )  # fmt: skip
+        if len(self.files) == 0:
+            raise ValueError(f"{self.files.name} holds no records.")
+        if not isinstance(fields, Mapping):
+            first = self._records(np.array([0]))[0]
+            names = list(first) if fields is None else list(fields)
+            absent = [n for n in names if n not in first]
+            if absent:
+                raise ValueError(
+                    f"fields names {absent}, not fields of the first record ({list(first)})."
+                )
+            fields = {n: _type_of(first[n]) for n in names}
+        self._types = dict(fields)
+        self._fields = {n: _spec(k, n) for n, k in self._types.items()}
+
+    @property
+    def fields(self) -> Mapping[str, FieldSpec]:
+        """Each chosen field's shape and dtype (``Ragged`` for lists of numbers)."""
+        return self._fields
+
+    def __len__(self) -> int:
+        """The number of records, over every file."""
+        return len(self.files)
+
+    def _plan(self, file: np.ndarray, local: np.ndarray) -> dict[int, Any]:
+        """Per file: the byte ranges to read (records, or the members holding them)."""
+        out = {}
+        for f in np.unique(file).tolist():
+            rows = np.flatnonzero(file == f)
+            arrays = self.files.indexes[f].arrays
+            starts = arrays["starts"][local[rows]]
+            ends = starts + arrays["lengths"][local[rows]]
+            if "members" not in arrays:
+                out[f] = (rows, starts, ends, None)
+                continue
+            members = arrays["members"]
+            which = np.searchsorted(members[:, 2], starts, side="right") - 1
+            needed = np.unique(which)
+            out[f] = (rows, starts, ends, (which, needed, members[needed, 0], members[needed, 1]))
+        return out
+
+    def _records(self, ids: np.ndarray) -> list[Any]:
+        file, local = self.files.locate(ids)
+        plan = self._plan(file, local)
+        reads = {
+            f: ((p[3][2], p[3][3]) if p[3] is not None else (p[1], p[2])) for f, p in plan.items()
+        }
+        data = self.files.read(reads)
+        out: list[Any] = [None] * len(file)
+        for f, (rows, starts, ends, compressed) in plan.items():
+            name = self.files.paths[f]
+            if compressed is None:
+                lines = data[f]
+                at = starts
+            else:
+                which, needed, _, _ = compressed
+                kind = self.files.indexes[f].meta["compression"]
+                texts = {
+                    int(m): inflate_member(kind, raw, name)
+                    for m, raw in zip(needed, data[f], strict=True)
+                }
+                members = self.files.indexes[f].arrays["members"]
+                lines = [
+                    texts[int(m)][s - members[m, 2] : e - members[m, 2]]
+                    for m, s, e in zip(which, starts, ends, strict=True)
+                ]
+                at = starts
+            for row, line, offset in zip(rows, lines, at, strict=True):
+                try:
+                    out[row] = json.loads(line)
+                except ValueError as error:
+                    where = "byte" if compressed is None else "byte (of the decompressed text)"
+                    raise JsonlError(
+                        f"{name}, the record at {where} {int(offset)}: not JSON ({error})."
+                    ) from None
+                if not isinstance(out[row], dict):
+                    raise JsonlError(
+                        f"{name}, the record at byte {int(offset)}: a JSON "
+                        f"{type(out[row]).__name__}, not an object."
+                    )
+        return out
+
+    def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
+        """The records ``ids``: per field an array (or ``Ragged``) with a row per id."""
+        records = self._records(ids)
+        out: dict[str, Any] = {}
+        for name, spec in self._fields.items():
+            try:
+                values = [r[name] for r in records]
+            except KeyError:
+                row = next(i for i, r in enumerate(records) if name not in r)
+                raise JsonlError(
+                    f"record {int(np.asarray(ids)[row])} of {self.files.name} has no field "
+                    f"{name!r}."
+                ) from None
+            if spec.ragged:
+                out[name] = Ragged.from_list(
+                    [np.asarray(v, spec.dtype) for v in values], dtype=spec.dtype
+                )
+            elif spec.dtype == OBJECT:
+                column = np.empty(len(values), OBJECT)
+                column[:] = values
+                out[name] = column
+            else:
+                out[name] = np.asarray(values, spec.dtype)
+        return out
+
+    def fetches(self, ids: np.ndarray) -> tuple[int, int]:
+        """The requests and bytes reading ``ids`` asks a store for."""
+        file, local = self.files.locate(ids)
+        plan = self._plan(file, local)
+        return self.files.fetches(
+            {f: ((p[3][2], p[3][3]) if p[3] is not None else (p[1], p[2])) for f, p in plan.items()}
+        )
+
+    @property
+    def remote(self) -> bool:
+        """Whether the files are behind a URL."""
+        return self.files.remote
+
+    @property
+    def name(self) -> str:
+        """The files, for messages."""
+        return self.files.name
+
+    @property
+    def requests(self) -> int:
+        """Range requests sent to the store so far."""
+        return self.files.requests
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes received from the store so far."""
+        return self.files.bytes_fetched
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """What the records depend on (the loader's state carries it)."""
+        return {"jsonl": self.files.fingerprint(), "fields": self._types}
+
+    def __repr__(self) -> str:
+        return f"JsonlSource({self.name!r}, {len(self)} records; {fields_text(self._fields)})"
