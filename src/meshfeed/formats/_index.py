@@ -14,6 +14,7 @@ rebuilds it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import io
 import json
@@ -27,6 +28,11 @@ from meshfeed.data._blob import Blob, is_url, require_fsspec
 from meshfeed.data._folder import join
 from meshfeed.data._writer import FolderWriter
 
+READ = 2 << 20
+"""Bytes a scan reads at a time from a local file (small: the first read of a file waits,
+the later ones overlap the parsing)."""
+READ_REMOTE = 8 << 20
+"""Bytes a scan reads at a time behind a URL (one range request each)."""
 INDEX_SUFFIX = ".meshfeed-index.npz"
 INDEX_FORMAT = "meshfeed.index/1"
 KINDS = {
@@ -135,3 +141,49 @@ def save_index(
         os.makedirs(folder, exist_ok=True)
     FolderWriter(folder, storage_options).write(name, index.to_bytes())
     return target
+
+
+class ReadAhead:
+    """A file read in chunks for a scan, the next chunk fetched on a thread while this one
+    is parsed: a cold read and the parsing overlap instead of taking turns."""
+
+    def __init__(self, blob: Blob, depth: int = 3) -> None:
+        self.blob, self.size, self.depth = blob, blob.size(), depth
+        self.chunk = READ_REMOTE if is_url(blob.path) else READ
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="meshfeed-scan")
+        self._ahead: list[tuple[int, int, concurrent.futures.Future[bytes]]] = []  # in order
+
+    def read(self, start: int, count: int) -> bytes:
+        """At least ``count`` bytes from ``start`` (fewer at the end of the file), and
+        usually a chunk; the next ``depth`` chunks are read meanwhile."""
+        while self._ahead and self._ahead[0][1] <= start:  # chunks the scan has passed
+            self._ahead.pop(0)
+        data = None
+        if self._ahead and self._ahead[0][0] <= start:
+            ahead_start, ahead_end, future = self._ahead.pop(0)
+            ahead = future.result()
+            if ahead_end - start >= min(count, self.size - start):
+                data = ahead[start - ahead_start :] if start > ahead_start else ahead
+        if data is None:
+            self._ahead.clear()  # a jump past them: start again from here
+            data = self.blob.read(start, min(self.size, start + max(count, self.chunk)))
+        after = self._ahead[-1][1] if self._ahead else start + len(data)
+        while len(self._ahead) < self.depth and after < self.size:
+            end = min(self.size, after + self.chunk)
+            self._ahead.append((after, end, self._pool.submit(self.blob.read, after, end)))
+            after = end
+        return data
+
+    def chunks(self) -> Any:
+        """The whole file, chunk after chunk."""
+        at = 0
+        while at < self.size:
+            data = self.read(at, 1)
+            yield data
+            at += len(data)
+
+    def __enter__(self) -> ReadAhead:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -31,10 +31,9 @@ from meshfeed.data._compressed import Inflater, compression_of, inflate_member
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._remote import RETRY_S
 from meshfeed.data._sources import FieldSpec, fields_text
-from meshfeed.formats._index import INDEX_FORMAT, Index
+from meshfeed.formats._index import INDEX_FORMAT, Index, ReadAhead
 from meshfeed.formats._indexed import IndexedFiles
 
-READ = 8 << 20
 MAX_MEMBER = 16 << 20
 """The largest decompressed member read for one record (16 MiB)."""
 SEEKABLE_MEMBER = 1 << 20
@@ -68,8 +67,11 @@ def _lines(chunks: Any, name: str) -> tuple[np.ndarray, np.ndarray, int]:
 
 def scan_jsonl(blob: Blob) -> Index:
     """The index of one JSON Lines file, plain or compressed (the module docstring)."""
-    name, size = blob.path, blob.size()
-    chunks = (blob.read(a, min(size, a + READ)) for a in range(0, size, READ))
+    with ReadAhead(blob) as reader:
+        return _scan(reader.chunks(), blob.path)
+
+
+def _scan(chunks: Any, name: str) -> Index:
     kind = compression_of(name)
     inflater = None if kind is None else Inflater(kind, name)
     if inflater is not None:

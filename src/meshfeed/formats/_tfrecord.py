@@ -27,10 +27,9 @@ from meshfeed.data._cache import CACHE_BYTES
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._remote import RETRY_S
 from meshfeed.data._sources import FieldSpec, fields_text
-from meshfeed.formats._index import INDEX_FORMAT, Index
+from meshfeed.formats._index import INDEX_FORMAT, Index, ReadAhead
 from meshfeed.formats._indexed import IndexedFiles
 
-READ = 8 << 20
 OBJECT = np.dtype(object)
 FeatureType = str
 """A feature's type with ``decode="example"``: ``"int64"``, ``"float32"``, ``"bytes"`` (one
@@ -78,13 +77,17 @@ def masked(crc: int) -> int:
 
 def scan_tfrecord(blob: Blob) -> Index:
     """The index of one TFRecord file (the module docstring)."""
-    name, size = blob.path, blob.size()
+    with ReadAhead(blob) as reader:
+        return _scan(reader, blob.path, reader.size)
+
+
+def _scan(reader: ReadAhead, name: str, size: int) -> Index:
     buffer, base = b"", 0
     starts, lengths = [], []
     at = 0
     while at < size:
         if not (base <= at and at + 12 <= base + len(buffer)):
-            buffer, base = blob.read(at, min(size, at + READ)), at
+            buffer, base = reader.read(at, 12), at
         header = buffer[at - base : at - base + 12]
         if len(header) < 12:
             raise TFRecordError(f"{name}: truncated: a partial record header at byte {at}.")

@@ -1,0 +1,246 @@
+"""Workload W, streaming formats: WebDataset shards read by index, and how fast files index.
+
+Loading: 20,000 PNG-encoded 32x32 RGB images with a class each, written as 8 WebDataset
+shards by webdataset's own ``ShardWriter``. Every entry decodes each image and takes a
+random 28x28 crop (the decode workload's function), shuffles, and ends in global
+``jax.Array`` batches of 256 on 8 CPU devices in one process:
+
+- ``meshfeed``: ``TarSource`` (the shards indexed once) in a ``Loader`` with
+  ``record_transform`` on 2 worker processes, a per-sample shuffle;
+- ``webdataset``: webdataset's own pipeline -- ``WebDataset(shardshuffle=True)``, a
+  1,000-sample shuffle buffer, the same decode in ``map``, ``batched(256)`` -- in a
+  PyTorch ``DataLoader`` with 2 workers, then ``make_array_from_process_local_data``.
+
+Each round times both for ``--seconds``, in an order that rotates; the lines report the
+median samples/s and the median of per-round ratios. Goal: meshfeed >= 1.1x webdataset.
+
+Indexing: the same shards, and about as many bytes of JSON Lines and TFRecord files
+(the latter written by the ``tfrecord`` package), each indexed by ``meshfeed.index``
+(2 worker processes) against reading the files once front to back, both with the
+files evicted from the page cache first (``posix_fadvise(DONTNEED)``), in rounds; MB/s,
+their ratio (goal >= 0.5) and the index's bytes per sample. ``--smoke`` for CI.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from decode_fns import decode_crop, encode_all
+
+import meshfeed
+from common import measure, to_global
+
+BATCH = 256
+
+
+def crop(record: dict[str, Any], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The decode workload's work on a WebDataset sample (``png`` and ``cls``)."""
+    return decode_crop({"png": record["png"], "label": record["cls"]}, rng)
+
+
+def write_shards(folder: Path, n: int, shards: int) -> list[str]:
+    from webdataset.writer import ShardWriter
+
+    encoded, labels = encode_all(n)
+    with ShardWriter(str(folder / "shard-%03d.tar"), maxcount=-(-n // shards), verbose=0) as sink:
+        for i in range(n):
+            sink.write({"__key__": f"{i:07d}", "png": encoded[i], "cls": str(int(labels[i]))})
+    return sorted(str(p) for p in folder.glob("shard-*.tar"))
+
+
+def _meshfeed(shards: list[str]) -> Callable[[], Iterator[Any]]:
+    meshfeed.index(shards, progress=False)
+    source = meshfeed.TarSource(shards, decode={"cls": "int"}, key=None)
+    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
+
+    def run() -> Iterator[Any]:
+        loader = meshfeed.Loader(source, global_batch_size=BATCH, sharding=sharding,
+                                 num_epochs=None, record_transform=crop, num_workers=2)  # fmt: skip
+        try:
+            yield from loader
+        finally:
+            loader.close()
+
+    return run
+
+
+class _Crop:
+    """webdataset's ``map``: decode and crop one sample, a generator per sample's key."""
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(int(sample["__key__"]))
+        return decode_crop({"png": sample["png"], "label": int(sample["cls"])}, rng)
+
+
+def _same(batch: Any) -> Any:
+    """The DataLoader's collation: the batch as the pipeline made it (numpy)."""
+    return batch
+
+
+def _collate(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {k: np.stack([s[k] for s in samples]) for k in ("image", "label")}
+
+
+def _webdataset(shards: list[str]) -> Callable[[], Iterator[Any]]:
+    from torch.utils.data import DataLoader
+    from webdataset.compat import WebDataset
+
+    def run() -> Iterator[Any]:
+        pipeline = (
+            WebDataset(shards, shardshuffle=len(shards), empty_check=False)
+            .repeat()
+            .shuffle(1000)
+            .map(_Crop())
+            .batched(BATCH, collation_fn=_collate, partial=False)
+        )
+        loader = DataLoader(pipeline, batch_size=None, num_workers=2, persistent_workers=True,
+                            collate_fn=_same)  # fmt: skip
+        yield from to_global(iter(loader), BATCH)
+
+    return run
+
+
+def _evict(paths: list[str]) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _read_once(paths: list[str]) -> float:
+    _evict(paths)
+    start = time.perf_counter()
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(8 << 20):
+                pass
+    return time.perf_counter() - start
+
+
+def _index_once(paths: list[str]) -> tuple[float, int]:
+    for p in paths:
+        Path(p + ".meshfeed-index.npz").unlink(missing_ok=True)
+    _evict(paths)
+    start = time.perf_counter()
+    report = meshfeed.index(paths, workers=2, progress=False)
+    seconds = time.perf_counter() - start
+    index_bytes = sum(os.path.getsize(p + ".meshfeed-index.npz") for p in paths)
+    return seconds, index_bytes // max(1, report.samples)
+
+
+def write_jsonl(folder: Path, total_mb: float, files: int = 8) -> list[str]:
+    rng = np.random.default_rng(0)
+    per = int(total_mb * 1e6 / files)
+    paths = []
+    for k in range(files):
+        path = folder / f"chat-{k}.jsonl"
+        with open(path, "w") as f:
+            written, i = 0, 0
+            while written < per:
+                line = json.dumps({"id": i, "text": "word " * int(rng.integers(20, 400))}) + "\n"
+                f.write(line)
+                written, i = written + len(line), i + 1
+        paths.append(str(path))
+    return paths
+
+
+def write_tfrecords(folder: Path, total_mb: float, files: int = 8) -> list[str]:
+    from tfrecord.writer import TFRecordWriter
+
+    rng = np.random.default_rng(0)
+    per = int(total_mb * 1e6 / files)
+    paths = []
+    for k in range(files):
+        path = str(folder / f"part-{k}.tfrecord")
+        writer = TFRecordWriter(path)
+        written = 0
+        while written < per:
+            image = rng.integers(0, 255, int(rng.integers(1000, 6000)), np.uint8).tobytes()
+            writer.write({"image": (image, "byte"), "label": (int(rng.integers(10)), "int")})
+            written += len(image) + 40
+        writer.close()
+        paths.append(path)
+    return paths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3.0, help="per entry per round")
+    args = parser.parse_args()
+    n, shards, mb = 20_000, 8, 100.0
+    if args.smoke:
+        n, shards, mb, args.rounds, args.seconds = 1024, 2, 2.0, 1, 0.3
+    scratch = Path(tempfile.mkdtemp(prefix="meshfeed-formats-bench-"))
+    try:
+        _run(args, scratch, n, shards, mb)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, scratch: Path, n: int, shards: int, mb: float) -> None:
+    (scratch / "wds").mkdir()
+    paths = write_shards(scratch / "wds", n, shards)
+    base = {"benchmark": "formats", "devices": jax.device_count(), "smoke": args.smoke,
+            "python": sys.version.split()[0]}  # fmt: skip
+    entries = {"meshfeed": _meshfeed(paths), "webdataset": _webdataset(paths)}
+    rounds: list[dict[str, float]] = []
+    for r in range(args.rounds):
+        names = list(entries)[r % 2 :] + list(entries)[: r % 2]
+        rounds.append({name: measure(entries[name], BATCH, args.seconds) for name in names})
+    for name in entries:
+        ratio = statistics.median(r[name] / r["webdataset"] for r in rounds)
+        line = {**base, "workload": "W", "part": "loading", "name": name, "rounds": len(rounds),
+                "samples_per_s": round(statistics.median(r[name] for r in rounds)),
+                "ratio_to_webdataset": round(ratio, 3)}  # fmt: skip
+        print(json.dumps(line), flush=True)
+    (scratch / "jsonl").mkdir()
+    (scratch / "tfrecord").mkdir()
+    sets = {"tar": paths, "jsonl": write_jsonl(scratch / "jsonl", mb),
+            "tfrecord": write_tfrecords(scratch / "tfrecord", mb)}  # fmt: skip
+    for kind, files in sets.items():
+        size = sum(os.path.getsize(p) for p in files)
+        ratios, index_rates, read_rates, per_sample = [], [], [], 0
+        for r in range(args.rounds):
+            order = ("index", "read") if r % 2 == 0 else ("read", "index")
+            times = {}
+            for what in order:
+                if what == "read":
+                    times["read"] = _read_once(files)
+                else:
+                    times["index"], per_sample = _index_once(files)
+            ratios.append(times["read"] / times["index"])
+            index_rates.append(size / times["index"] / 1e6)
+            read_rates.append(size / times["read"] / 1e6)
+        line = {**base, "workload": "W", "part": "indexing", "name": kind,
+                "mb": round(size / 1e6, 1), "index_mb_per_s": round(statistics.median(index_rates)),
+                "read_mb_per_s": round(statistics.median(read_rates)),
+                "ratio_to_read": round(statistics.median(ratios), 3),
+                "index_bytes_per_sample": per_sample}  # fmt: skip
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
