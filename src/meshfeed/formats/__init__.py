@@ -12,7 +12,8 @@ Modules, lowest first (each imports only modules listed before it)::
 
     _index         the index file: offsets per sample, the file's size and time; where it lives
     _indexed       IndexedFiles: files, their indexes, samples numbered, byte-range reads
-    _tar           WebDataset tar shards: headers scanned, TarSource
+    _tar_scan      WebDataset tar shards indexed: headers walked, members grouped by key
+    _tar           TarSource: samples of tar shards read by range, decoded
     _jsonl         JSON Lines, plain or in gzip/zstd members: lines scanned, JsonlSource
     _tfrecord      TFRecord: frames scanned, CRCs checked, tf.train.Example parsed, TFRecordSource
     _build         index: files indexed by bare worker processes, per file, resumable

@@ -28,7 +28,7 @@ from meshfeed.data._paths import expand_paths
 from meshfeed.data._writer import FolderWriter
 from meshfeed.formats._index import changed, kind_of, load_index, save_index, stamp
 from meshfeed.formats._jsonl import SEEKABLE_MEMBER, scan_jsonl
-from meshfeed.formats._tar import scan_tar
+from meshfeed.formats._tar_scan import scan_tar
 from meshfeed.formats._tfrecord import scan_tfrecord
 from meshfeed.workers._bare import bare_argv, load_on_use
 
