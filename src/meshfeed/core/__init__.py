@@ -2,15 +2,17 @@
 
 A mesh and its axes are what every layer talks about: the data layer's cost model, the
 strategies, the train steps and the pictures all ask which batch rows a device or a
-process holds, so those helpers live here once. The keyed permutation is the other
-shared piece: the loader's schedule orders each epoch with it, and the packing plan
-orders documents with it. Nothing here reads data, starts a thread or touches a device
-at import.
+process holds, so those helpers live here once. The keyed permutation is another
+shared piece: the loader's schedule orders each epoch with it, the packing plan orders
+documents with it, a mixture each pass over a source. Stages are the third: a batch size
+that ramps and mixture weights that change are both a value by step, compared the same
+way on restore. Nothing here reads data, starts a thread or touches a device at import.
 
 Modules, lowest first (each imports only modules listed before it)::
 
     _mesh          make_mesh, batch_sharding; which batch rows each device and process holds
     _permutation   Permutation: a keyed bijection on [0, n), evaluated position by position; hash64
+    _stages        Stages: a setting that changes at given steps; BatchSizes: steps <-> positions
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.
 """

@@ -8,6 +8,9 @@ is O(positions asked), whatever ``n`` is, so 10^10 examples cost what 10^4 do. R
 keys come from ``np.random.SeedSequence([seed, epoch])``, so the order depends on
 nothing but ``(seed, epoch, n)``. The loader's schedule orders each epoch with it, the
 packing plan orders documents with it, and ``hash64`` seeds each record's generator.
+``PassPermutations`` is the same network with round keys per pass, hashed per position:
+a mixture reads each pass over a source in a new order, and a batch whose positions fall
+in many passes costs one evaluation.
 """
 
 from __future__ import annotations
@@ -32,46 +35,73 @@ def hash64(z: Any) -> Any:
     return z ^ (z >> 31)
 
 
-class Permutation:
-    """A keyed bijection on ``[0, n)``, evaluated on arrays of positions."""
+class _Feistel:
+    """A balanced Feistel network on the smallest even number of bits that covers ``n``,
+    with cycle walking; its round keys are given per call: one per round, or one per
+    round and position."""
 
-    def __init__(self, n: int, *, seed: int, epoch: int) -> None:
+    def __init__(self, n: int) -> None:
         if n < 1:
-            raise ValueError(f"Permutation needs n >= 1, got n={n}.")
+            raise ValueError(f"a permutation needs n >= 1, got n={n}.")
         self.n = n
         bits = max(2, (n - 1).bit_length())
         self._half = (bits + 1) // 2
         self._mask = np.uint64((1 << self._half) - 1)
         self._shift = np.uint64(self._half)
-        self._keys = np.random.SeedSequence([seed, epoch]).generate_state(_ROUNDS, np.uint64)
 
-    def _encrypt(self, x: np.ndarray) -> np.ndarray:
+    def _encrypt(self, x: np.ndarray, keys: np.ndarray) -> np.ndarray:
         left, right = x >> self._shift, x & self._mask
         with np.errstate(over="ignore"):
-            for key in self._keys:
+            for key in keys:
                 left, right = right, left ^ (hash64(right ^ key) & self._mask)
         return (left << self._shift) | right
 
-    def __call__(self, positions: np.ndarray) -> np.ndarray:
-        out = self._encrypt(np.asarray(positions, dtype=np.uint64))
-        outside = np.flatnonzero(out >= self.n)
-        while outside.size:
-            out[outside] = self._encrypt(out[outside])
-            outside = outside[out[outside] >= self.n]
-        return out.astype(np.int64)
-
-    def _decrypt(self, y: np.ndarray) -> np.ndarray:
+    def _decrypt(self, y: np.ndarray, keys: np.ndarray) -> np.ndarray:
         left, right = y >> self._shift, y & self._mask
         with np.errstate(over="ignore"):
-            for key in self._keys[::-1]:
+            for key in keys[::-1]:
                 left, right = right ^ (hash64(left ^ key) & self._mask), left
         return (left << self._shift) | right
 
-    def inverse(self, values: np.ndarray) -> np.ndarray:
-        """The positions that map to ``values`` (``perm.inverse(perm(p)) == p``)."""
-        out = self._decrypt(np.asarray(values, dtype=np.uint64))
+    def _walk(self, x: np.ndarray, keys: np.ndarray, forward: bool) -> np.ndarray:
+        """``x`` through the network until each value lands in ``[0, n)``."""
+        step = self._encrypt if forward else self._decrypt
+        out = step(np.asarray(x, dtype=np.uint64), keys)
         outside = np.flatnonzero(out >= self.n)
-        while outside.size:  # cycle walking, backwards
-            out[outside] = self._decrypt(out[outside])
+        while outside.size:
+            out[outside] = step(out[outside], keys if keys.ndim == 1 else keys[:, outside])
             outside = outside[out[outside] >= self.n]
         return out.astype(np.int64)
+
+
+class Permutation(_Feistel):
+    """A keyed bijection on ``[0, n)``, evaluated on arrays of positions."""
+
+    def __init__(self, n: int, *, seed: int, epoch: int) -> None:
+        super().__init__(n)
+        self._keys = np.random.SeedSequence([seed, epoch]).generate_state(_ROUNDS, np.uint64)
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        return self._walk(positions, self._keys, forward=True)
+
+    def inverse(self, values: np.ndarray) -> np.ndarray:
+        """The positions that map to ``values`` (``perm.inverse(perm(p)) == p``)."""
+        return self._walk(values, self._keys, forward=False)
+
+
+class PassPermutations(_Feistel):
+    """One keyed bijection on ``[0, n)`` per pass, evaluated on (position, pass) pairs
+    at once: a mixture's source read in a new order every pass. Each pass's round keys
+    are a hash of the stream's keys and the pass number, computed per pair, so positions
+    from many passes cost one evaluation."""
+
+    def __init__(self, n: int, *, seed: int, stream: int) -> None:
+        super().__init__(n)
+        key = [seed, stream, 0x5A55]  # apart from every Permutation's (seed, epoch)
+        self._keys = np.random.SeedSequence(key).generate_state(_ROUNDS, np.uint64)
+
+    def __call__(self, positions: np.ndarray, passes: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            mixed = hash64(np.asarray(passes, np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+            keys = hash64(self._keys[:, None] ^ mixed[None, :])
+        return self._walk(positions, keys, forward=True)
