@@ -23,13 +23,23 @@ def test_weights_hold_within_one_percent_over_100k_examples():
     assert abs((src[:1000] == 1).mean() - 0.3) < 0.01
 
 
-def test_repeats_small_sources_in_order_and_covers_every_example():
-    mixture = meshfeed.mix([_tagged(0, 50), _tagged(1, 7)], [1, 1])
+def test_in_order_repeats_small_sources_in_order_and_covers_every_example():
+    mixture = meshfeed.mix([_tagged(0, 50), _tagged(1, 7)], [1, 1], shuffle=False)
     got = mixture[np.arange(len(mixture))]
     for tag, n in ((0, 50), (1, 7)):
         ids = got["id"][got["src"] == tag]
         assert set(ids.tolist()) == set(range(n))
         np.testing.assert_array_equal(ids, np.arange(len(ids)) % n)
+
+
+def test_each_pass_over_a_small_source_is_a_new_order_with_every_example_once():
+    mixture = meshfeed.mix([_tagged(0, 500), _tagged(1, 7)], [1, 1])
+    got = mixture[np.arange(len(mixture))]
+    small = got["id"][got["src"] == 1]
+    passes = [small[i : i + 7].tolist() for i in range(0, len(small) - 6, 7)]
+    assert len(passes) >= 70
+    assert all(sorted(p) == list(range(7)) for p in passes)  # every example once a pass
+    assert len({tuple(p) for p in passes}) > len(passes) // 2  # and the orders differ
 
 
 def test_a_loader_over_a_mixture_resumes_exactly():

@@ -27,7 +27,8 @@ Modules, lowest first (each imports only modules listed before it)::
     _writer        write_source: one writer, or one part per worker
     _adapters      sources over records: Grain, PyTorch, ArrayRecord
     _arrow         sources over Arrow: Parquet, Hugging Face datasets
-    _mix           mix: sources in fixed proportions, addressed by index
+    _mix_order     which source and which of its examples fill each position, by stage
+    _mix           mix: sources in proportions fixed or by stage, addressed by index
     _pack_plan     the packing plan: which piece of which document goes in which row
     _pack          pack: documents packed into fixed rows, a source served by index
 

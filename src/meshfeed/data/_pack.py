@@ -94,6 +94,12 @@ class Packed:
         """Whether rows may be read on several threads at once (if the documents' source may)."""
         return thread_safe(self.source)
 
+    @property
+    def ordered(self) -> bool:
+        """Whether the rows must be read in order, as the documents' source must be (a
+        mixture with stages); they are packed in its order, window by window."""
+        return bool(getattr(self.source, "ordered", False))
+
     def __len__(self) -> int:
         """The number of packed rows."""
         return self.plan.rows
@@ -206,7 +212,12 @@ def pack(
         fields must be ragged too, with the same lengths, and are packed alongside.
       seq_len: tokens per row.
       field: the field whose documents are packed.
-      seed: the key of the order documents are taken in.
+      seed: the key of the order documents are taken in. A source that must be read in
+        order (a mixture with stages, bound with ``mix(..., global_batch_size=)``) is
+        packed in its own order instead, and the packed rows must be read in order too
+        (``Loader(shuffle=False)``); its stages then fall on the rows about where their
+        documents do (within a window). For stages at exact steps, mix packed sources:
+        ``mix([pack(a, n), pack(b, n)], weights=stages)``.
       algorithm: ``"best_fit"`` (less padding) or ``"first_fit"``.
       window: documents planned together; larger packs tighter and plans no slower.
       long_docs: a document longer than ``seq_len``: ``"split"`` into pieces (positions
@@ -245,10 +256,14 @@ def pack(
     }  # fmt: skip
     if alongside is not None:  # only when given: states of earlier loaders still restore
         settings["alongside"] = list(alongside)
+    ordered = bool(getattr(source, "ordered", False))
+    if ordered:  # documents in the source's own order: the seed orders nothing
+        settings["ordered"] = True
     plan, stats = plan_packing(
         _narrow_lengths(source, field),
         seq_len,
         seed=seed,
+        ordered=ordered,
         algorithm=algorithm,
         window=window,
         long_docs=long_docs,

@@ -1,7 +1,8 @@
 """The packing plan: which piece of which document goes in which packed row.
 
 Planned once, from the documents' lengths alone, so it is the same on every process
-and needs no data. Documents are taken in a keyed shuffled order (``seed``) and packed
+and needs no data. Documents are taken in a keyed shuffled order (``seed``) -- or in
+their own order, for a source that must be read in order (a mixture with stages) -- and packed
 in windows of ``window`` documents, each window on its own: no global sort, bounded
 work per window, and windows could be planned in parallel. Within a window,
 ``"best_fit"`` puts each piece in the open row it fills most tightly (a sorted list of
@@ -173,6 +174,7 @@ def plan_packing(
     seq_len: int,
     *,
     seed: int,
+    ordered: bool = False,
     algorithm: Algorithm,
     window: int,
     long_docs: LongDocs,
@@ -186,7 +188,7 @@ def plan_packing(
          "dropped_documents", "dropped_tokens"),
         0,
     )  # fmt: skip
-    order = Permutation(n, seed=seed, epoch=0)
+    order = (lambda docs: docs) if ordered else Permutation(n, seed=seed, epoch=0)
     pack = _best_fit if algorithm == "best_fit" else _first_fit
     # The plan's arrays are allocated once, at their final size and narrowest types.
     total = _total_pieces(lengths, seq_len, long_docs)
