@@ -92,7 +92,15 @@ CASES: list[tuple[str, Callable[..., Any], type[BaseException], str]] = [
         "global_batch_size a string",
         lambda t, p, m: _loader(global_batch_size="16"),
         TypeError,
-        "global_batch_size='16' must be an int.",
+        "global_batch_size='16' must be an int, or a list of (start_step, size) stages, "
+        "e.g. [(0, 32), (1000, 64)].",
+    ),
+    (
+        "global_batch_size stages out of order",
+        lambda t, p, m: _loader(global_batch_size=[(0, 16), (0, 32)]),
+        ValueError,
+        "global_batch_size[1] starts at step 0, not after the stage before it (step 0); "
+        "list stages in the order they start.",
     ),
     (
         "global_batch_size zero",

@@ -343,15 +343,14 @@ class _Metrics:
         }
 
 
-_FIT_EXTRAS = ("step", "samples_per_s", "input_wait_share")
+_FIT_EXTRAS = ("step", "samples_per_s", "input_wait_share", "batch_size", "mix_stage")
 
 
 class _Continuing:
     """One iterator over a loader, kept across epochs (fit asks for a number of steps)."""
 
     def __init__(self, loader: Any) -> None:
-        self._iterator = iter(loader)
-        self.global_batch_size = getattr(loader, "global_batch_size", None)
+        self._iterator, self.stage = iter(loader), getattr(loader, "stage", None)  # fit logs it
 
     def __iter__(self) -> Any:
         return self._iterator

@@ -11,7 +11,8 @@ because the loader runs it. Nothing here renders.
 
 Modules, lowest first (each imports only modules listed before it)::
 
-    _schedule      the step -> example ids map: shuffled or block-shuffled epochs, padding, the mask
+    _schedule      step -> example ids: shuffled or block-shuffled epochs, padding, ramps
+    _timeline      what holds at each step: the batch size and a mixture's weights, by stage
     _plan          the strategies' names, their costs, and what "auto" picks
     _shardings     the sharding of each field, the rows it puts where; place_host
     _strategies    per strategy, the rows a process reads and how they are placed; reshard

@@ -6,77 +6,126 @@ strategy's ``Builder`` says which rows this process reads and places them, the
 ``StepReader`` reads and transforms those rows, and the ``Stream`` reads steps ahead and
 hands them out -- so that ``Loader`` is only the façade users see. Nothing here starts a
 thread: the workers of a record transform start on the first read.
+
+Everything that depends on the batch size -- where each field's rows sit, which rows this
+process reads, the plan -- is a ``Lane``, one per size, so a batch size that ramps
+switches lanes at its stage starts and nothing is recomputed per step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
 from meshfeed.data._sources import FieldSpec, Source
 from meshfeed.feed._options import LoaderOptions
-from meshfeed.feed._plan import Field, Plan, make_plan
-from meshfeed.feed._reader import SourceRows, StepReader, make_reader
-from meshfeed.feed._schedule import Schedule
+from meshfeed.feed._plan import Fetches, Field, Plan, make_plan
+from meshfeed.feed._reader import Lane, SourceRows, StepReader, make_reader
+from meshfeed.feed._schedule import RampSchedule, Schedule
 from meshfeed.feed._shardings import FieldShardings, ShardingArg, fit_to_rank, load_shardings
 from meshfeed.feed._strategies import BUILDERS
 from meshfeed.feed._stream import Stream
+from meshfeed.feed._timeline import Timeline
 
 
 @dataclasses.dataclass(frozen=True)
 class Assembly:
     """A loader's working parts (``assemble``)."""
 
-    schedule: Schedule
+    schedule: Schedule | RampSchedule
     end: int | None
     """The step after the last one (``None``: endless)."""
-    load_sharding: ShardingArg
-    plan: Plan
-    row_sets: list[Any]
+    lanes: dict[int, Lane]
+    """Per batch size: where the fields go and which rows this process reads."""
+    plans: dict[int, Plan]
     reader: StepReader
     stream: Stream
+    timeline: Timeline
+    _fetches: list[Fetches] = dataclasses.field(default_factory=list)  # sampled once
+
+    def lane(self, step: int) -> Lane:
+        """The lane of ``step``'s batch size."""
+        return self.lanes[self.schedule.size(step)]
 
     def process_ids(self, step: int) -> np.ndarray | None:
         """The example ids this process reads for ``step`` (no padding); None past the end."""
         if self.end is not None and step >= self.end:
             return None
-        ids = np.concatenate([self.schedule.ids(step)[rows] for rows in self.row_sets])
+        ids = np.concatenate([self.schedule.ids(step)[rows] for rows in self.lane(step).row_sets])
         return ids[ids >= 0]
+
+    def plan_at(self, step: int, source: Source) -> Plan:
+        """The plan of ``step``'s batch size; for a source behind a URL, what the next
+        steps fetch; with stages, the spans of steps from ``step`` on."""
+        plan = self.plans[self.schedule.size(step)]
+        fetches = getattr(source, "fetches", None)
+        if not self._fetches and getattr(source, "remote", False) and callable(fetches):
+            ids = [self.process_ids(k) for k in range(step, step + 8)]
+            per_step = [fetches(i) for i in ids if i is not None]
+            self._fetches.append(Fetches.sample(source.name, per_step))  # type: ignore[attr-defined]
+        staged = self.timeline.staged
+        return dataclasses.replace(
+            plan,
+            fetches=self._fetches[0] if self._fetches else None,
+            schedule=tuple(self.timeline.spans(step)) if staged else (),
+        )
 
 
 def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOptions) -> Assembly:
     """The parts of a loader over ``source`` with ``options`` (already checked)."""
-    b, sharding = options.global_batch_size, options.sharding
-    schedule = Schedule(
-        len(source),
-        b,
-        shuffle=options.shuffle,
-        seed=options.seed,
-        last_batch=options.last_batch,
-        block=options.shuffle_block,
-        window=options.window,
-    )
-    epochs = options.num_epochs
-    end = None if epochs is None else epochs * schedule.steps_per_epoch
-    reshard = options.strategy == "reshard"
-    load_sharding = load_shardings(sharding, b) if reshard else sharding
-    plan = make_plan(_plan_fields(sharding, fields), b, requested=options.strategy)
-    builder = BUILDERS[plan.strategy]  # type: ignore[index]
-    target = FieldShardings(load_sharding, b)
-    row_sets = builder.reads(target)
-    reader = make_reader(SourceRows(source, fields, schedule), options, row_sets, target)
+    schedule, end = _schedule(len(source), options)
+    sharding, reshard = options.sharding, options.strategy == "reshard"
+    plans: dict[int, Plan] = {}
+    lanes: dict[int, Lane] = {}
+    builder = None
+    for b in options.batch_sizes.distinct:
+        plans[b] = make_plan(_plan_fields(sharding, fields), b, requested=options.strategy)
+        # One strategy for every size: the first size's (what "auto" picks rarely
+        # depends on the size, and a run that switched strategies would be hard to read).
+        builder = builder or BUILDERS[plans[b].strategy]  # type: ignore[index]
+        loads = load_shardings(sharding, b) if reshard else sharding
+        target = FieldShardings(loads, b)
+        lanes[b] = Lane(b, target, builder.reads(target), loads)
+    assert builder is not None
+    place = builder.place
+
+    def lane(step: int) -> Lane:
+        return lanes[schedule.size(step)]
+
+    reader = make_reader(SourceRows(source, fields, schedule), options, lane)
     stream = Stream(
         reader.read,
-        lambda host: builder.place(host, target),
+        lambda step, host: place(host, lane(step).target),
         end=end,
         prefetch=options.prefetch,
         prefetch_bytes=options.prefetch_bytes,
         check_every=options.check_every,
     )
-    return Assembly(schedule, end, load_sharding, plan, row_sets, reader, stream)
+    timeline = Timeline(options.batch_sizes, source, end)
+    return Assembly(schedule, end, lanes, plans, reader, stream, timeline)
+
+
+def _schedule(n: int, options: LoaderOptions) -> tuple[Schedule | RampSchedule, int | None]:
+    """The schedule of ``n`` examples under ``options``, and the step after the run's last."""
+    epochs, shuffle, seed = options.num_epochs, options.shuffle, options.seed
+    block, window = options.shuffle_block, options.window
+    if not options.ramp:
+        b = options.batch_sizes.size(0)
+        fixed = Schedule(
+            n, b, shuffle=shuffle, seed=seed, last_batch=options.last_batch, block=block,
+            window=window,
+        )  # fmt: skip
+        return fixed, None if epochs is None else epochs * fixed.steps_per_epoch
+    total = None if epochs is None else epochs * n
+    ramp = RampSchedule(
+        n, options.batch_sizes, shuffle=shuffle, seed=seed, total=total, block=block,
+        window=window,
+    )  # fmt: skip
+    if total is None:
+        return ramp, None
+    return ramp, options.batch_sizes.steps_in(total, partial=options.last_batch == "pad")
 
 
 def _plan_fields(sharding: ShardingArg, fields: Mapping[str, FieldSpec]) -> dict[str, Field]:

@@ -13,7 +13,6 @@ any number of processes or devices.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -21,6 +20,7 @@ import jax
 import numpy as np
 
 from meshfeed.cluster._env import require_initialized
+from meshfeed.core._stages import BatchSizeArg
 from meshfeed.data._sources import Source
 from meshfeed.feed._assembly import assemble
 from meshfeed.feed._options import (
@@ -29,13 +29,15 @@ from meshfeed.feed._options import (
     OptionAttributes,
     Prefetch,
     Transform,
+    bound,
     check_source,
     check_source_kind,
 )
-from meshfeed.feed._plan import Fetches, Plan, Strategy
+from meshfeed.feed._plan import Plan, Strategy
 from meshfeed.feed._schedule import LastBatch
 from meshfeed.feed._shardings import ShardingArg
 from meshfeed.feed._state import LoaderState, fingerprint
+from meshfeed.feed._timeline import StepStage
 from meshfeed.workers._record_rows import RecordFn
 from meshfeed.workers._records import WorkerType
 
@@ -44,8 +46,11 @@ class Loader(OptionAttributes):
     """Global sharded batches from a source, on one process or many.
 
     Args:
-      source: a ``meshfeed.Source`` (``len``, ``source[ids]``, ``fields``).
-      global_batch_size: rows of one step over all processes.
+      source: a ``meshfeed.Source`` (``len``, ``source[ids]``, ``fields``). A mixture
+        with stages is bound to this loader's steps, and read in order (``shuffle=False``).
+      global_batch_size: rows of one step over all processes; or stages ``[(0, 32),
+        (1000, 64)]``, a batch size that ramps (the schedules guide: epochs then count
+        examples, a step may straddle two, and a train step compiles once per size).
       sharding: a ``NamedSharding`` for every field, or a mapping field -> sharding.
         The batch dimension is the first; it must split evenly over its mesh axes.
       strategy: ``"per_process"`` (default), ``"global"``, ``"per_device"``,
@@ -93,7 +98,7 @@ class Loader(OptionAttributes):
         self,
         source: Source,
         *,
-        global_batch_size: int,
+        global_batch_size: BatchSizeArg,
         sharding: ShardingArg,
         strategy: Strategy = "per_process",
         shuffle: bool = True,
@@ -120,10 +125,10 @@ class Loader(OptionAttributes):
             num_workers=num_workers, worker_type=worker_type,
         )  # fmt: skip
         require_initialized()
-        self._source, self._options = source, options
+        self._source = source = bound(source, options)  # a mixture by stage counts our steps
+        self._options = options
         self._fields = check_source(source, options)
         self._parts = assemble(source, self._fields, options)
-        self._plan = self._parts.plan
 
     @property
     def options(self) -> LoaderOptions:
@@ -138,27 +143,32 @@ class Loader(OptionAttributes):
     @property
     def strategy(self) -> str:
         """The strategy in use, the one requested or what ``"auto"`` picked."""
-        return self._plan.strategy
+        return self._parts.plans[self.batch_size(0)].strategy
 
     @property
     def plan(self) -> Plan:
-        """What each strategy costs here, and why this one (``meshfeed.show_plan``);
-        for a source behind a URL, also the requests and bytes a step fetches here."""
-        if self._plan.fetches is None and getattr(self._source, "remote", False):
-            ids = [self._parts.process_ids(k) for k in range(self.step, self.step + 8)]
-            fetches = _sample_fetches(self._source, [i for i in ids if i is not None])
-            self._plan = dataclasses.replace(self._plan, fetches=fetches)
-        return self._plan
+        """What each strategy costs at the current step's batch size, and why this one
+        (``meshfeed.show_plan``); for a source behind a URL, also the requests and bytes
+        a step fetches here; with stages, the spans of steps ahead and what holds in each."""
+        return self._parts.plan_at(self.step, self._source)
 
     @property
     def load_sharding(self) -> ShardingArg:
         """Where batches arrive, ``sharding`` or the layout ``"reshard"`` loads in."""
-        return self._parts.load_sharding
+        return self._parts.lane(self.step).load_sharding
 
     @property
-    def steps_per_epoch(self) -> int:
-        """Steps in one pass over the source (with ``last_batch``'s rule)."""
+    def steps_per_epoch(self) -> int | None:
+        """Steps in one pass over the source (``last_batch``'s rule); ``None`` for a ramp."""
         return self._parts.schedule.steps_per_epoch
+
+    def batch_size(self, step: int) -> int:
+        """Rows of global step ``step``."""
+        return self._parts.schedule.size(step)
+
+    def stage(self, step: int) -> StepStage:
+        """What holds at ``step``: the batch size, and a mixture's stage and weights."""
+        return self._parts.timeline.at(step)
 
     @property
     def step(self) -> int:
@@ -181,8 +191,7 @@ class Loader(OptionAttributes):
 
     @property
     def prefetch_depth(self) -> int:
-        """Steps read ahead now, ``prefetch`` or what ``"auto"`` has adapted to (0
-        before iterating)."""
+        """Steps read ahead now, ``prefetch`` or where ``"auto"`` settled (0 at first)."""
         return self._parts.stream.depth
 
     @property
@@ -215,10 +224,12 @@ class Loader(OptionAttributes):
         """Continues the stream exactly where ``state`` was taken.
 
         The state may come from a run with another number of processes or devices; it
-        must come from the same source, seed, shuffle, batch size and last_batch.
+        must come from the same source, seed, shuffle, batch size and last_batch. A
+        schedule (a batch size or mixture weights by stage) may differ after the
+        state's step -- stages appended or changed there -- but not before it.
         """
         restored = LoaderState.from_json(state)
-        restored.check(self._fingerprint(), self._parts.end)
+        restored.check(self._fingerprint(), self._parts.end, self._options.batch_sizes.position)
         self._parts.stream.step = restored.step
 
     def _fingerprint(self) -> dict[str, Any]:
@@ -227,12 +238,6 @@ class Loader(OptionAttributes):
     def __repr__(self) -> str:
         steps = "endless" if self._parts.end is None else f"{self._parts.end} steps"
         return (
-            f"Loader({self._source!r}, global_batch_size={self.global_batch_size}, "
+            f"Loader({self._source!r}, global_batch_size={self.global_batch_size!r}, "
             f"strategy={self.strategy!r}, {steps}, at step {self.step})"
         )
-
-
-def _sample_fetches(source: Source, ids: list[np.ndarray]) -> Fetches:
-    """What a remote source fetches for each step's ``ids`` (its ``fetches`` method)."""
-    fetches = source.fetches  # type: ignore[attr-defined]
-    return Fetches.sample(source.name, [fetches(i) for i in ids])  # type: ignore[attr-defined]

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import Any, Generic, Literal, TypeVar, cast, overload
 
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from meshfeed.core._mesh import check_sharding
+from meshfeed.core._stages import BatchSizeArg, BatchSizes
 from meshfeed.data._sources import FieldSpec, Source
 from meshfeed.feed._plan import STRATEGIES, Strategy
 from meshfeed.feed._schedule import LAST_BATCH, MASK, LastBatch
@@ -46,7 +47,7 @@ def _count(value: object) -> bool:
 class LoaderOptions:
     """What a ``Loader`` does with its source; see ``Loader`` for each argument."""
 
-    global_batch_size: int
+    global_batch_size: BatchSizeArg
     sharding: ShardingArg
     strategy: Strategy = "per_process"
     shuffle: bool = True
@@ -62,13 +63,19 @@ class LoaderOptions:
     record_transform: RecordFn | None = None
     num_workers: int = 0
     worker_type: WorkerType = "processes"
+    batch_sizes: BatchSizes = dataclasses.field(init=False, repr=False, compare=False)
+    """``global_batch_size`` as stages (one, for an int)."""
 
     def __post_init__(self) -> None:
         b = self.global_batch_size
-        if not _count(b):
-            raise TypeError(f"global_batch_size={b!r} must be an int.")
-        if b < 1:
+        if isinstance(b, bool) or not isinstance(b, int | list | tuple):
+            raise TypeError(
+                f"global_batch_size={b!r} must be an int, or a list of (start_step, size) "
+                "stages, e.g. [(0, 32), (1000, 64)]."
+            )
+        if isinstance(b, int) and b < 1:
             raise ValueError(f"global_batch_size={b} must be >= 1.")
+        object.__setattr__(self, "batch_sizes", BatchSizes.parse(b))
         if self.strategy not in STRATEGIES:
             raise ValueError(
                 f"strategy={self.strategy!r} is unknown; pass one of {list(STRATEGIES)}."
@@ -122,6 +129,11 @@ class LoaderOptions:
                 f"shuffle_block={block} orders blocks at random, but shuffle=False; pass "
                 "shuffle=True, or drop shuffle_block."
             )
+
+    @property
+    def ramp(self) -> bool:
+        """Whether ``global_batch_size`` is given by stages (epochs counted in examples)."""
+        return not _count(self.global_batch_size)
 
     @property
     def window(self) -> int:
@@ -182,19 +194,30 @@ def check_source_kind(source: object) -> None:
         )
 
 
+def bound(source: Source, options: LoaderOptions) -> Source:
+    """``source``, bound to the loader's steps where it counts them (``Mixture.bind``)."""
+    bind = getattr(source, "bind", None)
+    return cast(Source, bind(options.batch_sizes)) if callable(bind) else source
+
+
 def check_source(source: Source, options: LoaderOptions) -> dict[str, FieldSpec]:
     """Checks ``source`` against ``options``; returns its fields."""
-    n, b = len(source), options.global_batch_size
+    n, sizes = len(source), options.batch_sizes
+    b = sizes.size(0)
     if n == 0:
         raise ValueError(
             "source has 0 examples; pass a source with at least global_batch_size examples."
         )
-    if options.last_batch == "drop" and n < b:
+    # A fixed size drops each epoch's partial batch; a ramp only the run's last.
+    total = n * (options.num_epochs or 1) if options.ramp else n
+    if options.last_batch == "drop" and total < b:
         raise ValueError(
-            f"global_batch_size={b} exceeds the {n} examples of the source, so "
+            f"global_batch_size={b} exceeds the {total} examples of the source, so "
             "last_batch='drop' leaves no step; pass a smaller global_batch_size or "
             "last_batch='pad'."
         )
+    if getattr(source, "ordered", False):
+        _check_ordered(options)
     fields = dict(source.fields)
     # A transform may rename fields and change shapes: its output is checked on the
     # first batch instead.
@@ -214,13 +237,30 @@ def check_source(source: Source, options: LoaderOptions) -> dict[str, FieldSpec]
                 )
     for name, s in named.items():
         spec = fields.get(name)
-        check_sharding(
-            s,
-            name=name,
-            global_batch_size=b,
-            shape=None if transformed or spec is None or spec.ragged else spec.shape,
-        )
+        for size in sizes.distinct:  # every size of a ramp, before the first step
+            check_sharding(
+                s,
+                name=name,
+                global_batch_size=size,
+                shape=None if transformed or spec is None or spec.ragged else spec.shape,
+            )
     return fields
+
+
+def _check_ordered(options: LoaderOptions) -> None:
+    """A source whose positions must be read in order (a mixture with stages)."""
+    if options.shuffle:
+        raise ValueError(
+            "the source changes its mixture weights by stage, so its positions must reach "
+            "the batches in step order; it shuffles inside each of its sources already "
+            "(mix(..., seed=)). Pass shuffle=False."
+        )
+    if options.num_epochs != 1:
+        raise ValueError(
+            f"num_epochs={options.num_epochs!r}: a mixture with stages is one pass in step "
+            "order, and a second epoch would start its stages over; pass num_epochs=1 and "
+            "give the mixture the length to train on (mix(..., length=))."
+        )
 
 
 class Option(Generic[T]):
@@ -252,7 +292,7 @@ class OptionAttributes:
     (as ``options``): ``loader.seed`` reads ``loader.options.seed``, and
     ``loader.seed = 5`` raises instead of silently changing nothing."""
 
-    global_batch_size: Option[int] = Option()
+    global_batch_size: Option[BatchSizeArg] = Option()
     sharding: Option[ShardingArg] = Option()
     shuffle: Option[bool] = Option()
     shuffle_block: Option[int | None] = Option()

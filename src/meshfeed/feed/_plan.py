@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from meshfeed.core._mesh import process_map
 from meshfeed.data._sources import FieldSpec, field_text
+from meshfeed.feed._timeline import Span
 
 Strategy = Literal["global", "per_device", "per_process", "reshard", "auto"]
 """How a ``Loader`` builds each global batch (the strategies guide): one of
@@ -74,6 +75,9 @@ class Plan:
     processes: int
     fields: dict[str, str]
     fetches: Fetches | None = None  # for a source behind a URL: a step's requests
+    schedule: tuple[Span, ...] = ()
+    """The spans of steps ahead of a loader with stages (a batch size that ramps, a
+    mixture's weights), and what holds in each."""
 
     @property
     def strategy(self) -> str:

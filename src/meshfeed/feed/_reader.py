@@ -10,8 +10,8 @@ can run it on a background thread; placing the rows on devices is the strategy's
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -19,20 +19,23 @@ from meshfeed.core._mesh import check_sharding
 from meshfeed.data._ragged import Ragged, empty
 from meshfeed.data._sources import FieldSpec, Source, thread_safe
 from meshfeed.feed._options import LoaderOptions, Transform
-from meshfeed.feed._schedule import MASK, Schedule
-from meshfeed.feed._shardings import FieldShardings
+from meshfeed.feed._schedule import MASK, RampSchedule, Schedule
+from meshfeed.feed._shardings import FieldShardings, ShardingArg
 from meshfeed.workers._records import RecordStage
 
 
 class SourceRows:
     """The source's values of some rows of a step's batch (zeros for padding)."""
 
-    def __init__(self, source: Source, fields: Mapping[str, FieldSpec], schedule: Schedule) -> None:
+    def __init__(
+        self, source: Source, fields: Mapping[str, FieldSpec], schedule: Schedule | RampSchedule
+    ) -> None:
         self._source, self._fields, self._schedule = source, fields, schedule
         self._one_at_a_time = None if thread_safe(source) else threading.Lock()
 
-    def epoch(self, step: int) -> int:
-        return self._schedule.epoch_and_step(step)[0]
+    def epochs(self, step: int, rows: np.ndarray) -> np.ndarray:
+        """The epoch of each of these batch rows of ``step``."""
+        return self._schedule.epochs(step)[rows]
 
     def read(self, step: int, rows: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
         """The values of batch rows ``rows`` of ``step``, and their example ids."""
@@ -63,13 +66,22 @@ class SourceRows:
         return data, ids
 
 
+class Lane(NamedTuple):
+    """What the steps of one batch size need: where the fields go, the batch rows the
+    strategy reads on this process (one array per set), and the layout they load in."""
+
+    size: int
+    target: FieldShardings
+    row_sets: list[np.ndarray]
+    load_sharding: ShardingArg
+
+
 class StepReader:
     """This process's host rows of a step: one dict of numpy arrays per row set.
 
     Args:
       source_rows: where the values come from.
-      row_sets: the batch rows the strategy reads, one array per set.
-      target: where the fields go (for the first batch's check).
+      lane: the ``Lane`` of a step (of its batch size).
       transform: the batch transform, or ``None``.
       records: the record stage, or ``None``.
       pad: ``last_batch="pad"``: add the ``mask`` field.
@@ -78,34 +90,35 @@ class StepReader:
     def __init__(
         self,
         source_rows: SourceRows,
-        row_sets: Sequence[np.ndarray],
+        lane: Callable[[int], Lane],
         *,
-        target: FieldShardings,
         transform: Transform | None,
         records: RecordStage | None,
         pad: bool,
     ) -> None:
-        self._source_rows, self._row_sets, self._target = source_rows, list(row_sets), target
+        self._source_rows, self._lane = source_rows, lane
         self._transform, self._records, self._pad = transform, records, pad
-        self._output_checked = False
+        self._checked: set[int] = set()  # the batch sizes whose output has been checked
 
     def read(self, step: int) -> list[dict[str, np.ndarray]]:
-        return [self._read_rows(step, rows) for rows in self._row_sets]
+        lane = self._lane(step)
+        return [self._read_rows(step, rows, lane) for rows in lane.row_sets]
 
-    def _read_rows(self, step: int, rows: np.ndarray) -> dict[str, np.ndarray]:
+    def _read_rows(self, step: int, rows: np.ndarray, lane: Lane) -> dict[str, np.ndarray]:
         if self._records is not None:
             data, ids = self._records(step, rows)
         else:
             data, ids = self._source_rows.read(step, rows)
         if self._transform is not None:
             data = self._transform(data)
-        if not self._output_checked:
-            self._check_output(data, len(ids))
+        if lane.size not in self._checked:
+            self._check_output(data, len(ids), lane.target)
+            self._checked.add(lane.size)
         if self._pad:
             data = {**data, MASK: ids >= 0}
         return data
 
-    def _check_output(self, data: object, rows: int) -> None:
+    def _check_output(self, data: object, rows: int, target: FieldShardings) -> None:
         who = "transform" if self._transform is not None else "source"
         if not isinstance(data, Mapping) or not data:
             raise TypeError(
@@ -138,12 +151,11 @@ class StepReader:
                     "adds itself; rename that field."
                 )
             check_sharding(
-                self._target.of(name, array.ndim),
+                target.of(name, array.ndim),
                 name=name,
-                global_batch_size=self._target.global_batch_size,
+                global_batch_size=target.global_batch_size,
                 shape=array.shape[1:],
             )
-        self._output_checked = True
 
     def close(self) -> None:
         """Stops record workers and frees their shared memory."""
@@ -152,10 +164,7 @@ class StepReader:
 
 
 def make_reader(
-    source_rows: SourceRows,
-    options: LoaderOptions,
-    row_sets: Sequence[np.ndarray],
-    target: FieldShardings,
+    source_rows: SourceRows, options: LoaderOptions, lane: Callable[[int], Lane]
 ) -> StepReader:
     """The reader of a loader's ``options``: its record stage, transform and padding."""
     records = None
@@ -169,8 +178,7 @@ def make_reader(
         )
     return StepReader(
         source_rows,
-        row_sets,
-        target=target,
+        lane,
         transform=options.transform,
         records=records,
         pad=options.last_batch == "pad",

@@ -18,6 +18,12 @@ consecutive positions take about ``B / window`` consecutive rows from each block
 their window: each process reads a few contiguous runs per step, and each block is read
 once per epoch. It is still a pure function of ``(seed, epoch, N, k, window)`` evaluated
 position by position, in O(batch) memory.
+
+With a batch size by stages (``RampSchedule``) epochs are counted in examples instead:
+step ``k`` covers positions ``[P(k), P(k) + B(k))`` right after every earlier step's
+(``core._stages.BatchSizes``), position ``p`` is position ``p mod N`` of epoch
+``p // N``, and a step may straddle two epochs. Only the run's last step can be partial.
+A fixed batch size keeps the epoch-aligned steps above.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Literal
 import numpy as np
 
 from meshfeed.core._permutation import M64, Permutation, hash64
+from meshfeed.core._stages import BatchSizes
 
 LastBatch = Literal["drop", "pad"]
 """What the loader does with each epoch's final partial batch: drop it, or pad it with
@@ -121,6 +128,14 @@ class Schedule:
         """``(epoch, step within the epoch)`` of global step ``step``."""
         return divmod(step, self.steps_per_epoch)
 
+    def size(self, step: int) -> int:
+        """Rows of step ``step``."""
+        return self.global_batch_size
+
+    def epochs(self, step: int) -> np.ndarray:
+        """The epoch of each row of step ``step``."""
+        return np.full(self.global_batch_size, step // self.steps_per_epoch, np.int64)
+
     def ids(self, step: int) -> np.ndarray:
         """The ``global_batch_size`` example ids of global step ``step`` (-1: padding)."""
         epoch, in_epoch = self.epoch_and_step(step)
@@ -150,7 +165,92 @@ class Schedule:
         return ids
 
     def _order(self, epoch: int) -> Permutation | BlockOrder:
+        return order(self.num_examples, self.seed, epoch, self.block, self.window)
+
+
+def order(
+    n: int, seed: int, epoch: int, block: int | None, window: int
+) -> Permutation | BlockOrder:
+    """The order of one epoch: single examples, or blocks of ``block``."""
+    if block is None:
+        return Permutation(n, seed=seed, epoch=epoch)
+    return BlockOrder(n, block, window, seed=seed, epoch=epoch)
+
+
+class RampSchedule:
+    """Step -> global example ids under a batch size by stages (module docstring).
+
+    Args:
+      num_examples: examples in the source.
+      sizes: the rows of each step.
+      shuffle, seed, block, window: as for ``Schedule``.
+      total: positions in the whole run (``num_epochs * N``); ``None``: endless. Ids
+        past it are ``PAD_ID``.
+    """
+
+    steps_per_epoch = None  # steps do not line up with epochs
+
+    def __init__(
+        self, num_examples: int, sizes: BatchSizes, *, shuffle: bool, seed: int,
+        total: int | None, block: int | None = None, window: int = 1,
+    ) -> None:  # fmt: skip
+        self.num_examples, self.sizes, self.total = num_examples, sizes, total
+        self.shuffle, self.seed, self.block, self.window = shuffle, seed, block, window
+        self._chunk = max(_BLOCK_POSITIONS, max(sizes.distinct))
+        # Recent chunks of ids and epoch orders, each dict replaced whole (see Schedule).
+        self._chunks: dict[int, np.ndarray] = {}
+        self._orders: dict[int, Permutation | BlockOrder] = {}
+
+    def size(self, step: int) -> int:
+        """Rows of step ``step``."""
+        return self.sizes.size(step)
+
+    def epochs(self, step: int) -> np.ndarray:
+        """The epoch of each row of step ``step`` (two, where it straddles them;
+        padding past the end of the run counts in the last epoch)."""
+        first = self.sizes.position(step)
+        positions = np.arange(first, first + self.size(step))
+        if self.total is not None:
+            positions = np.minimum(positions, self.total - 1)
+        return positions // self.num_examples
+
+    def ids(self, step: int) -> np.ndarray:
+        """The example ids of step ``step`` (-1: padding past the end of the run)."""
+        first = self.sizes.position(step)
+        last = first + self.size(step)
+        a, b = first // self._chunk, (last - 1) // self._chunk
+        parts = [self._ids_of_chunk(c) for c in range(a, b + 1)]
+        ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return ids[first - a * self._chunk : last - a * self._chunk]
+
+    def _ids_of_chunk(self, c: int) -> np.ndarray:
+        chunks = self._chunks
+        ids = chunks.get(c)
+        if ids is None:
+            ids = self._compute(np.arange(c * self._chunk, (c + 1) * self._chunk))
+            self._chunks = {**{k: v for k, v in chunks.items() if abs(k - c) <= 1}, c: ids}
+        return ids
+
+    def _compute(self, positions: np.ndarray) -> np.ndarray:
         n = self.num_examples
-        if self.block is None:
-            return Permutation(n, seed=self.seed, epoch=epoch)
-        return BlockOrder(n, self.block, self.window, seed=self.seed, epoch=epoch)
+        ids = np.full(positions.shape, PAD_ID, np.int64)
+        real = positions < self.total if self.total is not None else np.ones(len(ids), bool)
+        epoch, local = np.divmod(positions, n)
+        if not self.shuffle:
+            ids[real] = local[real]
+            return ids
+        for e in np.unique(epoch[real]).tolist():
+            at = real & (epoch == e)
+            ids[at] = self._order(e)(local[at])
+        return ids
+
+    def _order(self, epoch: int) -> Permutation | BlockOrder:
+        orders = self._orders
+        found = orders.get(epoch)
+        if found is None:
+            found = order(self.num_examples, self.seed, epoch, self.block, self.window)
+            self._orders = {
+                **{k: v for k, v in orders.items() if abs(k - epoch) <= 1},
+                epoch: found,
+            }
+        return found

@@ -7,17 +7,23 @@ a loader over other data or with another seed is refused, naming the field, inst
 silently continuing another stream. The topology it was taken on is recorded but not
 checked: restoring under another number of processes or devices continues the same
 global batches.
+
+A schedule in the fingerprint -- a batch size or mixture weights by stage -- is compared
+stage by stage instead: a state restores into a loader whose schedule agrees on every
+step the state has already taken (stages appended or changed after it), and is refused,
+naming the first step that differs, otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 
+from meshfeed.core._stages import first_difference, is_stages
 from meshfeed.data._sources import FieldSpec, Source
 from meshfeed.feed._options import LoaderOptions
 
@@ -36,7 +42,9 @@ def fingerprint(
         "fields": {n: [list(s.shape), str(s.dtype)] for n, s in fields.items()},
         "seed": options.seed,
         "shuffle": options.shuffle,
-        "global_batch_size": options.global_batch_size,
+        "global_batch_size": (
+            options.batch_sizes.stages.to_json() if options.ramp else options.global_batch_size
+        ),
         "last_batch": options.last_batch,
         # Only when set, so states from before block shuffles still restore.
         **(
@@ -85,23 +93,71 @@ class LoaderState:
             rest["fields"] = {n: [list(s), d] for n, (s, d) in (rest["fields"] or {}).items()}
         return cls(state.get("step"), rest, dict(state.get("topology") or {}))  # type: ignore[arg-type]
 
-    def check(self, mine: Mapping[str, Any], end: int | None) -> None:
-        """Raises unless this state can continue a loader with fingerprint ``mine``
-        and ``end`` steps (``None``: endless)."""
-        for key in [*mine, *(k for k in self.fingerprint if k not in mine)]:
-            theirs, value = self.fingerprint.get(key), mine.get(key)
-            if theirs != value:
-                what = "dataset" if key in _DATASET_KEYS else key
-                raise ValueError(
-                    f"the state is from another {what}: {key}={theirs!r} in the state, "
-                    f"{value!r} in this loader; restore it into a loader built with "
-                    f"{key}={theirs!r}."
-                )
+    def check(
+        self, mine: Mapping[str, Any], end: int | None, positions: Callable[[int], int]
+    ) -> None:
+        """Raises unless this state can continue a loader with fingerprint ``mine``,
+        ``end`` steps (``None``: endless) and ``positions(k)`` examples read before
+        step ``k``."""
         step = self.step
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"the state has step={step!r}; it must be an int >= 0.")
+        for key in [*mine, *(k for k in self.fingerprint if k not in mine)]:
+            theirs, value = self.fingerprint.get(key), mine.get(key)
+            if theirs == value or _past_agrees(key, theirs, value, step):
+                continue
+            if key == "num_examples" and self._in_order_within(theirs, value, positions(step)):
+                continue
+            what = "dataset" if key in _DATASET_KEYS else key
+            raise ValueError(
+                f"the state is from another {what}: {key}={theirs!r} in the state, "
+                f"{value!r} in this loader; restore it into a loader built with "
+                f"{key}={theirs!r}."
+            )
         if end is not None and step > end:
             raise ValueError(
                 f"the state is at step {step}, past this loader's {end} steps; raise "
                 "num_epochs to continue it."
             )
+
+    def _in_order_within(self, theirs: Any, value: Any, read: int) -> bool:
+        """Read in order, a source of another length gives the same steps until the
+        shorter one's first epoch ends: the state's past is the same if it ended before."""
+        return (
+            self.fingerprint.get("shuffle") is False
+            and isinstance(theirs, int)
+            and isinstance(value, int)
+            and read <= min(theirs, value)
+        )
+
+
+def _schedules_differ(a: Any, b: Any, path: str) -> list[tuple[str, int | None]]:
+    """Where two fingerprint values differ: ``(path, first differing step)`` of each
+    schedule that differs, ``(path, None)`` where anything else does."""
+    if a == b:
+        return []
+    if is_stages(a) and is_stages(b):
+        return [(path, first_difference(a, b))]
+    if isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys():
+        return [d for k in a for d in _schedules_differ(a[k], b[k], f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        pairs = enumerate(zip(a, b, strict=True))
+        return [d for i, (x, y) in pairs for d in _schedules_differ(x, y, f"{path}[{i}]")]
+    return [(path, None)]
+
+
+def _past_agrees(key: str, theirs: Any, value: Any, step: int) -> bool:
+    """Whether the two differ only in schedules, and only from ``step`` on (raises,
+    naming the step, where a schedule differs before it)."""
+    found = _schedules_differ(theirs, value, key)
+    if not found or any(first is None for _, first in found):
+        return False
+    path, first = min(found, key=lambda d: d[1])  # type: ignore[arg-type, return-value]
+    if first is not None and first < step:
+        raise ValueError(
+            f"the state is at step {step}, but its schedule {path} differs from this "
+            f"loader's from step {first} on, a step already taken; change a schedule only "
+            f"after the restored step: keep every stage that starts before step {step} "
+            "as it was, and append or change stages from there."
+        )
+    return True

@@ -30,7 +30,7 @@ class Stream:
     def __init__(
         self,
         read: Callable[[int], Any],
-        place: Callable[[Any], GlobalBatch],
+        place: Callable[[int, Any], GlobalBatch],
         *,
         end: int | None,
         prefetch: int | str,
@@ -53,7 +53,7 @@ class Stream:
                     ahead = self._read_ahead()
                 doing(f"loading step {self.step}")
                 step, host = next(ahead)
-                batch = self._place(host)
+                batch = self._place(step, host)
                 if self._check_every and step % self._check_every == 0:
                     check_replicas(batch)
                 self.step = step + 1
@@ -65,7 +65,7 @@ class Stream:
 
     def batch(self, step: int) -> GlobalBatch:
         """The placed batch of ``step``, read now, without moving the position."""
-        return self._place(self._read(step))
+        return self._place(step, self._read(step))
 
     def _read_ahead(self) -> Inline | Prefetcher:
         if self._prefetch == 0:

@@ -79,7 +79,10 @@ def fit(
     Args:
       step: from ``make_train_step``.
       state: from ``TrainState.create``.
-      loader: a ``meshfeed.Loader`` (or any iterable of batches).
+      loader: a ``meshfeed.Loader`` (or any iterable of batches). Under a batch size
+        that ramps, ``step`` compiles once per size, when it first meets it; each log
+        line (and ``History.train``) carries the batch size and mixture stage of its
+        step (``"batch_size"``, ``"mix_stage"``).
       num_steps: stop after this many steps; default: until the loader ends.
       eval_loader: batches to evaluate on, with ``eval_fn``.
       eval_fn: ``eval_fn(params, batch) -> {name: mean over valid rows}``; when the
@@ -136,7 +139,7 @@ def fit(
         total = done + _total_steps(loader, num_steps)
     every: int = eval_every or getattr(loader, "steps_per_epoch", None) or total
     evaluate = None if eval_fn is None or eval_loader is None else _evaluator(eval_fn)
-    batch_size = getattr(loader, "global_batch_size", None)
+    stage_of: Callable[[int], Any] | None = getattr(loader, "stage", None)
 
     history = History(state=state, steps=done)
     show = progress and jax.process_index() == 0
@@ -171,7 +174,7 @@ def fit(
             # While the previous step still computes, loading overlaps it: no one waits.
             if previous is None or previous.is_ready():
                 wait += spent
-            rows += batch_size or len(next(iter(batch.values())))
+            rows += len(next(iter(batch.values())))  # a ramp changes it by stage
             if in_flight is not None:
                 # At most two steps queued on the devices. With more, XLA:CPU's
                 # all-reduce on 8 CPU devices of a busy 2-core host sometimes never
@@ -195,13 +198,19 @@ def fit(
                     f"loss {logged['loss']:.4f}  {logged['samples_per_s']:,.0f} samples/s  "
                     f"input wait {100 * logged['input_wait_share']:.1f}%"
                 )
+                if callable(stage_of):
+                    here = stage_of(k - 1)
+                    logged["batch_size"] = float(here.batch_size)
+                    if here.mix_stage is not None:
+                        logged["mix_stage"] = float(here.mix_stage)
+                    info += f"  {here}"
                 depth = getattr(loader, "prefetch_depth", None)
                 if depth is not None:
                     logged["prefetch_depth"] = float(depth)
                     info += f"  read-ahead {depth}"
                 bar.update(task, completed=k, info=info)
                 if show and not console.is_terminal:
-                    console.print(f"{description}: step {k}/{total}  {info}")
+                    console.print(f"{description}: step {k}/{total}  {info}", soft_wrap=True)
             if evaluate is not None and eval_loader is not None and (k % every == 0 or k == total):
                 with activity(f"evaluating at step {k}"):
                     result = {"step": float(k), **evaluate(state, eval_loader)}

@@ -28,13 +28,15 @@ WORKER_TYPES: tuple[WorkerType, ...] = ("processes", "threads")
 
 
 class StepRows(Protocol):
-    """What the record stage reads from: the source's rows of a step, and its epoch."""
+    """What the record stage reads from: the source's rows of a step, and their epochs."""
 
     def read(self, step: int, rows: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """The source's values of these batch rows (zeros for padding), and their ids."""
         ...
 
-    def epoch(self, step: int) -> int: ...
+    def epochs(self, step: int, rows: np.ndarray) -> np.ndarray:
+        """The epoch of each of these rows (a step may straddle two)."""
+        ...
 
 
 class Workers(Protocol):
@@ -74,8 +76,25 @@ class RecordStage:
 
     def __call__(self, step: int, rows: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """The transformed values of these batch rows of ``step``, and their ids."""
+        epochs = self._rows.epochs(step, rows)
+        if len(epochs) == 0 or (epochs == epochs[0]).all():
+            return self._rows_of_epoch(step, rows, int(epochs[0]) if len(epochs) else 0)
+        # A step that straddles two epochs: each row's generator keys on its own epoch.
+        out: dict[str, np.ndarray] = {}
+        ids = np.empty(len(rows), np.int64)
+        for e in np.unique(epochs).tolist():
+            at = epochs == e
+            data, ids[at] = self._rows_of_epoch(step, rows[at], e)
+            for name, values in data.items():
+                if name not in out:
+                    out[name] = np.empty((len(rows), *values.shape[1:]), values.dtype)
+                out[name][at] = values
+        return out, ids
+
+    def _rows_of_epoch(
+        self, step: int, rows: np.ndarray, epoch: int
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
         data, ids = self._rows.read(step, rows)
-        epoch = self._rows.epoch(step)
         real = ids >= 0
         with self._lock:
             if self.spec is None:
