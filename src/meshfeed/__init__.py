@@ -14,6 +14,10 @@ from meshfeed.core._mesh import AxisTypes as AxisTypes
 from meshfeed.core._mesh import batch_sharding as batch_sharding
 from meshfeed.core._mesh import make_mesh as make_mesh
 from meshfeed.core._permutation import Permutation as Permutation
+from meshfeed.core._stages import BatchSizeArg as BatchSizeArg
+from meshfeed.core._stages import BatchSizes as BatchSizes
+from meshfeed.core._stages import Stage as Stage
+from meshfeed.core._stages import Stages as Stages
 from meshfeed.data._adapters import ArrayRecordSource as ArrayRecordSource
 from meshfeed.data._adapters import GrainSource as GrainSource
 from meshfeed.data._adapters import TorchSource as TorchSource
@@ -21,6 +25,7 @@ from meshfeed.data._arrays import ArraySource as ArraySource
 from meshfeed.data._arrow import HFSource as HFSource
 from meshfeed.data._arrow import ParquetSource as ParquetSource
 from meshfeed.data._mix import Mixture as Mixture
+from meshfeed.data._mix import WeightsArg as WeightsArg
 from meshfeed.data._mix import mix as mix
 from meshfeed.data._pack import Packed as Packed
 from meshfeed.data._pack import pack as pack
@@ -51,6 +56,8 @@ from meshfeed.feed._schedule import Schedule as Schedule
 from meshfeed.feed._shardings import ShardingArg as ShardingArg
 from meshfeed.feed._state import LoaderState as LoaderState
 from meshfeed.feed._strategies import reshard as reshard
+from meshfeed.feed._timeline import Span as Span
+from meshfeed.feed._timeline import StepStage as StepStage
 from meshfeed.formats._build import IndexReport as IndexReport
 from meshfeed.formats._build import index as index
 from meshfeed.formats._jsonl import JsonlSource as JsonlSource
@@ -62,6 +69,7 @@ from meshfeed.formats._tfrecord import FeatureType as FeatureType
 from meshfeed.formats._tfrecord import TFRecordSource as TFRecordSource
 from meshfeed.formats._tfrecord import parse_example as parse_example
 from meshfeed.inspect._plot import plot_sharding as plot_sharding
+from meshfeed.inspect._plot_mixture import plot_mixture as plot_mixture
 from meshfeed.inspect._plot_packing import plot_packing as plot_packing
 from meshfeed.inspect._show import show_sharding as show_sharding
 from meshfeed.inspect._show_plan import show_plan as show_plan
@@ -101,6 +109,8 @@ __all__ = [
     "ArraySource",
     "AxisTypes",
     "Batch",
+    "BatchSizeArg",
+    "BatchSizes",
     "Column",
     "Cost",
     "EvalFn",
@@ -136,7 +146,11 @@ __all__ = [
     "ShardedSource",
     "ShardingArg",
     "Source",
+    "Span",
+    "Stage",
+    "Stages",
     "StepFn",
+    "StepStage",
     "Strategy",
     "TFRecordSource",
     "TarDecoder",
@@ -147,6 +161,7 @@ __all__ = [
     "TrainState",
     "Transform",
     "TxtMode",
+    "WeightsArg",
     "WorkerType",
     "batch_sharding",
     "check_replicas",
@@ -164,6 +179,7 @@ __all__ = [
     "pack",
     "parse_example",
     "plan",
+    "plot_mixture",
     "plot_packing",
     "plot_sharding",
     "prepare",

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshfeed.feed._plan import Plan
+from meshfeed.feed._timeline import Span
 
 _HEADINGS = ("strategy", "rows read", "bytes read", "host->device", "device<->device")
 
@@ -64,9 +65,31 @@ def show_plan(plan: Plan) -> str:
             f"from {f.url}: {f.requests:.1f} range requests and {_bytes(round(f.bytes))} "
             f"per step on this process (the mean of the next {f.steps} steps)\n"
         )
+    ahead = ""
+    if plan.schedule:
+        ahead = "schedule ahead:\n" + "".join(f"  {_span(s)}\n" for s in plan.schedule)
     return (
         f"plan for global_batch_size={plan.global_batch_size} on {plan.processes} "
         f"process(es); fields: {fields}\nper step and per process ('x each': the same on every "
         "process; 'x/y': process 0/process 1); device<->device: all devices together\n"
-        f"{out.getvalue().rstrip()}\n{plan.summary}\n{fetched}"
+        f"{out.getvalue().rstrip()}\n{plan.summary}\n{fetched}{ahead}"
     )
+
+
+def _weights(weights: tuple[float, ...]) -> str:
+    return "/".join(f"{w:.2f}" for w in weights)
+
+
+def _span(span: Span) -> str:
+    """One span of steps: ``steps 6-9  batch 16  mix stage 1 (blending a -> b ...)``."""
+    steps = f"steps {span.first}-{'' if span.last is None else span.last}"
+    text = f"{steps:<16}batch {span.batch_size}"
+    if span.mix_stage is not None and span.weights is not None:
+        text += f"  mix stage {span.mix_stage} "
+        if span.blend_from is not None and span.blend_steps is not None:
+            a, b = span.blend_steps
+            text += f"(blending {_weights(span.blend_from)} -> {_weights(span.weights)} "
+            text += f"over steps {a}-{b})"
+        else:
+            text += f"({_weights(span.weights)})"
+    return text
