@@ -73,6 +73,7 @@ nitpick_ignore_regex = [
         r"(Any|Callable|Iterator|Iterable|Mapping|Sequence|Literal|NamedTuple|T|"
         r"Self|ArrayLike|DTypeLike|PyTree|Generic|Protocol)",
     ),
+    (r"py:class", r"meshfeed\..*\.(T|V)"),  # type variables of generic classes
     (
         r"py:class",
         r"(Mesh|NamedSharding|PartitionSpec|P|Sharding|Device|AxisType|Array|"
