@@ -90,9 +90,10 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--default-only", action="store_true", help='prefetch="auto" alone')
     args = parser.parse_args()
     steps, rounds = (20, 1) if args.smoke else (args.steps, args.rounds)
-    settings: tuple[meshfeed.Prefetch, ...] = (0, 2, "auto")
+    settings: tuple[meshfeed.Prefetch, ...] = ("auto",) if args.default_only else (0, 2, "auto")
     results: dict[tuple[str, meshfeed.Prefetch], list[dict[str, float]]] = {
         (source, p): [] for source in LATENCIES_S for p in settings
     }

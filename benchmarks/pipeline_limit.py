@@ -1,0 +1,194 @@
+"""The record pipeline against the machine's limit, and the loader's own cost.
+
+Workload C (``decode_throughput.py``): PNG-encoded 32x32 RGB images decoded and randomly
+cropped per record, global batch 256, into global ``jax.Array`` batches on 8 CPU
+devices in one process. Entries, each timed in every round, in an order that rotates:
+
+- ``limit``: two processes running the plain decode loop at once, nothing else: what
+  the two cores really give;
+- ``loop``: one plain loop;
+- ``torch:2``: the PyTorch ``DataLoader`` with 2 workers (numpy collate), then
+  ``make_array_from_process_local_data``;
+- ``meshfeed:2`` and ``meshfeed-threads:2``: ``Loader(record_transform=decode_crop,
+  num_workers=2)`` with worker processes, and with threads;
+- ``identity:2``: the same loader, worker processes, with a record transform that
+  returns its record (a 28x28x3 uint8 image and a label): only the pipeline's own cost.
+
+For the meshfeed entries the lines also give the CPU the loading process spends per
+batch (every thread of it: reading the source, handing rows to the workers, placing
+batches; ``time.process_time``) and the workers' CPU per record (``psutil``), so the
+pipeline's own cost is a figure, not a guess. Medians over rounds; ratios are medians
+of per-round ratios. Prints one JSON line per entry; ``--smoke`` for CI.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_fns import CROP, decode_crop, encode_all, identity
+from decode_throughput import BATCH, _loop, _loops_at_once, _torch
+
+import meshfeed
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's live children (the record workers)."""
+    try:
+        import psutil
+    except ImportError:
+        return float("nan")
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _timed(run: Callable[[], Iterator[Any]], seconds: float, warmup: int = 5) -> dict[str, float]:
+    """Records/s of ``run()`` over ``seconds`` of steady state, and the CPU the loading
+    process and its children spent per batch and per record meanwhile."""
+    it = run()
+    for _ in range(warmup):
+        jax.block_until_ready(next(it))
+    batches = 0
+    cpu, children, start = time.process_time(), _children_cpu(), time.perf_counter()
+    while True:
+        jax.block_until_ready(next(it))
+        batches += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            break
+    out = {
+        "rate": batches * BATCH / elapsed,
+        "loader_cpu_ms_per_batch": 1000 * (time.process_time() - cpu) / batches,
+        "worker_cpu_us_per_record": 1e6 * (_children_cpu() - children) / (batches * BATCH),
+    }
+    del it
+    return out
+
+
+def _meshfeed(
+    source: dict[str, np.ndarray], fn: Any, worker_type: str = "processes"
+) -> Callable[[], Iterator[Any]]:
+    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
+
+    def run() -> Iterator[Any]:
+        loader = meshfeed.Loader(
+            meshfeed.ArraySource(source),
+            global_batch_size=BATCH,
+            sharding=sharding,
+            record_transform=fn,
+            num_workers=2,
+            worker_type=worker_type,  # type: ignore[arg-type]
+            num_epochs=None,
+        )
+        try:
+            yield from loader
+        finally:
+            loader.close()
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
+    parser.add_argument("--seconds", type=float, default=2.0, help="per entry per round")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds; the median")
+    parser.add_argument("--examples", type=int, default=30_000)
+    parser.add_argument("--label", default="", help="a tag for this run (e.g. before/after)")
+    args = parser.parse_args()
+    seconds, rounds, n = (
+        (0.3, 1, 2048) if args.smoke else (args.seconds, args.rounds, args.examples)
+    )
+    encoded, labels = encode_all(n)
+    pngs = {"png": encoded, "label": labels}
+    rng = np.random.default_rng(0)
+    images = {"image": rng.integers(0, 255, (n, CROP, CROP, 3), np.uint8), "label": labels}
+    torch_run = _torch(encoded, labels, 2)
+    entries: dict[str, Any] = {
+        "limit": "loops",
+        "loop": "loop",
+        "torch:2": torch_run,
+        "meshfeed:2": _meshfeed(pngs, decode_crop),
+        "meshfeed-threads:2": _meshfeed(pngs, decode_crop, "threads"),
+        "identity:2": _meshfeed(images, identity),
+    }
+    names = [k for k, v in entries.items() if not (isinstance(v, str) and " " in v)]
+    per_round: list[dict[str, dict[str, float]]] = []
+    for r in range(rounds):
+        got: dict[str, dict[str, float]] = {}
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            run = entries[name]
+            if run == "loops":
+                got[name] = {"rate": _loops_at_once(2, seconds)}
+            elif run == "loop":
+                got[name] = {"rate": _loop(encoded, labels, seconds)}
+            else:
+                got[name] = _timed(run, seconds)
+            gc.collect()
+            time.sleep(0.3)  # let the entry's workers go before the next one starts
+        per_round.append(got)
+
+    def median(fn: Callable[[dict[str, dict[str, float]]], float]) -> float:
+        return round(statistics.median(fn(r) for r in per_round), 3)
+
+    for name, run in entries.items():
+        line: dict[str, Any] = {
+            "benchmark": "pipeline_limit",
+            "workload": "C",
+            "name": name,
+            "label": args.label,
+            "global_batch_size": BATCH,
+            "examples": n,
+            "rounds": rounds,
+            "window_s": seconds,
+            "devices": jax.device_count(),
+            "smoke": args.smoke,
+            "jax": jax.__version__,
+            "python": platform.python_version(),
+        }
+        if name not in names:
+            line["skipped"] = run
+            print(json.dumps(line), flush=True)
+            continue
+        line["records_per_s"] = round(median(lambda r, name=name: r[name]["rate"]))
+        if name != "identity:2":
+            line["ratio_to_limit"] = median(
+                lambda r, name=name: r[name]["rate"] / r["limit"]["rate"]
+            )
+        if name.startswith("meshfeed") and "torch:2" in names:
+            line["ratio_to_torch"] = median(
+                lambda r, name=name: r[name]["rate"] / r["torch:2"]["rate"]
+            )
+        for key in ("loader_cpu_ms_per_batch", "worker_cpu_us_per_record"):
+            if key in per_round[0][name]:
+                line[key] = median(lambda r, name=name, key=key: r[name][key])
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
