@@ -102,6 +102,7 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
         prefetch=options.prefetch,
         prefetch_bytes=options.prefetch_bytes,
         check_every=options.check_every,
+        workers=options.record_transform is not None and options.num_workers > 0,
     )
     timeline = Timeline(options.batch_sizes, source, end)
     return Assembly(schedule, end, lanes, plans, reader, stream, timeline)

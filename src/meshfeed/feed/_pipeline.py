@@ -13,11 +13,14 @@ CPU devices; with the threads kept to numpy, none in 120.)
 
 Several steps in flight at once is what keeps a source that takes 2 ms or 20 ms per call
 from capping the loader at one call per step. With ``depth=None`` ("auto") the depth
-adapts, as TCP's slow start does: it starts at 2 on one thread, and when the consumer
-has to wait for a step while the readers spent most of their time waiting too (their CPU
-time under half their wall time: a slow source, or workers), it doubles, with threads to
-match, up to ``budget_bytes`` of batches ahead (the first batch's size tells how many)
-and 32 threads -- as long as each doubling paid for itself in steps per second; when two
+adapts, as TCP's slow start does: it starts at 2 on one thread (at 8, when the first
+read spent most of its time waiting on the source rather than on record workers), and
+when the consumer has to wait for a step while the readers spent most of their time
+waiting too (their CPU time under half their wall time: a slow source, or workers), it
+doubles, with threads to match (the first time, for a source, up to four times: toward
+twice the depth that hides a read, a read's wall time over the consumer's time a step),
+up to ``budget_bytes`` of batches ahead (the first batch's size tells how many) and 32
+threads -- as long as each doubling paid for itself in steps per second; when two
 did not, it goes back to the best depth seen and stays. Readers that compute (a numpy
 gather, a transform in this process) would gain nothing from more threads, and neither
 would readers that wait on workers already busy.
@@ -37,6 +40,7 @@ has one iteration path whichever it uses.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +48,8 @@ from typing import Any
 
 MAX_THREADS = 32
 _START_DEPTH = 2
+_START_DEPTH_WAITING = 8  # a source whose first read spent most of its time waiting
+_MAX_FIRST_STEP = 4  # the first step up multiplies the depth by at most this
 _MIN_WINDOW_S = 0.03  # the shortest stretch a doubling is judged on
 
 
@@ -89,6 +95,9 @@ class Prefetcher:
 
     ``depth``: steps ahead, each read by its own thread; ``None`` adapts it (see above).
     ``produce`` must be safe to call from several threads at once for different steps.
+    ``workers``: the reads wait on record workers, whose own speed bounds them: "auto"
+    then starts at 2 and only doubles (a deeper start helps a slow source, not busy
+    workers).
     """
 
     def __init__(
@@ -99,6 +108,7 @@ class Prefetcher:
         end: int | None,
         depth: int | None,
         budget_bytes: int,
+        workers: bool = False,
     ) -> None:
         if depth is not None and depth < 1:
             raise ValueError(f"prefetch depth={depth} must be >= 1.")
@@ -113,6 +123,9 @@ class Prefetcher:
         self._idle = 0  # readers asleep
         self._stopped = False
         self._busy_s = self._wall_s = 0.0  # readers' CPU and wall time since the last deepening
+        self._reads = 0  # reads since the last deepening
+        self._handed = time.perf_counter()  # when the consumer last got a step
+        self._workers = workers
         self._since_step, self._since_s = start, time.perf_counter()  # the last deepening
         self._best: tuple[float, int] | None = None  # the best steps per second, at a depth
         self._frozen = False
@@ -125,13 +138,20 @@ class Prefetcher:
             self._store(start, produce(start))
             self._wall_s += time.perf_counter() - wall
             self._busy_s += time.thread_time() - busy
+            self._reads += 1
             self._claim += 1
         per_step = max(1, self.held_bytes)
         self._cap = max(1, min(budget_bytes // per_step, 4 * MAX_THREADS))
-        self._depth = min(_START_DEPTH if depth is None else depth, self._cap)
+        self._depth = min(self._start_depth() if depth is None else depth, self._cap)
         self._stop_at = end  # no claims from here on (the end, or a step that failed)
-        for _ in range(1 if self._auto else min(self._depth, MAX_THREADS)):
+        threads = self._depth - 1 if self._auto else self._depth
+        for _ in range(min(threads, MAX_THREADS)):
             self._start_thread()
+
+    def _start_depth(self) -> int:
+        """Where "auto" starts: deeper when the first read mostly waited on a source."""
+        waited = self._reads and self._busy_s < 0.5 * self._wall_s
+        return _START_DEPTH_WAITING if waited and not self._workers else _START_DEPTH
 
     @property
     def depth(self) -> int:
@@ -176,6 +196,7 @@ class Prefetcher:
                 self._store(step, item)
                 self._wall_s += time.perf_counter() - wall
                 self._busy_s += time.thread_time() - busy
+                self._reads += 1
                 if isinstance(item, _Failed) and (self._stop_at is None or step < self._stop_at):
                     self._stop_at = step + 1
                 if self._waiting and step == self.next_step:
@@ -200,8 +221,17 @@ class Prefetcher:
         if not first and (steps < max(3, len(self._threads)) or seconds < _MIN_WINDOW_S):
             return  # too little seen since the last doubling to judge it
         rate = 0.0 if first else steps / seconds
+        factor = 2
+        if first and self._reads and not self._workers:
+            # The first step up goes toward twice the depth that hides a read (a read's
+            # wall time over the consumer's time per step), up to 4 times: each step up
+            # of the climb costs a window of waiting.
+            per_read = self._wall_s / self._reads
+            hides = 2 * per_read / max(now - self._handed, 1e-4) / self._depth
+            factor = max(2, min(_MAX_FIRST_STEP, 1 << max(0, math.ceil(hides) - 1).bit_length()))
         self._since_step, self._since_s = self.next_step, now
         self._busy_s = self._wall_s = 0.0
+        self._reads = 0
         if self._best is not None and rate < 1.25 * self._best[0]:
             self._strikes += 1  # the last doubling did not pay (yet)
             if self._strikes >= 2:
@@ -209,7 +239,7 @@ class Prefetcher:
             return
         self._strikes = 0
         self._best = (rate, self._depth)
-        self._depth = min(2 * self._depth, self._cap)
+        self._depth = min(factor * self._depth, self._cap)
         while len(self._threads) < min(self._depth - 1, MAX_THREADS):
             self._start_thread()
         if self._idle:
@@ -232,6 +262,7 @@ class Prefetcher:
             item, size = self._ready.pop(step)
             self.held_bytes -= size
             self.next_step = step + 1
+            self._handed = time.perf_counter()
             if self._idle and self._claim - self.next_step <= self._depth // 2:
                 self._readers.notify(self._idle)
         if isinstance(item, _Failed):

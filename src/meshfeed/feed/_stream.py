@@ -36,8 +36,10 @@ class Stream:
         prefetch: int | str,
         prefetch_bytes: int,
         check_every: int | None,
+        workers: bool = False,
     ) -> None:
         self._read, self._place = read, place
+        self._workers = workers  # the reads wait on record workers
         self.end = end
         self._prefetch, self._budget, self._check_every = prefetch, prefetch_bytes, check_every
         self.step = 0
@@ -77,6 +79,7 @@ class Stream:
                 end=self.end,
                 depth=None if self._prefetch == "auto" else int(self._prefetch),
                 budget_bytes=self._budget,
+                workers=self._workers,
             )
         return self._ahead
 
