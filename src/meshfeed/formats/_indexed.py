@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -146,6 +146,38 @@ class IndexedFiles:
             [p.rstrip("/").rsplit("/", 1)[-1], ix.meta["file"]["size"], ix.samples]
             for p, ix in zip(self.paths, self.indexes, strict=True)
         ]
+
+
+class FilesSource:
+    """What every source over ``IndexedFiles`` shares: its length, and what its files
+    say about the store behind them (for ``loader.plan`` and the object storage guide)."""
+
+    if TYPE_CHECKING:  # set by each source's __init__
+        files: IndexedFiles
+
+    def __len__(self) -> int:
+        """The number of samples, over every file."""
+        return len(self.files)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the files are behind a URL."""
+        return self.files.remote
+
+    @property
+    def name(self) -> str:
+        """The files, for messages."""
+        return self.files.name
+
+    @property
+    def requests(self) -> int:
+        """Range requests sent to the store so far."""
+        return self.files.requests
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes received from the store so far."""
+        return self.files.bytes_fetched
 
 
 def read_ranges(blob: Blob, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:

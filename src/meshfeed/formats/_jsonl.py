@@ -32,7 +32,7 @@ from meshfeed.data._ragged import Ragged
 from meshfeed.data._remote import RETRY_S
 from meshfeed.data._sources import FieldSpec, fields_text
 from meshfeed.formats._index import INDEX_FORMAT, Index, ReadAhead
-from meshfeed.formats._indexed import IndexedFiles
+from meshfeed.formats._indexed import FilesSource, IndexedFiles
 
 MAX_MEMBER = 16 << 20
 """The largest decompressed member read for one record (16 MiB)."""
@@ -126,7 +126,7 @@ def _spec(kind: JsonlType, name: str) -> FieldSpec:
     return FieldSpec((None,) if ragged else (), dtype)
 
 
-class JsonlSource:
+class JsonlSource(FilesSource):
     """JSON Lines files read by index: a record per line, chosen fields as typed columns.
 
     Args:
@@ -179,10 +179,6 @@ class JsonlSource:
     def fields(self) -> Mapping[str, FieldSpec]:
         """Each chosen field's shape and dtype (``Ragged`` for lists of numbers)."""
         return self._fields
-
-    def __len__(self) -> int:
-        """The number of records, over every file."""
-        return len(self.files)
 
     def _plan(self, file: np.ndarray, local: np.ndarray) -> dict[int, Any]:
         """Per file: the byte ranges to read (records, or the members holding them)."""
@@ -274,26 +270,6 @@ class JsonlSource:
         return self.files.fetches(
             {f: ((p[3][2], p[3][3]) if p[3] is not None else (p[1], p[2])) for f, p in plan.items()}
         )
-
-    @property
-    def remote(self) -> bool:
-        """Whether the files are behind a URL."""
-        return self.files.remote
-
-    @property
-    def name(self) -> str:
-        """The files, for messages."""
-        return self.files.name
-
-    @property
-    def requests(self) -> int:
-        """Range requests sent to the store so far."""
-        return self.files.requests
-
-    @property
-    def bytes_fetched(self) -> int:
-        """Bytes received from the store so far."""
-        return self.files.bytes_fetched
 
     @property
     def fingerprint(self) -> dict[str, Any]:

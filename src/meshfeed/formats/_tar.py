@@ -20,7 +20,7 @@ from meshfeed.data._cache import CACHE_BYTES
 from meshfeed.data._remote import RETRY_S
 from meshfeed.data._sources import FieldSpec, fields_text
 from meshfeed.formats._index import Index
-from meshfeed.formats._indexed import IndexedFiles
+from meshfeed.formats._indexed import FilesSource, IndexedFiles
 from meshfeed.formats._tar_scan import scan_tar
 
 OBJECT = np.dtype(object)
@@ -55,7 +55,7 @@ def _npy(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
-class TarSource:
+class TarSource(FilesSource):
     """WebDataset tar shards read by index: a sample per key, a field per extension.
 
     Args:
@@ -148,10 +148,6 @@ class TarSource:
         """One field per extension (bytes unless decoded), the key, and missing flags."""
         return self._fields
 
-    def __len__(self) -> int:
-        """The number of samples, over every shard."""
-        return len(self.files)
-
     def _ranges(
         self, file: np.ndarray, local: np.ndarray
     ) -> dict[int, tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]]:
@@ -206,26 +202,6 @@ class TarSource:
         """The requests and bytes reading ``ids`` asks a store for."""
         file, local = self.files.locate(ids)
         return self.files.fetches({f: (s, e) for f, (s, e, _) in self._ranges(file, local).items()})
-
-    @property
-    def remote(self) -> bool:
-        """Whether the shards are behind a URL."""
-        return self.files.remote
-
-    @property
-    def name(self) -> str:
-        """The shards, for messages."""
-        return self.files.name
-
-    @property
-    def requests(self) -> int:
-        """Range requests sent to the store so far."""
-        return self.files.requests
-
-    @property
-    def bytes_fetched(self) -> int:
-        """Bytes received from the store so far."""
-        return self.files.bytes_fetched
 
     @property
     def fingerprint(self) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from meshfeed.data._ragged import Ragged
 from meshfeed.data._remote import RETRY_S
 from meshfeed.data._sources import FieldSpec, fields_text
 from meshfeed.formats._index import INDEX_FORMAT, Index, ReadAhead
-from meshfeed.formats._indexed import IndexedFiles
+from meshfeed.formats._indexed import FilesSource, IndexedFiles
 
 OBJECT = np.dtype(object)
 FeatureType = str
@@ -208,7 +208,7 @@ def _spec(kind: FeatureType, name: str) -> FieldSpec:
     return table[kind]
 
 
-class TFRecordSource:
+class TFRecordSource(FilesSource):
     """TFRecord files read by index: each record as bytes, or decoded.
 
     Args:
@@ -268,10 +268,6 @@ class TFRecordSource:
     def fields(self) -> Mapping[str, FieldSpec]:
         """The record as bytes, or the decoded fields."""
         return self._fields
-
-    def __len__(self) -> int:
-        """The number of records, over every file."""
-        return len(self.files)
 
     def _ranges(
         self, file: np.ndarray, local: np.ndarray
@@ -342,26 +338,6 @@ class TFRecordSource:
         """The requests and bytes reading ``ids`` asks a store for."""
         file, local = self.files.locate(ids)
         return self.files.fetches({f: (s, e) for f, (_, s, e) in self._ranges(file, local).items()})
-
-    @property
-    def remote(self) -> bool:
-        """Whether the files are behind a URL."""
-        return self.files.remote
-
-    @property
-    def name(self) -> str:
-        """The files, for messages."""
-        return self.files.name
-
-    @property
-    def requests(self) -> int:
-        """Range requests sent to the store so far."""
-        return self.files.requests
-
-    @property
-    def bytes_fetched(self) -> int:
-        """Bytes received from the store so far."""
-        return self.files.bytes_fetched
 
     @property
     def fingerprint(self) -> dict[str, Any]:
