@@ -111,16 +111,20 @@ def _loops_at_once(count: int, seconds: float, n: int = 2048) -> float:
 
 
 def _meshfeed(
-    encoded: np.ndarray, labels: np.ndarray, workers: int, worker_type: str = "processes"
+    source: dict[str, np.ndarray],
+    workers: int,
+    worker_type: str = "processes",
+    fn: Any = decode_crop,
 ) -> Callable[[], Iterator]:
+    """``Loader(record_transform=fn, num_workers=workers)`` over ``source``, endless."""
     sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=8))
 
     def run() -> Iterator[Any]:
         loader = meshfeed.Loader(
-            meshfeed.ArraySource({"png": encoded, "label": labels}),
+            meshfeed.ArraySource(source),
             global_batch_size=BATCH,
             sharding=sharding,
-            record_transform=decode_crop,
+            record_transform=fn,
             num_workers=workers,
             worker_type=worker_type,  # type: ignore[arg-type]
             num_epochs=None,
@@ -251,12 +255,9 @@ def main() -> None:
         "loop x2": ("floor", 2, "loops"),
     }
     for w in (1, 2):
-        entries[f"meshfeed:{w}"] = ("meshfeed", w, _meshfeed(encoded, labels, w))
-        entries[f"meshfeed-threads:{w}"] = (
-            "meshfeed",
-            w,
-            _meshfeed(encoded, labels, w, "threads"),
-        )
+        pngs = {"png": encoded, "label": labels}
+        entries[f"meshfeed:{w}"] = ("meshfeed", w, _meshfeed(pngs, w))
+        entries[f"meshfeed-threads:{w}"] = ("meshfeed", w, _meshfeed(pngs, w, "threads"))
         entries[f"torch:{w}"] = ("peer", w, _torch(encoded, labels, w))
         entries[f"grain:{w}"] = ("peer", w, _grain(encoded, labels, w))
         entries[f"tfdata:{w}"] = ("peer", w, _tfdata(encoded, labels, w))

@@ -45,10 +45,8 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_fns import CROP, decode_crop, encode_all, identity
-from decode_throughput import BATCH, _loop, _loops_at_once, _torch
-
-import meshfeed
+from decode_fns import CROP, encode_all, identity
+from decode_throughput import BATCH, _loop, _loops_at_once, _meshfeed, _torch
 
 
 def _children_cpu() -> float:
@@ -90,29 +88,6 @@ def _timed(run: Callable[[], Iterator[Any]], seconds: float, warmup: int = 5) ->
     return out
 
 
-def _meshfeed(
-    source: dict[str, np.ndarray], fn: Any, worker_type: str = "processes"
-) -> Callable[[], Iterator[Any]]:
-    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
-
-    def run() -> Iterator[Any]:
-        loader = meshfeed.Loader(
-            meshfeed.ArraySource(source),
-            global_batch_size=BATCH,
-            sharding=sharding,
-            record_transform=fn,
-            num_workers=2,
-            worker_type=worker_type,  # type: ignore[arg-type]
-            num_epochs=None,
-        )
-        try:
-            yield from loader
-        finally:
-            loader.close()
-
-    return run
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
@@ -133,9 +108,9 @@ def main() -> None:
         "limit": "loops",
         "loop": "loop",
         "torch:2": torch_run,
-        "meshfeed:2": _meshfeed(pngs, decode_crop),
-        "meshfeed-threads:2": _meshfeed(pngs, decode_crop, "threads"),
-        "identity:2": _meshfeed(images, identity),
+        "meshfeed:2": _meshfeed(pngs, 2),
+        "meshfeed-threads:2": _meshfeed(pngs, 2, "threads"),
+        "identity:2": _meshfeed(images, 2, fn=identity),
     }
     names = [k for k, v in entries.items() if not (isinstance(v, str) and " " in v)]
     per_round: list[dict[str, dict[str, float]]] = []
