@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 import meshfeed
+import multiprocess_fns
 from meshfeed.testing import local_shards
 
 WEIGHTS = [(0, [0.8, 0.2]), (6, [0.3, 0.7], 4), (14, [0.5, 0.5])]
@@ -64,14 +65,4 @@ def continue_from(states: list[dict[str, Any]], steps: int) -> list[list[Shards]
 
 def assemble(per_process: list[list[Shards]]) -> list[dict[str, np.ndarray]]:
     """Global numpy batches from each process's local shards of the same steps."""
-    out = []
-    for step, first in enumerate(per_process[0]):
-        batch = {}
-        for name, (shape, shards) in first.items():
-            full = np.zeros(shape, shards[0][1].dtype)
-            for shards_here in per_process:
-                for index, data in shards_here[step][name][1]:
-                    full[index] = data
-            batch[name] = full
-        out.append(batch)
-    return out
+    return multiprocess_fns.assemble([{"batches": batches} for batches in per_process])
