@@ -17,7 +17,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _remote        byte ranges behind a URL: requested together, failures named, faults retried
     _cache         ShardCache: whole objects behind a URL kept on local disk, LRU within a bound
     _blob          Blob: a local file or an object behind a URL, read by byte range
-    _paths         expand_paths: paths, globs, brace patterns and URLs, in a fixed order
+    _paths         expand_paths: paths, globs, braces and URLs in a fixed order; kinds by suffix
     _compressed    gzip and zstandard streams decompressed as they arrive, members on record
     _files         fixed-size rows by byte range: RowFile, .npy, ragged values + offsets, .npz
     _tokenizer     Tokenizer: an encoder with its identity (content hash, fingerprint, specials)

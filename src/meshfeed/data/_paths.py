@@ -21,6 +21,16 @@ _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
 
+def kind_by_suffix(path: str, kinds: Mapping[str, str]) -> str | None:
+    """The kind ``kinds`` gives the longest suffix ``path``'s file name ends with (so
+    ``.jsonl.gz`` wins over ``.gz``); ``None`` when none fits. Case is ignored."""
+    name = path.rsplit("/", 1)[-1].lower()
+    for suffix in sorted(kinds, key=len, reverse=True):
+        if name.endswith(suffix):
+            return kinds[suffix]
+    return None
+
+
 def expand_braces(pattern: str) -> list[str]:
     """``a-{000..002}.tar`` -> ``a-000.tar, a-001.tar, a-002.tar`` (zero padding kept);
     ``{x,y}`` -> ``x``, ``y``; several braces multiply out, left to right."""

@@ -26,6 +26,7 @@ import numpy as np
 
 from meshfeed.data._blob import Blob, is_url, require_fsspec
 from meshfeed.data._folder import join
+from meshfeed.data._paths import kind_by_suffix
 from meshfeed.data._writer import FolderWriter
 
 READ = 2 << 20
@@ -79,11 +80,7 @@ class Index:
 
 def kind_of(path: str) -> str | None:
     """The format a file is indexed as, by its suffix."""
-    name = path.rsplit("/", 1)[-1].lower()
-    for suffix in sorted(KINDS, key=len, reverse=True):
-        if name.endswith(suffix):
-            return KINDS[suffix]
-    return None
+    return kind_by_suffix(path, KINDS)
 
 
 def index_path(path: str, index_dir: str | None) -> str:

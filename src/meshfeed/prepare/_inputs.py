@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from meshfeed.data._blob import Blob, is_url
-from meshfeed.data._paths import expand_paths
+from meshfeed.data._paths import expand_paths, kind_by_suffix
 
 KINDS = {
     ".jsonl": "jsonl",
@@ -52,11 +52,8 @@ Part = dict[str, Any]
 
 
 def kind_of(path: str) -> str | None:
-    name = path.rsplit("/", 1)[-1].lower()
-    for suffix in sorted(KINDS, key=len, reverse=True):
-        if name.endswith(suffix):
-            return KINDS[suffix]
-    return None
+    """The kind of input a file is, by its suffix."""
+    return kind_by_suffix(path, KINDS)
 
 
 def expand(
