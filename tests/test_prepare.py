@@ -98,6 +98,15 @@ def test_bos_and_eos_from_the_tokenizers_template_or_switched_off(corpus, tmp_pa
     assert [g.tolist() for g in got] == _expected(template, texts, bos=None, eos=None)
 
 
+def _command(inputs, tokenizer, out, part_bytes: int, workers: int) -> list[str]:
+    """``meshfeed prepare`` of ``inputs`` into ``out``, quiet, as a new process runs it."""
+    return [
+        sys.executable, "-m", "meshfeed", "prepare", *map(str, inputs),
+        "--tokenizer", str(tokenizer), "--out", str(out), "--part-bytes", str(part_bytes),
+        "--workers", str(workers), "--quiet",
+    ]  # fmt: skip
+
+
 def test_the_same_bytes_for_1_2_or_3_workers_part_runs_and_ray(corpus, tmp_path):
     _prepare(corpus, tmp_path / "w1", workers=1)
     reference = tree(tmp_path / "w1")
@@ -106,22 +115,7 @@ def test_the_same_bytes_for_1_2_or_3_workers_part_runs_and_ray(corpus, tmp_path)
         _prepare(corpus, tmp_path / f"w{workers}", workers=workers)
         assert tree(tmp_path / f"w{workers}") == reference
     # Three separate runs of the command, each one share, in another order.
-    command = [
-        sys.executable,
-        "-m",
-        "meshfeed",
-        "prepare",
-        *map(str, corpus["jsonl"]),
-        "--tokenizer",
-        str(corpus["tokenizer"]),
-        "--out",
-        str(tmp_path / "parts"),
-        "--part-bytes",
-        str(PART),
-        "--workers",
-        "1",
-        "--quiet",
-    ]
+    command = _command(corpus["jsonl"], corpus["tokenizer"], tmp_path / "parts", PART, 1)
     for share in ("2/3", "0/3", "1/3"):
         run = subprocess.run([*command, "--part", share], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr[-2000:]
@@ -140,22 +134,7 @@ def test_a_build_killed_midway_is_finished_by_a_rerun_that_redoes_only_what_is_m
     records = documents(160, max_chars=20_000)
     inputs = write_jsonl(tmp_path / "big", records, 4)
     tokenizer = train_tokenizer(tmp_path / "tokenizer.json")
-    command = [
-        sys.executable,
-        "-m",
-        "meshfeed",
-        "prepare",
-        *map(str, inputs),
-        "--tokenizer",
-        str(tokenizer),
-        "--out",
-        str(tmp_path / "killed"),
-        "--part-bytes",
-        "40000",
-        "--workers",
-        "2",
-        "--quiet",
-    ]
+    command = _command(inputs, tokenizer, tmp_path / "killed", 40_000, 2)
     build = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while len(list((tmp_path / "killed").glob("part-*/meshfeed.json"))) < 3:
