@@ -15,6 +15,11 @@ from typing import Any
 from meshfeed.core._stages import BatchSizes
 
 
+def weights_text(weights: tuple[float, ...]) -> str:
+    """``0.80/0.20``: weights as the log and the plan print them."""
+    return "/".join(f"{w:.2f}" for w in weights)
+
+
 @dataclasses.dataclass(frozen=True)
 class StepStage:
     """What holds at one step: the batch size and its stage, and for a mixture with
@@ -30,7 +35,7 @@ class StepStage:
     def __str__(self) -> str:
         text = f"batch {self.batch_size}"
         if self.mix_stage is not None and self.weights is not None:
-            shares = "/".join(f"{w:.2f}" for w in self.weights)
+            shares = weights_text(self.weights)
             text += f"  mix stage {self.mix_stage}"
             text += f" (blending, {shares})" if self.blending else f" ({shares})"
         return text

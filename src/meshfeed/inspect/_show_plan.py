@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshfeed.feed._plan import Plan
-from meshfeed.feed._timeline import Span
+from meshfeed.feed._timeline import Span, weights_text
 
 _HEADINGS = ("strategy", "rows read", "bytes read", "host->device", "device<->device")
 
@@ -76,10 +76,6 @@ def show_plan(plan: Plan) -> str:
     )
 
 
-def _weights(weights: tuple[float, ...]) -> str:
-    return "/".join(f"{w:.2f}" for w in weights)
-
-
 def _span(span: Span) -> str:
     """One span of steps: ``steps 6-9  batch 16  mix stage 1 (blending a -> b ...)``."""
     steps = f"steps {span.first}-{'' if span.last is None else span.last}"
@@ -88,8 +84,8 @@ def _span(span: Span) -> str:
         text += f"  mix stage {span.mix_stage} "
         if span.blend_from is not None and span.blend_steps is not None:
             a, b = span.blend_steps
-            text += f"(blending {_weights(span.blend_from)} -> {_weights(span.weights)} "
+            text += f"(blending {weights_text(span.blend_from)} -> {weights_text(span.weights)} "
             text += f"over steps {a}-{b})"
         else:
-            text += f"({_weights(span.weights)})"
+            text += f"({weights_text(span.weights)})"
     return text
