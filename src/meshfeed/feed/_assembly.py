@@ -15,7 +15,7 @@ switches lanes at its stage starts and nothing is recomputed per step.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -103,9 +103,23 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
         prefetch_bytes=options.prefetch_bytes,
         check_every=options.check_every,
         workers=options.record_transform is not None and options.num_workers > 0,
+        step_bytes=_step_bytes(fields, options, lanes.values()),
     )
     timeline = Timeline(options.batch_sizes, source, end)
     return Assembly(schedule, end, lanes, plans, reader, stream, timeline)
+
+
+def _step_bytes(
+    fields: Mapping[str, FieldSpec], options: LoaderOptions, lanes: Iterable[Lane]
+) -> int | None:
+    """The most host bytes a step of this process reads, when the source's fields say it
+    before any read: none transformed, none ragged."""
+    if options.transform is not None or options.record_transform is not None:
+        return None
+    if any(spec.ragged for spec in fields.values()):
+        return None
+    row = sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize for spec in fields.values())
+    return max(sum(len(rows) for rows in lane.row_sets) for lane in lanes) * (row + 1)
 
 
 def _schedule(n: int, options: LoaderOptions) -> tuple[Schedule | RampSchedule, int | None]:

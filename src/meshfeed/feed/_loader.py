@@ -70,8 +70,9 @@ class Loader(OptionAttributes):
       transform: a row-wise, vectorised function on the numpy dict of the rows a
         process loads, applied before they go to devices. It must keep the row count.
       prefetch: steps read ahead (source, record transforms, ``transform``) on
-        background threads, several at once. ``"auto"`` (default) starts at 2 and
-        deepens while the loop waits on a slow source or busy workers
+        background threads, several at once. ``"auto"`` (default) reads the first
+        steps together, settles at 2 (8 for a slow source) and deepens while the
+        loop waits on a slow source or busy workers
         (``loader.prefetch_depth`` says where it settled); an int fixes it; 0 reads each
         step on demand. ``state()`` counts only the batches handed out.
       prefetch_bytes: the most bytes of batches read ahead (default 256 MiB).

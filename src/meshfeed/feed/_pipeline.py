@@ -13,26 +13,33 @@ CPU devices; with the threads kept to numpy, none in 120.)
 
 Several steps in flight at once is what keeps a source that takes 2 ms or 20 ms per call
 from capping the loader at one call per step. With ``depth=None`` ("auto") the depth
-adapts, as TCP's slow start does: it starts at 2 on one thread (at 8, when the first
-read spent most of its time waiting on the source rather than on record workers), and
-when the consumer has to wait for a step while the readers spent most of their time
-waiting too (their CPU time under half their wall time: a slow source, or workers), it
-doubles, with threads to match (the first time, for a source, up to four times: toward
-twice the depth that hides a read, a read's wall time over the consumer's time a step),
-up to ``budget_bytes`` of batches ahead (the first batch's size tells how many) and 32
-threads -- as long as each doubling paid for itself in steps per second; when two
-did not, it goes back to the best depth seen and stays. Readers that compute (a numpy
+adapts, as TCP's slow start does. While the consumer reads the first step, the next
+ones are read beside it, 16 deep (within ``budget_bytes``, when the source's fields give
+a step's size before any read: no transform, nothing ragged), so that a source that
+waits 20 ms a read has its first steps ready together rather than one by one. Then it
+settles at 2 on one thread (at 8, when the first read spent most of its time waiting on
+the source rather than on record workers; the threads it no longer needs end), and it
+doubles, with threads to match, when the consumer has to wait for a step while the
+readers spent most of their time waiting too (their CPU time under half their wall
+time: a slow source, or workers) -- for a source, also as soon as the steps ahead no
+longer hide a read (twice a read's wall time over the consumer's time a step), before
+the consumer runs dry, and that first time up to four times, toward that depth -- up
+to ``budget_bytes`` of batches ahead (the first batch's size tells how many) and 32
+threads, as long as each doubling paid for itself in steps per second; when two did
+not, it goes back to the best depth seen and stays. Readers that compute (a numpy
 gather, a transform in this process) would gain nothing from more threads, and neither
-would readers that wait on workers already busy.
+would readers that wait on workers already busy. New threads are started by a thread
+of their own: a start waits for the new thread to run, which the consumer should not.
 
 Handoffs are what a thread costs: every sleep and wake-up is a context switch (5-10 us
 here, as much as reading a small batch). So idle readers sleep until the consumer has
-taken half of the steps ahead, instead of waking for every step; the consumer sleeps
-only when its next step is not ready. The consumer gets steps in order, an error raised
-while reading is raised in the consumer (with its traceback) when it reaches that step,
-and ``close`` stops the threads and drops what they read ahead, so nothing prefetched is
-ever counted as consumed. The first step is produced before any thread starts, so an
-error in it (output that cannot be placed, say) is raised before any thread exists.
+taken a quarter of the steps ahead (half, with record workers), instead of waking for
+every step; the consumer sleeps only when its next step is not ready. The consumer gets
+steps in order (reads may happen in any order), an error raised while reading is raised
+in the consumer (with its traceback) when it reaches that step, and ``close`` stops the
+threads and drops what they read ahead, so nothing prefetched is ever counted as
+consumed. An error in the first step (output that cannot be placed, say) is raised
+from the constructor, after it stopped the threads reading beside it.
 
 ``Inline`` is the same interface with no thread at all (``prefetch=0``), so the loader
 has one iteration path whichever it uses.
@@ -49,6 +56,7 @@ from typing import Any
 MAX_THREADS = 32
 _START_DEPTH = 2
 _START_DEPTH_WAITING = 8  # a source whose first read spent most of its time waiting
+_SPECULATE_DEPTH = 16  # read beside the first step, before knowing the source is slow
 _MAX_FIRST_STEP = 4  # the first step up multiplies the depth by at most this
 _MIN_WINDOW_S = 0.03  # the shortest stretch a doubling is judged on
 
@@ -109,6 +117,7 @@ class Prefetcher:
         depth: int | None,
         budget_bytes: int,
         workers: bool = False,
+        step_bytes: int | None = None,
     ) -> None:
         if depth is not None and depth < 1:
             raise ValueError(f"prefetch depth={depth} must be >= 1.")
@@ -131,22 +140,51 @@ class Prefetcher:
         self._frozen = False
         self._strikes = 0
         self._threads: list[threading.Thread] = []
+        self._growers: list[threading.Thread] = []  # threads that start readers
         self._claim = start
         self.held_bytes = self.peak_bytes = 0  # bytes of steps read ahead, not yet taken
-        if end is None or start < end:  # the first step here, before any thread
-            wall, busy = time.perf_counter(), time.thread_time()
-            self._store(start, produce(start))
-            self._wall_s += time.perf_counter() - wall
-            self._busy_s += time.thread_time() - busy
-            self._reads += 1
-            self._claim += 1
-        per_step = max(1, self.held_bytes)
-        self._cap = max(1, min(budget_bytes // per_step, 4 * MAX_THREADS))
-        self._depth = min(self._start_depth() if depth is None else depth, self._cap)
         self._stop_at = end  # no claims from here on (the end, or a step that failed)
-        threads = self._depth - 1 if self._auto else self._depth
-        for _ in range(min(threads, MAX_THREADS)):
-            self._start_thread()
+        self._depth = 1
+        if self._auto and step_bytes and not workers and (end is None or start < end):
+            # While the first step is read here, the next ones are read beside it, as
+            # deep as a slow source starts (within the budget): a source that waits
+            # 20 ms a read then has its first steps ready together instead of one by one.
+            self._depth = max(1, min(_SPECULATE_DEPTH, budget_bytes // step_bytes))
+            self._claim += 1  # the first step is this thread's
+            self._grow()
+        item = None
+        if end is None or start < end:  # the first step here, on the consumer's thread
+            wall, busy = time.perf_counter(), time.thread_time()
+            try:
+                item = produce(start)
+            except BaseException:
+                self.close()
+                raise
+            with self._lock:
+                self._store(start, item)
+                self._wall_s += time.perf_counter() - wall
+                self._busy_s += time.thread_time() - busy
+                self._reads += 1
+                self._claim = max(self._claim, start + 1)
+        with self._lock:
+            per_step = max(1, nbytes(item))
+            self._cap = max(1, min(budget_bytes // per_step, 4 * MAX_THREADS))
+            self._depth = min(self._start_depth() if depth is None else depth, self._cap)
+            if len(self._threads) < self._threads_wanted():
+                self._grow()
+            if self._idle:
+                self._readers.notify(self._idle)
+            self._handed = time.perf_counter()  # the consumer's time a step starts here
+
+    def _wake_at(self) -> int:
+        """Steps left ahead at which idle readers wake: half the depth with record
+        workers (fewer hand-offs in the loading process), three quarters for a source
+        (a read that starts later than that may not be done in time on a busy host)."""
+        return self._depth // 2 if self._workers else self._depth * 3 // 4
+
+    def _threads_wanted(self) -> int:
+        """Reader threads for the depth ("auto" reads one of its steps on the consumer)."""
+        return min(self._depth - 1 if self._auto else self._depth, MAX_THREADS)
 
     def _start_depth(self) -> int:
         """Where "auto" starts: deeper when the first read mostly waited on a source."""
@@ -164,10 +202,21 @@ class Prefetcher:
         self.held_bytes += size
         self.peak_bytes = max(self.peak_bytes, self.held_bytes)
 
-    def _start_thread(self) -> None:
-        thread = threading.Thread(target=self._run, name="meshfeed-prefetch", daemon=True)
-        self._threads.append(thread)
-        thread.start()
+    def _grow(self) -> None:
+        """Starts reader threads up to the depth's, on a thread of its own: a start waits
+        for the new thread to run (~0.1 ms on a busy host), which the consumer should not."""
+        grower = threading.Thread(target=self._start_threads, name="meshfeed-prefetch", daemon=True)
+        self._growers.append(grower)
+        grower.start()
+
+    def _start_threads(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopped or len(self._threads) >= self._threads_wanted():
+                    return
+                thread = threading.Thread(target=self._run, name="meshfeed-prefetch", daemon=True)
+                self._threads.append(thread)
+            thread.start()
 
     def _can_claim(self) -> bool:
         return (self._stop_at is None or self._claim < self._stop_at) and (
@@ -178,6 +227,9 @@ class Prefetcher:
         while True:
             with self._lock:
                 while not self._stopped and not self._can_claim():
+                    if len(self._threads) > max(1, self._threads_wanted()):
+                        self._threads.remove(threading.current_thread())
+                        return  # more threads than the depth needs (it started deeper)
                     self._idle += 1
                     self._readers.wait()
                     self._idle -= 1
@@ -240,10 +292,20 @@ class Prefetcher:
         self._strikes = 0
         self._best = (rate, self._depth)
         self._depth = min(factor * self._depth, self._cap)
-        while len(self._threads) < min(self._depth - 1, MAX_THREADS):
-            self._start_thread()
+        if len(self._threads) < self._threads_wanted():
+            self._grow()
         if self._idle:
             self._readers.notify(self._idle)
+
+    def _short_of_a_read(self, step: int) -> bool:
+        """Before "auto" first steps up from a source's waiting start: the steps ahead
+        will not hide a read (its wall time over the consumer's time a step)."""
+        if not self._auto or self._best is not None or self._workers or not self._reads:
+            return False
+        if step <= self._since_step or self._busy_s > 0.5 * self._wall_s:
+            return False  # no step of the consumer timed yet, or the readers compute
+        per_step = max(time.perf_counter() - self._handed, 1e-4)
+        return 2 * self._wall_s / self._reads > self._depth * per_step
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         return self
@@ -255,6 +317,9 @@ class Prefetcher:
                 raise StopIteration
             if step not in self._ready:
                 self._deepen()
+            elif self._short_of_a_read(step):
+                self._deepen()  # before the consumer runs dry, not after
+            if step not in self._ready:
                 self._waiting = True
                 while step not in self._ready:
                     self._consumer.wait()
@@ -263,7 +328,7 @@ class Prefetcher:
             self.held_bytes -= size
             self.next_step = step + 1
             self._handed = time.perf_counter()
-            if self._idle and self._claim - self.next_step <= self._depth // 2:
+            if self._idle and self._claim - self.next_step <= self._wake_at():
                 self._readers.notify(self._idle)
         if isinstance(item, _Failed):
             raise item.error
@@ -276,5 +341,6 @@ class Prefetcher:
             self._ready.clear()
             self.held_bytes = 0
             self._readers.notify_all()
-        for thread in self._threads:
-            thread.join(timeout=10.0)
+        for group in (self._growers, self._threads):  # growers first: no reader starts after
+            for thread in list(group):
+                thread.join(timeout=10.0)
