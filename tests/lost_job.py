@@ -4,6 +4,11 @@ Started by the tests the way a cluster manager starts a job (each process with i
 coordinator, count and id in the environment, no ``meshfeed launch``); one process can
 be made to die mid-step (SIGKILL right after dispatching a step), while a checkpoint is
 being saved (SIGKILL once Orbax's temporary folder for it appears) or to stop (SIGSTOP).
+
+``--start`` is how the processes connect: ``env`` (``meshfeed.initialize()`` reads the
+environment a cluster manager gave), ``explicit`` (``meshfeed.initialize(coordinator,
+num_processes=, process_id=)`` from ``--join``, the environment holding none of it) or
+``jax`` (the job's own ``jax.distributed.initialize(...)``; the loader starts the watch).
 """
 
 import argparse
@@ -24,9 +29,26 @@ parser.add_argument("--kill", choices=["none", "step", "save", "stop"], default=
 parser.add_argument("--victim", type=int, default=1)
 parser.add_argument("--at", type=int, default=8)
 parser.add_argument("--heartbeat", type=float, default=4.0)
+parser.add_argument("--start", choices=["env", "explicit", "jax"], default="env")
+parser.add_argument("--join", help="coordinator,num_processes,process_id (explicit, jax)")
 args = parser.parse_args()
 
-meshfeed.initialize(heartbeat_timeout=args.heartbeat)
+if args.start == "env":
+    meshfeed.initialize(heartbeat_timeout=args.heartbeat)
+else:
+    coordinator, count, index = args.join.split(",")
+    if args.start == "explicit":
+        meshfeed.initialize(
+            coordinator,
+            num_processes=int(count),
+            process_id=int(index),
+            heartbeat_timeout=args.heartbeat,
+        )
+    else:
+        import jax
+
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator, num_processes=int(count), process_id=int(index))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

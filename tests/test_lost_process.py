@@ -16,14 +16,18 @@ JOB = Path(__file__).with_name("lost_job.py")
 TOPOLOGIES = [(2, 4), (4, 2)]  # processes x devices per process
 
 
-def _start(processes, devices, tmp, *args):
-    """The job's processes, started as a cluster manager would: env, no launcher."""
+def _start(processes, devices, tmp, *args, start="env"):
+    """The job's processes, started as a cluster manager would (env, no launcher); with
+    ``start`` "explicit" or "jax", the environment names no coordinator, the script does."""
     coordinator = f"127.0.0.1:{free_port()}"
     started = []
     for i in range(processes):
         env = cluster_env(i, processes, devices, coordinator)
-        log = (tmp / f"log_{i}_{time.monotonic_ns()}.txt").open("w")
         cmd = [sys.executable, str(JOB), "--checkpoint-dir", str(tmp / "ckpt"), *args]
+        if start != "env":
+            env = {k: v for k, v in env.items() if not k.startswith("MESHFEED_")}
+            cmd += ["--start", start, "--join", f"{coordinator},{processes},{i}"]
+        log = (tmp / f"log_{i}_{time.monotonic_ns()}.txt").open("w")
         popen = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         started.append((popen, Path(log.name)))
         log.close()
@@ -103,6 +107,24 @@ def test_a_killed_process_ends_the_job_and_the_relaunch_resumes(
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("start", ["explicit", "jax"])
+def test_a_killed_process_ends_a_job_connected_by_its_own_arguments(start, tmp_path):
+    """``meshfeed.initialize(coordinator, num_processes=, process_id=)``, and a job's own
+    ``jax.distributed.initialize(...)`` whose loader started the watch: both watched."""
+    out = str(tmp_path / "params.npz")
+    flags = ["--out", out, "--kill", "step", "--victim", "1", "--at", "8"]
+    ends = _wait(_start(2, 4, tmp_path, *flags, start=start))
+    died = float(Path(f"{out}.died").read_text())
+    (code, gone, log), (victim_code, _, _) = ends[0], ends[1]
+    assert victim_code == -9
+    assert code == 1, log[-2000:]
+    assert gone - died < 20
+    line = r"meshfeed: process 1 of 2 was lost \(its connection closed: killed or crashed\)"
+    assert re.search(line + r" while process 0 was training step (8|9|10);", log), log[-2000:]
+    assert "Traceback" not in log, log[-2000:]
+
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(("topology", "victim"), [((2, 4), 1), ((4, 2), 0)], ids=["2x4", "4x2"])
 def test_a_stopped_process_is_found_silent_and_ends_the_job(topology, victim, tmp_path):
     out = str(tmp_path / "params.npz")
@@ -135,3 +157,57 @@ def test_initialize_refuses_a_bad_heartbeat_timeout_before_connecting(value, err
 
     with pytest.raises(error, match=match):
         meshfeed.initialize(heartbeat_timeout=value)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "match"),
+    [
+        ({"num_processes": 2, "process_id": 2}, ValueError, r"process_id=2 is outside num_pro"),
+        ({"num_processes": 0}, ValueError, r"num_processes=0 must be an int >= 1"),
+        ({"process_id": -1}, ValueError, r"process_id=-1 must be an int >= 0"),
+        ({"coordinator_address": "10.0.0.1"}, ValueError, r"coordinator_address='10.0.0.1' mu"),
+        ({"local_device_ids": ["0"]}, ValueError, r"local_device_ids=\['0'\] must be a dev"),
+        ({"heartbeat_seconds": 5}, TypeError, r"got heartbeat_seconds=, which jax.distr"),
+    ],
+)
+def test_initialize_refuses_bad_arguments_before_connecting(arguments, error, match):
+    import meshfeed
+
+    with pytest.raises(error, match=match):
+        meshfeed.initialize(**arguments)
+
+
+ALREADY = """
+import jax, meshfeed
+jax.distributed.initialize("127.0.0.1:{port}", num_processes=1, process_id=0)
+for arguments in ({{"num_processes": 2}}, {{"coordinator_address": "127.0.0.1:1"}}):
+    try:
+        meshfeed.initialize(**arguments)
+    except ValueError as error:
+        print(error)
+meshfeed.initialize(num_processes=1)  # the same as JAX's: only the watch is left to do
+try:
+    meshfeed.initialize()
+except RuntimeError as error:
+    print(error)
+"""
+
+
+def test_initialize_after_jax_or_twice_says_what_it_was_given():
+    script = ALREADY.format(port=free_port())
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(
+        "jax.distributed is already initialised with num_processes=1, but meshfeed."
+        "initialize() got num_processes=2. Connect once:"
+    ), done.stdout
+    assert lines[1].startswith(
+        "jax.distributed is already initialised, and meshfeed.initialize() cannot check "
+        "coordinator_address='127.0.0.1:1' against what it was given."
+    ), done.stdout
+    assert lines[2] == (
+        "meshfeed.initialize() was already called in this process (with num_processes=1); "
+        "call it once, before any other JAX call."
+    ), done.stdout

@@ -1,8 +1,10 @@
 """Processes: connecting them, starting them on one machine, and watching them.
 
 ``initialize`` connects the processes of a job (launched by ``meshfeed launch``,
-detected on a cluster, or alone) and starts the watch, which ends the whole job within
-a second, with one line, when a process is lost. ``launch`` starts and supervises
+detected on a cluster, given explicit arguments, or alone) and starts the watch, which
+ends the whole job within a second, with one line, when a process is lost; ``watch``
+(which the loader calls) starts it for a job that called ``jax.distributed.initialize``
+itself. ``launch`` starts and supervises
 several processes on this machine. The layer sits just above the floor, below the data
 and the loader, because the layers above tell the watch what their process is doing
 (the loader its step, ``fit`` its step, checkpoints their save), so that the line a
@@ -12,7 +14,8 @@ Modules, lowest first (each imports only modules listed before it)::
 
     _env           the environment meshfeed launch sets; require_initialized
     _watch         the watch on the other processes: a lost one ends the job, named; doing
-    _initialize    initialize: connect the processes (launched, cluster, alone), start the watch
+    _initialize    initialize: connect the processes (launched, cluster, explicit, alone);
+                   watch: start the watch (ensure_watched: what the loader checks)
     _launch        launch: local processes, started and supervised
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.

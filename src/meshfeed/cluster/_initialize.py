@@ -1,38 +1,71 @@
 """Connecting the processes of a job, and watching them once connected.
 
-``initialize`` is ``jax.distributed.initialize`` for meshfeed's three situations --
-started by ``meshfeed launch`` (or ``run_in_processes``), started by a cluster manager
-that JAX detects, or started alone -- with the same call in the same script, and with
-a watch (``_watch``) that ends the job in seconds when a process is lost.
+``initialize`` is ``jax.distributed.initialize`` for meshfeed's situations -- started by
+``meshfeed launch`` (or ``run_in_processes``), started by a cluster manager that JAX
+detects, started with explicit arguments, or started alone -- with the same call in the
+same script, and with a watch (``_watch``) that ends the job in seconds when a process
+is lost. ``watch`` starts that watch for a job whose processes called
+``jax.distributed.initialize`` themselves; the loader calls it when several processes
+run and nothing watches them yet.
+
+The watch's processes find each other through the connection JAX already has: process
+0 opens the watch's port (any free one) and tells the others its addresses and port with
+one broadcast (``multihost_utils.broadcast_one_to_all``), so there is no port to open
+or name. (JAX's coordination service has a key-value store that would let processes
+meet without a collective, but it is reachable only through ``jax._src``, which meshfeed
+does not read.) Being a collective, the watch starts at the same point on every process:
+in ``initialize``, or where every process builds its first loader.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import socket
 import sys
 import threading
+from collections.abc import Sequence
 from typing import Any
 
-from meshfeed.cluster._env import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from meshfeed.cluster._env import (
+    ENV_COORDINATOR,
+    ENV_NUM_PROCESSES,
+    ENV_PROCESS_ID,
+    require_initialized,
+)
 from meshfeed.cluster._watch import Watch, set_watch, watching
 
 HEARTBEAT_TIMEOUT = 10.0
 """Seconds of silence after which a process is declared lost (see ``initialize``)."""
 
+_initialized_by: dict[str, Any] | None = None  # the arguments of the call that connected
 
-def initialize(*, heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> None:
+
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    local_device_ids: int | Sequence[int] | None = None,
+    *,
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+    **jax_kwargs: Any,
+) -> None:
     """Connects this process to the others, like ``jax.distributed.initialize``.
 
-    Under ``meshfeed launch`` (or ``run_in_processes``) it reads the coordinator, the
-    process count and id from the environment and uses gloo CPU collectives. Elsewhere
-    it calls ``jax.distributed.initialize()``, whose auto-detection covers Slurm,
-    Kubernetes, MPI and Cloud TPU; and where it detects no cluster (a laptop, a single
-    machine, a notebook) it does nothing and JAX runs as one process, without error, so
-    one script runs alone and launched. Call it before any other JAX call.
+    With arguments, they go to ``jax.distributed.initialize`` as they are (the same
+    names and meanings, and any of its other keyword arguments in ``jax_kwargs``), for a
+    cluster JAX does not detect. Without, under ``meshfeed launch`` (or
+    ``run_in_processes``) it reads the coordinator, the process count and id from the
+    environment and uses gloo CPU collectives; elsewhere it calls
+    ``jax.distributed.initialize()``, whose auto-detection covers Slurm, Kubernetes,
+    MPI and Cloud TPU; and where it detects no cluster (a laptop, a single machine, a
+    notebook) it does nothing and JAX runs as one process, without error, so one script
+    runs alone and launched. Call it once, before any other JAX call. After a
+    ``jax.distributed.initialize`` of your own it only starts the watch (the arguments,
+    if given, must be those JAX was initialised with).
 
-    With several processes it starts a watch on them (``_watch``): a process that dies
+    With several processes it starts a watch on them (``watch``): a process that dies
     ends every other within a second, one that is stopped or hung within
     ``heartbeat_timeout`` seconds, each survivor printing one line -- which process was
     lost and what this one was doing -- and exiting with code 1, instead of waiting in
@@ -42,15 +75,95 @@ def initialize(*, heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> None:
     late (``benchmarks/lost_process.py``), so 10 s leaves room for a machine far busier
     (swapping, a long garbage collection) before a live process is taken for dead, and
     a dead one is still found in seconds. JAX's own coordination service gets twice it
-    (``heartbeat_timeout_seconds``), as the
-    backstop that aborts a process if the watch itself could not run.
+    (``heartbeat_timeout_seconds``, unless given in ``jax_kwargs``), as the backstop
+    that aborts a process if the watch itself could not run.
 
     It also makes an uncaught exception end the process at once (exit code 1, traceback
     printed, the other processes told) instead of waiting in ``jax.distributed``'s
     shutdown barrier for processes that may be waiting for this one.
+
+    Raises:
+      RuntimeError: it was called before in this process.
+      ValueError, TypeError: an argument is malformed (a ``process_id`` outside
+        ``num_processes``, a ``coordinator_address`` without a port, ...), or differs
+        from what JAX was already initialised with -- each before anything connects.
     """
     import jax
 
+    _check_timeout(heartbeat_timeout)
+    given = _check_arguments(coordinator_address, num_processes, process_id, local_device_ids)
+    _check_jax_kwargs(jax_kwargs)
+    if _initialized_by is not None:
+        raise RuntimeError(
+            "meshfeed.initialize() was already called in this process"
+            f"{_arguments_text(_initialized_by)}; call it once, before any other JAX call."
+        )
+    jax_timeout = max(10, 2 * math.ceil(heartbeat_timeout))
+    jax_kwargs.setdefault("heartbeat_timeout_seconds", jax_timeout)
+    coordinator = os.environ.get(ENV_COORDINATOR)
+    if jax.distributed.is_initialized():
+        coordinator = None  # whatever JAX was told, the watch listens everywhere
+        _check_same_as_jax(given)  # someone connected first: only the watch is left to do
+    elif given:
+        jax.distributed.initialize(**given, **jax_kwargs)
+    elif coordinator is not None:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator,
+            num_processes=int(os.environ[ENV_NUM_PROCESSES]),
+            process_id=int(os.environ[ENV_PROCESS_ID]),
+            **jax_kwargs,
+        )
+    else:
+        try:
+            jax.distributed.initialize(**jax_kwargs)
+        except ValueError as error:
+            # JAX found no cluster and was told no coordinator: a single process.
+            if "coordinator_address" not in str(error):
+                raise
+            _set_initialized(given)
+            return
+    _set_initialized(given)
+    _exit_on_uncaught_exception()
+    if jax.process_count() > 1 and watching() is None:
+        _start_watch(heartbeat_timeout, given.get("coordinator_address") or coordinator)
+
+
+def watch(*, heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> None:
+    """Watches the processes of a job that called ``jax.distributed.initialize`` itself.
+
+    The same watch ``initialize`` starts (see there): a process lost anywhere ends
+    every other within seconds, each printing one line and exiting with code 1; and an
+    uncaught exception ends its process at once, telling the others. Call it on every
+    process after ``jax.distributed.initialize``, at the same point of the program (the
+    processes meet in one broadcast over JAX's connection: no port to open). The loader
+    calls it itself, where every process builds its first loader, when several
+    processes run and nothing watches them, so a job that builds a ``meshfeed.Loader``
+    is watched without it. Does nothing in a single process, or when the watch already
+    runs.
+    """
+    import jax
+
+    _check_timeout(heartbeat_timeout)
+    if watching() is not None or not jax.distributed.is_initialized():
+        return
+    if jax.process_count() > 1:
+        _exit_on_uncaught_exception()
+        _start_watch(heartbeat_timeout, None)
+
+
+def ensure_watched() -> None:
+    """What the loader and ``fit`` check first: raises if this process was started as one
+    of several but never connected; starts ``watch()`` on a job of several processes that
+    nothing watches yet."""
+    import jax
+
+    require_initialized()
+    if watching() is None and jax.distributed.is_initialized():
+        watch()
+
+
+def _check_timeout(heartbeat_timeout: object) -> None:
     if isinstance(heartbeat_timeout, bool) or not isinstance(heartbeat_timeout, (int, float)):
         raise TypeError(f"heartbeat_timeout={heartbeat_timeout!r} must be a number of seconds.")
     if not 0.5 <= heartbeat_timeout <= 3600:
@@ -58,31 +171,97 @@ def initialize(*, heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> None:
             f"heartbeat_timeout={heartbeat_timeout} must be in 0.5..3600 seconds (default "
             f"{HEARTBEAT_TIMEOUT:g})."
         )
-    jax_timeout = max(10, 2 * math.ceil(heartbeat_timeout))
-    coordinator = os.environ.get(ENV_COORDINATOR)
-    _exit_on_uncaught_exception()
-    if coordinator is None:
-        try:
-            jax.distributed.initialize(heartbeat_timeout_seconds=jax_timeout)
-        except ValueError as error:
-            # JAX found no cluster and was told no coordinator: a single process.
-            if "coordinator_address" not in str(error):
-                raise
-            return
-    else:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            coordinator,
-            num_processes=int(os.environ[ENV_NUM_PROCESSES]),
-            process_id=int(os.environ[ENV_PROCESS_ID]),
-            heartbeat_timeout_seconds=jax_timeout,
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_arguments(
+    coordinator_address: Any, num_processes: Any, process_id: Any, local_ids: Any
+) -> dict[str, Any]:
+    """The arguments given (not None), each checked; raises naming a bad one."""
+    if coordinator_address is not None:
+        host, _, port = str(coordinator_address).rpartition(":")
+        if not isinstance(coordinator_address, str) or not host or not port.isdigit():
+            raise ValueError(
+                f"coordinator_address={coordinator_address!r} must be 'host:port' (process "
+                "0's address and a free port on it, the same string on every process)."
+            )
+    if num_processes is not None and (not _is_int(num_processes) or num_processes < 1):
+        raise ValueError(f"num_processes={num_processes!r} must be an int >= 1.")
+    if process_id is not None and (not _is_int(process_id) or process_id < 0):
+        raise ValueError(f"process_id={process_id!r} must be an int >= 0.")
+    if process_id is not None and num_processes is not None and process_id >= num_processes:
+        raise ValueError(
+            f"process_id={process_id} is outside num_processes={num_processes}: the ids of "
+            f"a job of {num_processes} processes are 0..{num_processes - 1}."
         )
-    if jax.process_count() > 1:
-        _start_watch(heartbeat_timeout, coordinator)
+    ids = [local_ids] if _is_int(local_ids) else local_ids
+    if local_ids is not None and (
+        not isinstance(ids, Sequence) or not all(_is_int(i) and i >= 0 for i in ids)
+    ):
+        raise ValueError(
+            f"local_device_ids={local_ids!r} must be a device id or a list of them (ints >= 0)."
+        )
+    given = {
+        "coordinator_address": coordinator_address,
+        "num_processes": num_processes,
+        "process_id": process_id,
+        "local_device_ids": local_ids,
+    }
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def _check_jax_kwargs(jax_kwargs: dict[str, Any]) -> None:
+    import jax
+
+    known = set(inspect.signature(jax.distributed.initialize).parameters)
+    for name in jax_kwargs:
+        if name not in known:
+            raise TypeError(
+                f"meshfeed.initialize() got {name}=, which jax.distributed.initialize does "
+                f"not take (its keyword arguments: {', '.join(sorted(known))})."
+            )
+
+
+def _check_same_as_jax(given: dict[str, Any]) -> None:
+    """Raises if an argument differs from what JAX was initialised with (the count and
+    id; the coordinator and device ids JAX does not tell, so they cannot be given)."""
+    import jax
+
+    have = {"num_processes": jax.process_count(), "process_id": jax.process_index()}
+    for name, value in given.items():
+        if name not in have:
+            raise ValueError(
+                f"jax.distributed is already initialised, and meshfeed.initialize() cannot "
+                f"check {name}={value!r} against what it was given. Connect once: call "
+                "meshfeed.initialize(...) instead of jax.distributed.initialize(...), or keep "
+                "yours and call meshfeed.watch() after it."
+            )
+        if value != have[name]:
+            raise ValueError(
+                f"jax.distributed is already initialised with {name}={have[name]!r}, but "
+                f"meshfeed.initialize() got {name}={value!r}. Connect once: call "
+                "meshfeed.initialize(...) instead of jax.distributed.initialize(...), or keep "
+                "yours and call meshfeed.watch() after it."
+            )
+
+
+def _set_initialized(given: dict[str, Any]) -> None:
+    global _initialized_by
+    _initialized_by = given
+
+
+def _arguments_text(given: dict[str, Any]) -> str:
+    if not given:
+        return ""
+    return " (with " + ", ".join(f"{k}={v!r}" for k, v in given.items()) + ")"
 
 
 def _start_watch(timeout: float, coordinator: str | None) -> None:
-    """Starts this process's side of the watch; process 0's port goes out by broadcast."""
+    """Starts this process's side of the watch; process 0's port goes out by broadcast
+    (on the coordinator's host when it is known: process 0 runs the coordinator)."""
     import jax
     import numpy as np
     from jax.experimental import multihost_utils

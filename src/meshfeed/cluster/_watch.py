@@ -4,16 +4,18 @@ A JAX job of several processes does not notice a dead peer by itself in good tim
 survivors wait inside a collective (a training step's all-reduce, Orbax's save
 barrier) until ``jax.distributed``'s heartbeat timeout -- 100 s by default -- and then
 JAX aborts them with a C++ message. ``meshfeed.initialize()`` starts this watch beside
-it: process 0 listens on a TCP port (told to the others with one broadcast), every
-other process keeps one connection to it, and each side sends a byte every quarter of
-``timeout``. A process that dies (killed, crashed) closes its connection at once, so
-the watch on process 0 sees it within milliseconds; one that is stopped or hung sends
-nothing and is declared lost after ``timeout`` seconds of silence; one whose Python
-raised says so before it exits. Process 0 tells every other process, and each survivor
-prints one line -- which process was lost, how, and what this process was doing
-(``doing`` records it: the step being trained or loaded, the checkpoint being saved)
--- and exits with code 1 from the watch's thread, whatever its main thread is blocked
-in. A process that ends normally says goodbye first, so the others stop watching it.
+it (``meshfeed.watch()``, or the loader, for a job connected by
+``jax.distributed.initialize``): process 0 listens on a TCP port (told to the others
+with one broadcast), every other process keeps one connection to it, and each side
+sends a byte every quarter of ``timeout``. A process that dies (killed, crashed) closes
+its connection at once, so the watch on process 0 sees it within milliseconds; one that
+is stopped or hung sends nothing and is declared lost after ``timeout`` seconds of
+silence; one whose Python raised says so before it exits. Process 0 tells every other
+process, and each survivor prints one line -- which process was lost, how, and what
+this process was doing (``doing`` records it: the step being trained or loaded, the
+checkpoint being saved) -- and exits with code 1 from the watch's thread, whatever its
+main thread is blocked in. A process that ends normally says goodbye first, so the
+others stop watching it.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _strategies    per strategy, the rows a process reads and how they are placed; reshard
     _options       LoaderOptions: every argument checked before anything starts
     _reader        one step's host rows: source, padding, records, transform, checks, mask
+    _climb         how deep "auto" reads ahead: where it starts, when and how far it climbs
     _pipeline      steps read ahead on threads, depth adapting (Prefetcher), or on demand
     _replicas      check_replicas: a collective comparing replicas across processes
     _state         LoaderState: steps consumed and the fingerprint, to and from JSON

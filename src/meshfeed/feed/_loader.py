@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from meshfeed.cluster._env import require_initialized
+from meshfeed.cluster._initialize import ensure_watched
 from meshfeed.core._stages import BatchSizeArg
 from meshfeed.data._sources import Source
 from meshfeed.feed._assembly import assemble
@@ -125,7 +125,7 @@ class Loader(OptionAttributes):
             check_every=check_every, record_transform=record_transform,
             num_workers=num_workers, worker_type=worker_type,
         )  # fmt: skip
-        require_initialized()
+        ensure_watched()  # connected if started as several; watched (if several)
         self._source = source = bound(source, options)  # a mixture by stage counts our steps
         self._options = options
         self._fields = check_source(source, options)

@@ -47,18 +47,15 @@ has one iteration path whichever it uses.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from meshfeed.feed._climb import Climb
+
 MAX_THREADS = 32
-_START_DEPTH = 2
-_START_DEPTH_WAITING = 8  # a source whose first read spent most of its time waiting
 _SPECULATE_DEPTH = 16  # read beside the first step, before knowing the source is slow
-_MAX_FIRST_STEP = 4  # the first step up multiplies the depth by at most this
-_MIN_WINDOW_S = 0.03  # the shortest stretch a doubling is judged on
 
 
 def nbytes(item: Any) -> int:
@@ -131,14 +128,7 @@ class Prefetcher:
         self._waiting = False  # the consumer sleeps
         self._idle = 0  # readers asleep
         self._stopped = False
-        self._busy_s = self._wall_s = 0.0  # readers' CPU and wall time since the last deepening
-        self._reads = 0  # reads since the last deepening
-        self._handed = time.perf_counter()  # when the consumer last got a step
-        self._workers = workers
-        self._since_step, self._since_s = start, time.perf_counter()  # the last deepening
-        self._best: tuple[float, int] | None = None  # the best steps per second, at a depth
-        self._frozen = False
-        self._strikes = 0
+        self._climb = Climb(start, workers=workers)
         self._threads: list[threading.Thread] = []
         self._growers: list[threading.Thread] = []  # threads that start readers
         self._claim = start
@@ -162,34 +152,21 @@ class Prefetcher:
                 raise
             with self._lock:
                 self._store(start, item)
-                self._wall_s += time.perf_counter() - wall
-                self._busy_s += time.thread_time() - busy
-                self._reads += 1
+                self._climb.read(time.perf_counter() - wall, time.thread_time() - busy)
                 self._claim = max(self._claim, start + 1)
         with self._lock:
             per_step = max(1, nbytes(item))
             self._cap = max(1, min(budget_bytes // per_step, 4 * MAX_THREADS))
-            self._depth = min(self._start_depth() if depth is None else depth, self._cap)
+            self._depth = min(self._climb.start_depth() if depth is None else depth, self._cap)
             if len(self._threads) < self._threads_wanted():
                 self._grow()
             if self._idle:
                 self._readers.notify(self._idle)
-            self._handed = time.perf_counter()  # the consumer's time a step starts here
-
-    def _wake_at(self) -> int:
-        """Steps left ahead at which idle readers wake: half the depth with record
-        workers (fewer hand-offs in the loading process), three quarters for a source
-        (a read that starts later than that may not be done in time on a busy host)."""
-        return self._depth // 2 if self._workers else self._depth * 3 // 4
+            self._climb.handed = time.perf_counter()  # the consumer's time a step starts here
 
     def _threads_wanted(self) -> int:
         """Reader threads for the depth ("auto" reads one of its steps on the consumer)."""
         return min(self._depth - 1 if self._auto else self._depth, MAX_THREADS)
-
-    def _start_depth(self) -> int:
-        """Where "auto" starts: deeper when the first read mostly waited on a source."""
-        waited = self._reads and self._busy_s < 0.5 * self._wall_s
-        return _START_DEPTH_WAITING if waited and not self._workers else _START_DEPTH
 
     @property
     def depth(self) -> int:
@@ -246,66 +223,23 @@ class Prefetcher:
                 if self._stopped:
                     return
                 self._store(step, item)
-                self._wall_s += time.perf_counter() - wall
-                self._busy_s += time.thread_time() - busy
-                self._reads += 1
+                self._climb.read(time.perf_counter() - wall, time.thread_time() - busy)
                 if isinstance(item, _Failed) and (self._stop_at is None or step < self._stop_at):
                     self._stop_at = step + 1
                 if self._waiting and step == self.next_step:
                     self._consumer.notify()
 
     def _deepen(self) -> None:
-        """The consumer waits: twice the steps and threads, if that is likely to help.
-
-        Only while the readers mostly wait themselves (more of them cannot help readers
-        that compute), and only while doubling pays: the first doubling is free, and
-        when the steps consumed per second since the last one grew by less than a
-        quarter, twice in a row (reads take varying times: one window can mislead), the
-        depth goes back to the best one seen and stays there.
-        """
-        if not self._auto or self._frozen or self._depth >= self._cap or self._wall_s <= 0:
+        """The consumer waits, or is about to: "auto" reads deeper if that may help."""
+        if not self._auto:
             return
-        if self._busy_s > 0.5 * self._wall_s:
-            return  # the readers compute: more of them would not be faster
-        now = time.perf_counter()
-        steps, seconds = self.next_step - self._since_step, now - self._since_s
-        first = self._best is None  # nothing to judge yet: the first doubling is free
-        if not first and (steps < max(3, len(self._threads)) or seconds < _MIN_WINDOW_S):
-            return  # too little seen since the last doubling to judge it
-        rate = 0.0 if first else steps / seconds
-        factor = 2
-        if first and self._reads and not self._workers:
-            # The first step up goes toward twice the depth that hides a read (a read's
-            # wall time over the consumer's time per step), up to 4 times: each step up
-            # of the climb costs a window of waiting.
-            per_read = self._wall_s / self._reads
-            hides = 2 * per_read / max(now - self._handed, 1e-4) / self._depth
-            factor = max(2, min(_MAX_FIRST_STEP, 1 << max(0, math.ceil(hides) - 1).bit_length()))
-        self._since_step, self._since_s = self.next_step, now
-        self._busy_s = self._wall_s = 0.0
-        self._reads = 0
-        if self._best is not None and rate < 1.25 * self._best[0]:
-            self._strikes += 1  # the last doubling did not pay (yet)
-            if self._strikes >= 2:
-                self._frozen, self._depth = True, self._best[1]
-            return
-        self._strikes = 0
-        self._best = (rate, self._depth)
-        self._depth = min(factor * self._depth, self._cap)
-        if len(self._threads) < self._threads_wanted():
-            self._grow()
-        if self._idle:
-            self._readers.notify(self._idle)
-
-    def _short_of_a_read(self, step: int) -> bool:
-        """Before "auto" first steps up from a source's waiting start: the steps ahead
-        will not hide a read (its wall time over the consumer's time a step)."""
-        if not self._auto or self._best is not None or self._workers or not self._reads:
-            return False
-        if step <= self._since_step or self._busy_s > 0.5 * self._wall_s:
-            return False  # no step of the consumer timed yet, or the readers compute
-        per_step = max(time.perf_counter() - self._handed, 1e-4)
-        return 2 * self._wall_s / self._reads > self._depth * per_step
+        depth = self._climb.deeper(self._depth, self._cap, self.next_step, len(self._threads))
+        if depth != self._depth:
+            self._depth = depth
+            if len(self._threads) < self._threads_wanted():
+                self._grow()
+            if self._idle:
+                self._readers.notify(self._idle)
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         return self
@@ -317,7 +251,7 @@ class Prefetcher:
                 raise StopIteration
             if step not in self._ready:
                 self._deepen()
-            elif self._short_of_a_read(step):
+            elif self._auto and self._climb.short_of_a_read(step, self._depth):
                 self._deepen()  # before the consumer runs dry, not after
             if step not in self._ready:
                 self._waiting = True
@@ -327,8 +261,8 @@ class Prefetcher:
             item, size = self._ready.pop(step)
             self.held_bytes -= size
             self.next_step = step + 1
-            self._handed = time.perf_counter()
-            if self._idle and self._claim - self.next_step <= self._wake_at():
+            self._climb.handed = time.perf_counter()
+            if self._idle and self._claim - self.next_step <= self._climb.wake_at(self._depth):
                 self._readers.notify(self._idle)
         if isinstance(item, _Failed):
             raise item.error

@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from meshfeed.cluster._initialize import ensure_watched
 from meshfeed.cluster._watch import activity, doing
 from meshfeed.feed._loader import Loader
 from meshfeed.train._checkpoint import Checkpoints
@@ -141,6 +142,7 @@ def fit(
     evaluate = None if eval_fn is None or eval_loader is None else _evaluator(eval_fn)
     stage_of: Callable[[int], Any] | None = getattr(loader, "stage", None)
 
+    ensure_watched()  # a job connected by jax.distributed.initialize itself
     history = History(state=state, steps=done)
     show = progress and jax.process_index() == 0
     console = Console(file=sys.stdout)
