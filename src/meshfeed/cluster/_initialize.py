@@ -12,9 +12,9 @@ The watch's processes find each other through the connection JAX already has: pr
 0 opens the watch's port (any free one) and tells the others its addresses and port with
 one broadcast (``multihost_utils.broadcast_one_to_all``), so there is no port to open
 or name. (JAX's coordination service has a key-value store that would let processes
-meet without a collective, but it is reachable only through ``jax._src``, which meshfeed
-does not read.) Being a collective, the watch starts at the same point on every process:
-in ``initialize``, or where every process builds its first loader.
+meet without a collective, but it is reachable only through JAX's private modules,
+which meshfeed does not read.) Being a collective, the watch starts at the same point
+on every process: in ``initialize``, or where every process builds its first loader.
 """
 
 from __future__ import annotations
