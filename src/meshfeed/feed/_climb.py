@@ -1,13 +1,20 @@
 """How deep "auto" reads ahead: the read-ahead's depth, climbing like TCP's slow start.
 
-``Climb`` keeps what the choice needs -- the readers' CPU and wall time since the last
-step up, when the consumer last got a step, the best steps per second seen and at
-which depth -- and says where to start (2, or 8 when the first read mostly waited on a
-source), when to step up (the consumer waits on readers that wait themselves; for a
-source, also as soon as the steps ahead no longer hide a read) and by how much (twice;
-the first time, for a source, toward twice the depth that hides a read, at most four
-times), and when to stop: when two doublings in a row did not pay, it goes back to the
-best depth seen and stays. ``_pipeline``'s ``Prefetcher`` runs the threads.
+``Climb`` keeps what the choice needs -- the readers' CPU time since the last step up
+and the time some read was in flight meanwhile, when the consumer last got a step, the
+best steps per second seen and at which depth -- and says where to start (2, or 8 when
+the first read mostly waited on a source), when to step up (the consumer waits on
+readers that wait themselves; for a source, also as soon as the steps ahead no longer
+hide a read) and by how much (twice; the first time, for a source, toward twice the
+depth that hides a read, at most four times), and when to stop: when two doublings in a
+row did not pay, it goes back to the best depth seen and stays. ``_pipeline``'s
+``Prefetcher`` runs the threads.
+
+Readers "wait" when their CPU time, summed over all of them, is under half the time in
+which at least one read was in flight: a source that sleeps 20 ms a read, or record
+workers. Each read's own wall time would mislead: sixteen readers of an in-memory
+array queue for the GIL, so each read's wall time is sixteen times its CPU time, yet
+the readers together keep a core busy the whole time and more of them cannot help.
 """
 
 from __future__ import annotations
@@ -29,20 +36,36 @@ class Climb:
         self.workers = workers
         self.busy_s = self.wall_s = 0.0  # readers' CPU and wall time since the last step up
         self.reads = 0  # reads since the last step up
+        self.span_s = 0.0  # time with a read in flight since the last step up
+        self._in_flight, self._span_from = 0, 0.0
         self.handed = time.perf_counter()  # when the consumer last got a step
         self._since_step, self._since_s = start, time.perf_counter()  # the last step up
         self._best: tuple[float, int] | None = None  # the best steps per second, at a depth
         self._frozen = False
         self._strikes = 0
 
+    def begin(self) -> None:
+        """A read starts (called under the read-ahead's lock, as ``read`` is)."""
+        if self._in_flight == 0:
+            self._span_from = time.perf_counter()
+        self._in_flight += 1
+
     def read(self, wall_s: float, busy_s: float) -> None:
         """A read took ``wall_s`` seconds, ``busy_s`` of them on a CPU."""
         self.wall_s += wall_s
         self.busy_s += busy_s
         self.reads += 1
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self.span_s += time.perf_counter() - self._span_from
+
+    def _span(self) -> float:
+        """The time with a read in flight, up to now."""
+        now = time.perf_counter()
+        return self.span_s + (now - self._span_from if self._in_flight else 0.0)
 
     def _waiting(self) -> bool:
-        return self.reads > 0 and self.busy_s < 0.5 * self.wall_s
+        return self.reads > 0 and self.busy_s < 0.5 * self._span()
 
     def start_depth(self) -> int:
         """Where to start: deeper when the first read mostly waited on a source."""
@@ -74,7 +97,7 @@ class Climb:
         take varying times: one window can mislead), the depth goes back to the best one
         seen and stays there.
         """
-        if self._frozen or depth >= cap or self.wall_s <= 0 or self.busy_s > 0.5 * self.wall_s:
+        if self._frozen or depth >= cap or not self._waiting():
             return depth
         now = time.perf_counter()
         steps, seconds = next_step - self._since_step, now - self._since_s
@@ -88,8 +111,9 @@ class Climb:
             hides = 2 * self.wall_s / self.reads / max(now - self.handed, 1e-4) / depth
             factor = max(2, min(_MAX_FIRST_STEP, 1 << max(0, math.ceil(hides) - 1).bit_length()))
         self._since_step, self._since_s = next_step, now
-        self.busy_s = self.wall_s = 0.0
+        self.busy_s = self.wall_s = self.span_s = 0.0
         self.reads = 0
+        self._span_from = now
         if self._best is not None and rate < 1.25 * self._best[0]:
             self._strikes += 1  # the last doubling did not pay (yet)
             if self._strikes >= 2:

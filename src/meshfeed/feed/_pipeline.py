@@ -144,6 +144,8 @@ class Prefetcher:
             self._grow()
         item = None
         if end is None or start < end:  # the first step here, on the consumer's thread
+            with self._lock:
+                self._climb.begin()
             wall, busy = time.perf_counter(), time.thread_time()
             try:
                 item = produce(start)
@@ -214,16 +216,17 @@ class Prefetcher:
                     return
                 step = self._claim
                 self._claim += 1
+                self._climb.begin()
             wall, busy = time.perf_counter(), time.thread_time()
             try:
                 item = self._produce(step)
             except BaseException as error:  # surfaced in the consumer, not lost in the thread
                 item = _Failed(error)
             with self._lock:
+                self._climb.read(time.perf_counter() - wall, time.thread_time() - busy)
                 if self._stopped:
                     return
                 self._store(step, item)
-                self._climb.read(time.perf_counter() - wall, time.thread_time() - busy)
                 if isinstance(item, _Failed) and (self._stop_at is None or step < self._stop_at):
                     self._stop_at = step + 1
                 if self._waiting and step == self.next_step:
