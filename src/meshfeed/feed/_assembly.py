@@ -97,12 +97,11 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
     reader = make_reader(SourceRows(source, fields, schedule), options, lane)
     stream = Stream(
         reader.read,
-        lambda step, host: place(host, lane(step).target),
+        lambda step, host: place(reader.finish(host), lane(step).target),
         end=end,
         prefetch=options.prefetch,
         prefetch_bytes=options.prefetch_bytes,
         check_every=options.check_every,
-        workers=options.record_transform is not None and options.num_workers > 0,
         step_bytes=_step_bytes(fields, options, lanes.values()),
     )
     timeline = Timeline(options.batch_sizes, source, end)

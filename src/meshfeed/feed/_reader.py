@@ -5,10 +5,14 @@ each row set the strategy reads, the source's values of those ids (zeros for pad
 record transforms, the batch ``transform``, a check of the first batch's output, and
 the ``mask`` field with ``last_batch="pad"``. It is numpy work only, so the pipeline
 can run it on a background thread; placing the rows on devices is the strategy's.
+With record workers ``read`` hands the rows to them and returns a ``PendingStep`` at
+once; ``finish`` (on the consumer's thread, when the step is placed) collects them and
+does the rest, so no reader thread sits waiting on the workers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -21,7 +25,7 @@ from meshfeed.data._sources import FieldSpec, Source, thread_safe
 from meshfeed.feed._options import LoaderOptions, Transform
 from meshfeed.feed._schedule import MASK, RampSchedule, Schedule
 from meshfeed.feed._shardings import FieldShardings, ShardingArg
-from meshfeed.workers._records import RecordStage
+from meshfeed.workers._records import Pending, RecordStage, Rows
 
 
 class SourceRows:
@@ -76,6 +80,24 @@ class Lane(NamedTuple):
     load_sharding: ShardingArg
 
 
+@dataclasses.dataclass
+class PendingStep:
+    """A step whose rows are in the record workers' hands (``StepReader.finish``)."""
+
+    lane: Lane
+    parts: list[Rows | Pending]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts if isinstance(p, Pending))
+
+    def release(self) -> None:
+        """Drops the rows, never to be collected."""
+        for part in self.parts:
+            if isinstance(part, Pending):
+                part.release()
+
+
 class StepReader:
     """This process's host rows of a step: one dict of numpy arrays per row set.
 
@@ -100,15 +122,26 @@ class StepReader:
         self._transform, self._records, self._pad = transform, records, pad
         self._checked: set[int] = set()  # the batch sizes whose output has been checked
 
-    def read(self, step: int) -> list[dict[str, np.ndarray]]:
+    def read(self, step: int) -> list[dict[str, np.ndarray]] | PendingStep:
+        """The host rows of ``step``, or with record workers a ``PendingStep``."""
         lane = self._lane(step)
-        return [self._read_rows(step, rows, lane) for rows in lane.row_sets]
+        read = self._source_rows.read if self._records is None else self._records
+        parts: list[Rows | Pending] = [read(step, rows) for rows in lane.row_sets]
+        if any(isinstance(p, Pending) for p in parts):
+            return PendingStep(lane, parts)
+        return [self._finish_rows(p, lane) for p in parts]  # type: ignore[arg-type]
 
-    def _read_rows(self, step: int, rows: np.ndarray, lane: Lane) -> dict[str, np.ndarray]:
-        if self._records is not None:
-            data, ids = self._records(step, rows)
-        else:
-            data, ids = self._source_rows.read(step, rows)
+    def finish(
+        self, host: list[dict[str, np.ndarray]] | PendingStep
+    ) -> list[dict[str, np.ndarray]]:
+        """The host rows of a step ``read`` returned (waits for its record workers)."""
+        if not isinstance(host, PendingStep):
+            return host
+        parts = [p.result() if isinstance(p, Pending) else p for p in host.parts]
+        return [self._finish_rows(p, host.lane) for p in parts]
+
+    def _finish_rows(self, rows: Rows, lane: Lane) -> dict[str, np.ndarray]:
+        data, ids = rows
         if self._transform is not None:
             data = self._transform(data)
         if lane.size not in self._checked:

@@ -2,17 +2,20 @@
 
 With ``num_workers=0`` the records are transformed in the loading thread. With ``W > 0``
 a batch's rows are cut into chunks that W workers transform in parallel: processes
-(``_workers``, writing into shared memory) or threads (``_thread_workers``). Several
-steps may be in flight at once (the pipeline reads ahead on several threads), so the
-workers always have queued chunks. The output fields are learnt from the first real
-example; every later record must match them.
+(``_workers``, writing into shared memory) or threads (``_thread_workers``). Handing
+rows to the workers returns at once with a ``Pending``, and whoever needs the rows
+collects them (``Pending.result``): the read-ahead hands the next steps' rows over and
+the consumer collects each step when it needs it, so several steps are in the workers'
+hands at once and no thread waits on them but the one that needs the rows. The output
+fields are learnt from the first real example; every later record must match them.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -48,15 +51,71 @@ class Workers(Protocol):
 
     def collect(self, ticket: Any) -> dict[str, np.ndarray]: ...
 
+    def release(self, ticket: Any) -> None: ...
+
     def close(self) -> None: ...
+
+
+Rows = tuple[dict[str, np.ndarray], np.ndarray]  # values of some batch rows, their ids
+
+
+class Pending:
+    """Rows handed to the workers: ``result()`` waits for them, ``release()`` drops them.
+
+    A step that straddles two epochs is handed over in two parts (each row's generator
+    keys on its own epoch); ``result`` puts them back in row order.
+    """
+
+    def __init__(self, rows: int, parts: list[tuple[np.ndarray | None, Any]]) -> None:
+        self._rows, self._parts = rows, parts  # (where in the rows, Rows or a _Handed)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the output rows (what the read-ahead counts against its budget)."""
+        return sum(p.nbytes if isinstance(p, _Handed) else 0 for _, p in self._parts)
+
+    def result(self) -> Rows:
+        """The transformed rows and their ids (waits for the workers)."""
+        got = [(at, p.result() if isinstance(p, _Handed) else p) for at, p in self._parts]
+        if len(got) == 1:
+            return got[0][1]
+        out: dict[str, np.ndarray] = {}
+        ids = np.empty(self._rows, np.int64)
+        for at, (data, part_ids) in got:
+            ids[at] = part_ids
+            for name, values in data.items():
+                if name not in out:
+                    out[name] = np.empty((self._rows, *values.shape[1:]), values.dtype)
+                out[name][at] = values
+        return out, ids
+
+    def release(self) -> None:
+        """Drops rows never to be collected (the read-ahead was closed or moved)."""
+        for _, part in self._parts:
+            if isinstance(part, _Handed):
+                part.pool.release(part.ticket)
+
+
+class _Handed(NamedTuple):
+    pool: Workers
+    ticket: Any
+    ids: np.ndarray
+    nbytes: int
+
+    def result(self) -> Rows:
+        out = self.pool.collect(self.ticket)
+        real = self.ids >= 0
+        if not real.all():
+            for array in out.values():
+                array[~real] = 0
+        return out, self.ids
 
 
 class RecordStage:
     """Record transforms for the rows of each step: in the calling thread, or in workers.
 
-    Safe to call from several threads at once, for different steps: each call reads its
-    rows, hands them to the workers and waits for its own, so the steps that the pipeline
-    reads ahead keep the workers busy.
+    Safe to call from several threads at once, for different steps. With workers a call
+    reads the rows, hands them over and returns a ``Pending`` at once.
     """
 
     def __init__(
@@ -74,26 +133,22 @@ class RecordStage:
         self._pool: Workers | None = None
         self._lock = threading.Lock()
 
-    def __call__(self, step: int, rows: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """The transformed values of these batch rows of ``step``, and their ids."""
+    def __call__(self, step: int, rows: np.ndarray) -> Rows | Pending:
+        """The transformed values of these batch rows of ``step`` and their ids, or, with
+        workers, a ``Pending`` for them."""
         epochs = self._rows.epochs(step, rows)
+        parts: list[tuple[np.ndarray | None, Any]]
         if len(epochs) == 0 or (epochs == epochs[0]).all():
-            return self._rows_of_epoch(step, rows, int(epochs[0]) if len(epochs) else 0)
-        # A step that straddles two epochs: each row's generator keys on its own epoch.
-        out: dict[str, np.ndarray] = {}
-        ids = np.empty(len(rows), np.int64)
-        for e in np.unique(epochs).tolist():
-            at = epochs == e
-            data, ids[at] = self._rows_of_epoch(step, rows[at], e)
-            for name, values in data.items():
-                if name not in out:
-                    out[name] = np.empty((len(rows), *values.shape[1:]), values.dtype)
-                out[name][at] = values
-        return out, ids
+            parts = [(None, self._start(step, rows, int(epochs[0]) if len(epochs) else 0))]
+        else:  # a step that straddles two epochs: each row's generator keys on its own
+            parts = []
+            for e in np.unique(epochs).tolist():
+                at = epochs == e
+                parts.append((at, self._start(step, rows[at], e)))
+        pending = Pending(len(rows), parts)
+        return pending if any(isinstance(p, _Handed) for _, p in parts) else pending.result()
 
-    def _rows_of_epoch(
-        self, step: int, rows: np.ndarray, epoch: int
-    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def _start(self, step: int, rows: np.ndarray, epoch: int) -> Rows | _Handed:
         data, ids = self._rows.read(step, rows)
         real = ids >= 0
         with self._lock:
@@ -103,7 +158,7 @@ class RecordStage:
                 self.spec = probe_spec(self.fn, data, ids, self.seed, epoch)
             spec = self.spec
             if self.num_workers and self._pool is None:
-                self._pool = self._start()
+                self._pool = self._start_pool()
             pool = self._pool
         if not real.any():
             return {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}, ids
@@ -111,13 +166,11 @@ class RecordStage:
             out = {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
             transform_rows(self.fn, data, ids, out, 0, self.seed, epoch)
             return out, ids
-        out = pool.collect(pool.submit(data, ids, spec, self.seed, epoch))
-        if not real.all():
-            for array in out.values():
-                array[~real] = 0
-        return out, ids
+        ticket = pool.submit(data, ids, spec, self.seed, epoch)
+        row_bytes = sum(math.prod(s.shape) * np.dtype(s.dtype).itemsize for s in spec.values())
+        return _Handed(pool, ticket, ids, len(ids) * row_bytes)
 
-    def _start(self) -> Workers:
+    def _start_pool(self) -> Workers:
         if self.worker_type == "threads":
             return ThreadWorkers(self.fn, self.num_workers)
         return WorkerPool(self.fn, self.num_workers)

@@ -59,5 +59,10 @@ class ThreadWorkers:
                 ) from error
         return ticket.out
 
+    def release(self, ticket: ThreadTicket) -> None:
+        """Drops a batch never to be collected: its chunks not yet started never run."""
+        for future, _ in ticket.futures:
+            future.cancel()
+
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

@@ -29,6 +29,7 @@ from meshfeed.workers._record_rows import EXAMPLE_ID, transform_rows
 from meshfeed.workers._shm import Attached, attach, get_rows, views
 
 IDS = "__meshfeed_ids__"  # the chunk's example ids, beside its fields in the input block
+STATUS_STRIDE = 64  # bytes between two workers' cells: a cache line, not shared between cores
 
 
 def _reply(results: Connection, message: Any) -> None:
@@ -53,7 +54,7 @@ def main(
         sys.exit(1)
     attached = Attached()
     status_map, _ = attach(status)  # kept apart: ``current`` lives as long as the worker
-    current = np.ndarray((1,), np.int64, buffer=status_map, offset=8 * int(index))
+    current = np.ndarray((1,), np.int64, buffer=status_map, offset=STATUS_STRIDE * int(index))
     while True:
         try:
             task = pickle.loads(tasks.recv_bytes())

@@ -6,9 +6,9 @@ to them pickled by value (cloudpickle), so a function from a script without a ma
 guard, a notebook, stdin or a closure works. ``submit`` cuts a batch's rows into chunks,
 writes their rows into a shared-memory input block (``put_rows``) and sends each chunk's
 small task to the worker with the fewest in hand; it returns at once. ``collect`` waits for
-one batch and copies its rows out of their slot. Several threads may submit and collect
-at once (the pipeline reads steps ahead on several threads): whichever waits reads the
-workers' replies for all of them.
+one batch and copies its rows out of their slot; ``release`` drops a batch never to be
+collected (its slot is reused once its chunks are done). Several threads may submit
+and collect at once: whichever waits reads the workers' replies for all of them.
 
 A worker's exception, or its death (its reply pipe ends), becomes an error within a
 poll interval that names the example it was transforming and the worker's last line on
@@ -42,7 +42,7 @@ import numpy as np
 from meshfeed.workers._bare import bare_argv
 from meshfeed.workers._record_rows import RecordFn, chunks
 from meshfeed.workers._shm import Inputs, Slots, Spec, create, prepare_rows, put_rows, unlink_all
-from meshfeed.workers._worker_loop import IDS
+from meshfeed.workers._worker_loop import IDS, STATUS_STRIDE
 
 _POLL_S = 0.05
 _PIPE_BYTES = 1 << 20  # room for every task in flight, so a send never waits
@@ -136,10 +136,11 @@ class WorkerPool:
     def __init__(self, fn: RecordFn, num_workers: int, *, timeout_s: float = 600.0) -> None:
         payload = pickle.dumps((list(sys.path), send_by_value(fn)))
         self.num_workers, self.timeout_s = num_workers, timeout_s
-        self._status_block = create(8 * num_workers)  # each worker's example in hand
+        size = STATUS_STRIDE * num_workers
+        self._status_block = create(size)  # each worker's example in hand
         status = self._status_block.buf
         assert status is not None
-        status[: 8 * num_workers] = b"\xff" * (8 * num_workers)  # -1: none
+        status[:size] = b"\xff" * size  # -1: none
         self._slots, self._inputs = Slots(), Inputs()
         self._blocks = [self._slots.blocks, self._inputs.blocks, [self._status_block]]
         self._workers = [_launch(i, self._status_block.name) for i in range(num_workers)]
@@ -156,6 +157,7 @@ class WorkerPool:
             self._poller.register(fd, select.POLLIN)
         self._cond = threading.Condition()
         self._done: set[int] = set()
+        self._released: list[Ticket] = []  # dropped, their chunks not all done yet
         self._failure: str | None = None
         self._receiving = False
         self._heard = time.monotonic()
@@ -194,9 +196,26 @@ class WorkerPool:
         self._wait(ticket)
         out = self._slots.copy_out(ticket.slot, ticket.spec, ticket.rows)
         with self._cond:
-            self._slots.give_back(ticket.slot, ticket.spec, ticket.rows)
-            self._inputs.give_back(ticket.block)
+            self._give_back(ticket)
         return out
+
+    def release(self, ticket: Ticket) -> None:
+        """Drops ``ticket``'s batch: its slot and block are reused once its chunks are done
+        (a worker may still be writing into the slot)."""
+        with self._cond:
+            self._released.append(ticket)
+            self._give_back_released()
+
+    def _give_back(self, ticket: Ticket) -> None:
+        self._slots.give_back(ticket.slot, ticket.spec, ticket.rows)
+        self._inputs.give_back(ticket.block)
+
+    def _give_back_released(self) -> None:
+        for ticket in list(self._released):
+            if all(token in self._done for token in ticket.chunks):
+                self._done.difference_update(ticket.chunks)
+                self._released.remove(ticket)
+                self._give_back(ticket)
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -223,21 +242,24 @@ class WorkerPool:
 
     def _receive(self) -> None:
         """Reads the replies that arrive within one poll interval (without the lock)."""
-        try:
-            ready = [self._by_fd[fd] for fd, _ in self._poller.poll(1000 * _POLL_S)]
-        except (OSError, ValueError):  # closed under us
-            ready = []
-        for worker in ready:
-            pipe = worker.results
+        heard, timeout_ms = False, 1000 * _POLL_S
+        while True:
             try:
-                while self._failure is None and pipe.poll():
-                    self._handle(worker, pickle.loads(pipe.recv_bytes()))
-            except (EOFError, OSError):
-                if self._failure is None:  # not a pipe this pool closed itself
-                    self._fail(self._died(worker))
-            if self._failure is not None:
-                return
-        if ready:
+                ready = [self._by_fd[fd] for fd, _ in self._poller.poll(timeout_ms)]
+            except (OSError, ValueError, KeyError):  # closed under us
+                ready = []
+            if not ready:
+                break
+            heard, timeout_ms = True, 0  # then whatever else is there, without waiting
+            for worker in ready:
+                try:
+                    self._handle(worker, pickle.loads(worker.results.recv_bytes()))
+                except (EOFError, OSError):
+                    if self._failure is None:  # not a pipe this pool closed itself
+                        self._fail(self._died(worker))
+                if self._failure is not None:
+                    return
+        if heard:
             self._heard = time.monotonic()
         elif time.monotonic() - self._heard > self.timeout_s:
             self._fail(f"record_transform workers sent nothing for {self.timeout_s} s.")
@@ -257,6 +279,8 @@ class WorkerPool:
             return
         with self._cond:
             self._done.add(token)
+            if self._released:
+                self._give_back_released()
 
     def _died(self, worker: _Worker) -> str:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -284,7 +308,8 @@ class WorkerPool:
         buffer = self._status_block.buf
         if buffer is None:  # closed
             return -1
-        return int.from_bytes(buffer[8 * index : 8 * index + 8], sys.byteorder, signed=True)
+        at = STATUS_STRIDE * index
+        return int.from_bytes(buffer[at : at + 8], sys.byteorder, signed=True)
 
     def _fail(self, message: str) -> None:
         with self._cond:
