@@ -11,10 +11,11 @@ row did not pay, it goes back to the best depth seen and stays. ``_pipeline``'s
 ``Prefetcher`` runs the threads.
 
 Readers "wait" when their CPU time, summed over all of them, is under half the time in
-which at least one read was in flight: a source that sleeps 20 ms a read, or record
-workers. Each read's own wall time would mislead: sixteen readers of an in-memory
-array queue for the GIL, so each read's wall time is sixteen times its CPU time, yet
-the readers together keep a core busy the whole time and more of them cannot help.
+which at least one read was in flight: a source that sleeps 20 ms a read, say. (Readers
+never wait on record workers: they hand rows over and the consumer collects them.) Each
+read's own wall time would mislead: sixteen readers of an in-memory array queue for the
+GIL, so each read's wall time is sixteen times its CPU time, yet the readers together
+keep a core busy the whole time and more of them cannot help.
 """
 
 from __future__ import annotations
@@ -29,11 +30,9 @@ _MIN_WINDOW_S = 0.03  # the shortest stretch a doubling is judged on
 
 
 class Climb:
-    """The adaptive depth of one read-ahead (``workers``: its reads wait on record
-    workers, whose own speed bounds them: it then starts at 2 and only doubles)."""
+    """The adaptive depth of one read-ahead."""
 
-    def __init__(self, start: int, *, workers: bool) -> None:
-        self.workers = workers
+    def __init__(self, start: int) -> None:
         self.busy_s = self.wall_s = 0.0  # readers' CPU and wall time since the last step up
         self.reads = 0  # reads since the last step up
         self.span_s = 0.0  # time with a read in flight since the last step up
@@ -69,18 +68,17 @@ class Climb:
 
     def start_depth(self) -> int:
         """Where to start: deeper when the first read mostly waited on a source."""
-        return START_DEPTH_WAITING if self._waiting() and not self.workers else START_DEPTH
+        return START_DEPTH_WAITING if self._waiting() else START_DEPTH
 
     def wake_at(self, depth: int) -> int:
-        """Steps left ahead at which idle readers wake: half the depth with record
-        workers (fewer hand-offs in the loading process), three quarters for a source
-        (a read that starts later than that may not be done in time on a busy host)."""
-        return depth // 2 if self.workers else depth * 3 // 4
+        """Steps left ahead at which idle readers wake: three quarters of the depth (a
+        read that starts later than that may not be done in time on a busy host)."""
+        return depth * 3 // 4
 
     def short_of_a_read(self, step: int, depth: int) -> bool:
         """Before the first step up from a source's start: the steps ahead will not hide
         a read (twice its wall time over the consumer's time a step)."""
-        if self._best is not None or self.workers or not self._waiting():
+        if self._best is not None or not self._waiting():
             return False
         if step <= self._since_step:
             return False  # no step of the consumer timed yet
@@ -106,7 +104,7 @@ class Climb:
             return depth  # too little seen since the last doubling to judge it
         rate = 0.0 if first else steps / seconds
         factor = 2
-        if first and self.reads and not self.workers:
+        if first and self.reads:
             # Each step up of the climb costs a window of waiting: go toward the depth.
             hides = 2 * self.wall_s / self.reads / max(now - self.handed, 1e-4) / depth
             factor = max(2, min(_MAX_FIRST_STEP, 1 << max(0, math.ceil(hides) - 1).bit_length()))

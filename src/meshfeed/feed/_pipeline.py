@@ -3,13 +3,15 @@
 While the consuming thread places step ``k`` on the devices and dispatches its
 computation, reader threads read and transform the rows of the next steps, each thread
 its own step, up to ``depth`` steps ahead. The threads do numpy work only and never call
-JAX: a numpy gather, a ``pread``, a remote read and waiting on record-transform workers
-release the GIL, so reading runs on other cores, and placing the global ``jax.Array``
-stays on the consuming thread, where JAX's asynchronous dispatch already overlaps it
-with the previous step. (Placing on the thread as well was tried. Besides making the
-consumer wait on a wake-up every step, it made XLA:CPU's all-reduce in the main thread's
-step miss participants -- an abort after 40 s -- about once in 20 short trainings of 8
-CPU devices; with the threads kept to numpy, none in 120.)
+JAX: a numpy gather, a ``pread`` and a remote read release the GIL, so reading runs on
+other cores, and placing the global ``jax.Array`` stays on the consuming thread, where
+JAX's asynchronous dispatch already overlaps it with the previous step. (Placing on the
+thread as well was tried. Besides making the consumer wait on a wake-up every step, it
+made XLA:CPU's all-reduce in the main thread's step miss participants -- an abort after
+40 s -- about once in 20 short trainings of 8 CPU devices; with the threads kept to
+numpy, none in 120.) With record workers a read hands the rows to the workers and
+returns at once (a pending step, released if it is dropped); the consumer
+collects it when it places it, so no reader thread sits waiting on the workers.
 
 Several steps in flight at once is what keeps a source that takes 2 ms or 20 ms per call
 from capping the loader at one call per step. With ``depth=None`` ("auto") the depth
@@ -17,29 +19,28 @@ adapts, as TCP's slow start does. While the consumer reads the first step, the n
 ones are read beside it, 16 deep (within ``budget_bytes``, when the source's fields give
 a step's size before any read: no transform, nothing ragged), so that a source that
 waits 20 ms a read has its first steps ready together rather than one by one. Then it
-settles at 2 on one thread (at 8, when the first read spent most of its time waiting on
-the source rather than on record workers; the threads it no longer needs end), and it
-doubles, with threads to match, when the consumer has to wait for a step while the
-readers spent most of their time waiting too (their CPU time under half their wall
-time: a slow source, or workers) -- for a source, also as soon as the steps ahead no
-longer hide a read (twice a read's wall time over the consumer's time a step), before
-the consumer runs dry, and that first time up to four times, toward that depth -- up
-to ``budget_bytes`` of batches ahead (the first batch's size tells how many) and 32
-threads, as long as each doubling paid for itself in steps per second; when two did
-not, it goes back to the best depth seen and stays. Readers that compute (a numpy
-gather, a transform in this process) would gain nothing from more threads, and neither
-would readers that wait on workers already busy. New threads are started by a thread
-of their own: a start waits for the new thread to run, which the consumer should not.
+settles at 2 on one thread (at 8, when the first read spent most of its time waiting;
+the threads it no longer needs end), and it doubles, with threads to match, when the
+consumer has to wait for a step while the readers spent most of their time waiting too
+(``_climb``: their CPU time under half the time a read was in flight) -- also as soon
+as the steps ahead no longer hide a read (twice a read's wall time over the consumer's
+time a step), before the consumer runs dry, and that first time up to four times,
+toward that depth -- up to ``budget_bytes`` of batches ahead (the first batch's size
+tells how many) and 32 threads, as long as each doubling paid for itself in steps per
+second; when two did not, it goes back to the best depth seen and stays. Readers that
+compute (a numpy gather, a transform in this process) would gain nothing from more
+threads. New threads are started by a thread of their own: a start waits for the new
+thread to run, which the consumer should not.
 
 Handoffs are what a thread costs: every sleep and wake-up is a context switch (5-10 us
 here, as much as reading a small batch). So idle readers sleep until the consumer has
-taken a quarter of the steps ahead (half, with record workers), instead of waking for
-every step; the consumer sleeps only when its next step is not ready. The consumer gets
-steps in order (reads may happen in any order), an error raised while reading is raised
-in the consumer (with its traceback) when it reaches that step, and ``close`` stops the
-threads and drops what they read ahead, so nothing prefetched is ever counted as
-consumed. An error in the first step (output that cannot be placed, say) is raised
-from the constructor, after it stopped the threads reading beside it.
+taken a quarter of the steps ahead, instead of waking for every step; the consumer
+sleeps only when its next step is not ready. The consumer gets steps in order (reads
+may happen in any order), an error raised while reading is raised in the consumer (with
+its traceback) when it reaches that step, and ``close`` stops the threads and drops
+what they read ahead, so nothing prefetched is ever counted as consumed. An error in
+the first step (output that cannot be placed, say) is raised from the constructor,
+after it stopped the threads reading beside it.
 
 ``Inline`` is the same interface with no thread at all (``prefetch=0``), so the loader
 has one iteration path whichever it uses.
@@ -107,9 +108,6 @@ class Prefetcher:
 
     ``depth``: steps ahead, each read by its own thread; ``None`` adapts it (see above).
     ``produce`` must be safe to call from several threads at once for different steps.
-    ``workers``: the reads wait on record workers, whose own speed bounds them: "auto"
-    then starts at 2 and only doubles (a deeper start helps a slow source, not busy
-    workers).
     """
 
     def __init__(
@@ -120,7 +118,6 @@ class Prefetcher:
         end: int | None,
         depth: int | None,
         budget_bytes: int,
-        workers: bool = False,
         step_bytes: int | None = None,
     ) -> None:
         if depth is not None and depth < 1:
@@ -135,14 +132,14 @@ class Prefetcher:
         self._waiting = False  # the consumer sleeps
         self._idle = 0  # readers asleep
         self._stopped = False
-        self._climb = Climb(start, workers=workers)
+        self._climb = Climb(start)
         self._threads: list[threading.Thread] = []
         self._growers: list[threading.Thread] = []  # threads that start readers
         self._claim = start
         self.held_bytes = self.peak_bytes = 0  # bytes of steps read ahead, not yet taken
         self._stop_at = end  # no claims from here on (the end, or a step that failed)
         self._depth = 1
-        if self._auto and step_bytes and not workers and (end is None or start < end):
+        if self._auto and step_bytes and (end is None or start < end):
             # While the first step is read here, the next ones are read beside it, as
             # deep as a slow source starts (within the budget): a source that waits
             # 20 ms a read then has its first steps ready together instead of one by one.

@@ -36,11 +36,9 @@ class Stream:
         prefetch: int | str,
         prefetch_bytes: int,
         check_every: int | None,
-        workers: bool = False,
         step_bytes: int | None = None,
     ) -> None:
-        self._read, self._place = read, place
-        self._workers = workers  # the reads wait on record workers
+        self._read, self._place = read, place  # place also collects rows from record workers
         self._step_bytes = step_bytes  # a step's host bytes, when known before reading
         self.end = end
         self._prefetch, self._budget, self._check_every = prefetch, prefetch_bytes, check_every
@@ -81,7 +79,6 @@ class Stream:
                 end=self.end,
                 depth=None if self._prefetch == "auto" else int(self._prefetch),
                 budget_bytes=self._budget,
-                workers=self._workers,
                 step_bytes=self._step_bytes,
             )
         return self._ahead

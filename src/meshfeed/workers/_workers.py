@@ -109,6 +109,26 @@ def _launch(index: int, status: str) -> _Worker:
     return _Worker(index, popen, Connection(task_w, readable=False), Connection(result_r))
 
 
+def death_message(worker: _Worker, example: int) -> str:
+    """What to say of a worker whose pipe ended, ``example`` the one it was on."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        worker.popen.wait(timeout=1.0)
+    code = worker.popen.returncode
+    if code is None:
+        how = "closed its pipe"
+    elif code < 0:
+        how = f"was killed by {signal.Signals(-code).name}"
+    else:
+        how = f"exited with code {code}"
+    doing = f"while transforming example {example}" if worker.in_hand else "while idle"
+    line = worker.last_error_line()
+    cause = f"; its last line on stderr: {line!r}" if line else ""
+    return (
+        f"record_transform worker {worker.index} (pid {worker.popen.pid}) {how} {doing}"
+        f"{cause}. The loader stopped its other workers."
+    )
+
+
 def _copy_stderr(workers: list[_Worker]) -> None:
     """Copies the workers' stderr to this process's and keeps each one's tail."""
     selector = selectors.DefaultSelector()
@@ -283,26 +303,7 @@ class WorkerPool:
                 self._give_back_released()
 
     def _died(self, worker: _Worker) -> str:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            worker.popen.wait(timeout=1.0)
-        code = worker.popen.returncode
-        if code is None:
-            how = "closed its pipe"
-        elif code < 0:
-            how = f"was killed by {signal.Signals(-code).name}"
-        else:
-            how = f"exited with code {code}"
-        doing = (
-            f"while transforming example {self._example_in_hand(worker.index)}"
-            if worker.in_hand
-            else "while idle"
-        )
-        line = worker.last_error_line()
-        cause = f"; its last line on stderr: {line!r}" if line else ""
-        return (
-            f"record_transform worker {worker.index} (pid {worker.popen.pid}) {how} {doing}"
-            f"{cause}. The loader stopped its other workers."
-        )
+        return death_message(worker, self._example_in_hand(worker.index))
 
     def _example_in_hand(self, index: int) -> int:
         buffer = self._status_block.buf
