@@ -68,13 +68,6 @@ def nbytes(item: Any) -> int:
     return int(getattr(item, "nbytes", 0))
 
 
-def _release(item: Any) -> None:
-    """Drops an item read ahead and never handed out (rows still in workers' hands)."""
-    release = getattr(item, "release", None)
-    if callable(release):
-        release()
-
-
 class _Failed:
     def __init__(self, error: BaseException) -> None:
         self.error = error
@@ -229,7 +222,7 @@ class Prefetcher:
             with self._lock:
                 self._climb.read(time.perf_counter() - wall, time.thread_time() - busy)
                 if self._stopped:
-                    _release(item)
+                    self._drop(item)
                     return
                 self._store(step, item)
                 if isinstance(item, _Failed) and (self._stop_at is None or step < self._stop_at):
@@ -276,12 +269,19 @@ class Prefetcher:
             raise item.error
         return step, item
 
+    @staticmethod
+    def _drop(item: Any) -> None:
+        """Lets go of an item read ahead and never handed out (rows in workers' hands)."""
+        release = getattr(item, "release", None)
+        if callable(release):
+            release()
+
     def close(self) -> None:
         """Stops the threads and drops the batches they read ahead."""
         with self._lock:
             self._stopped = True
             for item, _ in self._ready.values():
-                _release(item)
+                self._drop(item)
             self._ready.clear()
             self.held_bytes = 0
             self._readers.notify_all()

@@ -92,10 +92,12 @@ class PendingStep:
         return sum(p.nbytes for p in self.parts if isinstance(p, Pending))
 
     def release(self) -> None:
-        """Drops the rows, never to be collected."""
+        """Drops the rows, never to be collected (no module globals: this may run as
+        the interpreter shuts down)."""
         for part in self.parts:
-            if isinstance(part, Pending):
-                part.release()
+            release = getattr(part, "release", None)
+            if release is not None:
+                release()
 
 
 class StepReader:

@@ -90,10 +90,12 @@ class Pending:
         return out, ids
 
     def release(self) -> None:
-        """Drops rows never to be collected (the read-ahead was closed or moved)."""
+        """Drops rows never to be collected (the read-ahead was closed or moved; no
+        module globals: this may run as the interpreter shuts down)."""
         for _, part in self._parts:
-            if isinstance(part, _Handed):
-                part.pool.release(part.ticket)
+            pool = getattr(part, "pool", None)
+            if pool is not None:
+                pool.release(part.ticket)
 
 
 class _Handed(NamedTuple):
