@@ -49,7 +49,7 @@ def example_keys(seed: int, epoch: int, ids: np.ndarray) -> tuple[np.ndarray, np
 _layout_checked: list[bool] = []  # whether _state_words's layout held, once a process
 
 
-def _state_words(bits: np.random.PCG64) -> tuple[np.ndarray, np.ndarray] | None:
+def _state_words(bits: np.random.PCG64) -> tuple[memoryview, memoryview] | None:
     """Views of ``bits``'s state in memory, if numpy lays it out as this expects.
 
     numpy's ``ctypes.state_address`` points at ``{pcg64_random_t *state; int
@@ -69,7 +69,9 @@ def _state_words(bits: np.random.PCG64) -> tuple[np.ndarray, np.ndarray] | None:
         return None
     if not _layout_checked:
         _layout_checked.append(_layout_holds(bits, header, words))
-    return (header, words) if _layout_checked[0] else None
+    if not _layout_checked[0]:
+        return None
+    return header.data.cast("B").cast("Q"), words.data.cast("B").cast("Q")
 
 
 def _layout_holds(bits: np.random.PCG64, header: np.ndarray, words: np.ndarray) -> bool:
@@ -125,7 +127,7 @@ class RecordRng:
         self._bits = np.random.PCG64(0)
         self._generator = np.random.Generator(self._bits)
         self._memory = _state_words(self._bits)
-        self._states = np.zeros((0, 4), np.uint64)
+        self._states = memoryview(b"").cast("Q")
         self._keys: tuple[list[int], list[int]] = ([], [])
 
     def keyed(self, seed: int, epoch: int, ids: np.ndarray) -> None:
@@ -138,7 +140,7 @@ class RecordRng:
         states[:, 0], states[:, 1] = b, a
         states[:, 2] = (b << np.uint64(1)) | np.uint64(1)
         states[:, 3] = b >> np.uint64(63)
-        self._states = states
+        self._states = states.reshape(-1).data.cast("B").cast("Q")
 
     def at(self, i: int) -> np.random.Generator:
         """The generator of the ``i``-th id given to ``keyed``, in its first state."""
@@ -146,7 +148,7 @@ class RecordRng:
             _set_state(self._bits, self._keys[0][i], self._keys[1][i])
         else:
             header, words = self._memory
-            words[:] = self._states[i]
+            words[:] = self._states[4 * i : 4 * i + 4]
             header[1] = 0  # no buffered 32-bit half
         return self._generator
 
@@ -192,31 +194,33 @@ def transform_rows(
     start: int,
     seed: int,
     epoch: int,
-    current: np.ndarray | None = None,
+    current: Any = None,
 ) -> None:
     """Transforms the rows of ``batch`` into ``outputs[start:]`` (padding, id < 0, is
     left as it is). An exception carries the failing example's id as ``EXAMPLE_ID``;
-    ``current[0]``, if given, holds the id of the example being transformed (a worker's
-    parent reads it there if the worker dies)."""
+    ``current[0]``, if given (an int64 array or memoryview), holds the id of the example
+    being transformed (a worker's parent reads it there if the worker dies)."""
     rng = RecordRng()
     spec = {k: FieldSpec(v.shape[1:], v.dtype) for k, v in outputs.items()}
-    fields = [(name, s.shape, s.dtype) for name, s in spec.items()]
+    fields = [(name, outputs[name], s.shape, s.dtype) for name, s in spec.items()]
     rng.keyed(seed, epoch, ids)
+    columns, generator = list(batch.items()), rng.at
     for i, example_id in enumerate(ids.tolist()):
         if example_id < 0:
             continue
         if current is not None:
             current[0] = example_id
         try:
-            out = fn(_record(batch, i), rng.at(i))
+            record = {name: column[i] for name, column in columns}
+            out = fn(record, generator(i))
             try:  # the common case, checked without building anything
                 if len(out) != len(fields):
                     raise KeyError
-                for name, shape, dtype in fields:
+                for name, rows, shape, dtype in fields:
                     value = out[name]
                     if value.shape != shape or (value.dtype is not dtype and value.dtype != dtype):
                         raise KeyError
-                    outputs[name][start + i] = value
+                    rows[start + i] = value
             except (KeyError, AttributeError, TypeError):
                 checked = _check(out, spec, int(example_id))  # raises with the full story
                 for name, value in checked.items():

@@ -54,7 +54,8 @@ def main(
         sys.exit(1)
     attached = Attached()
     status_map, _ = attach(status)  # kept apart: ``current`` lives as long as the worker
-    current = np.ndarray((1,), np.int64, buffer=status_map, offset=STATUS_STRIDE * int(index))
+    at = STATUS_STRIDE * int(index)
+    current = memoryview(status_map)[at : at + 8].cast("q")
     while True:
         try:
             task = pickle.loads(tasks.recv_bytes())
