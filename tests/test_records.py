@@ -45,6 +45,32 @@ def test_workers_give_the_same_output_as_the_loading_thread(workers, kind, refer
     assert _segments() <= before  # the shared memory is gone
 
 
+def test_each_record_sees_the_documented_generator():
+    # A PCG64 in state (a << 64) | b, increment 2b + 1, set through numpy's public
+    # setter: the generator the fast re-seeding (state words written in place) must equal.
+    from meshfeed.workers._record_rows import RecordRng, example_keys
+
+    ids = np.array([0, 5, -1, 123456789, 2**40])
+    keys_a, keys_b = example_keys(7, 3, ids)
+    rng = RecordRng()
+    rng.keyed(7, 3, ids)
+    for i in range(len(ids)):
+        a, b = int(keys_a[i]), int(keys_b[i])
+        bits = np.random.PCG64()
+        bits.state = {
+            "bit_generator": "PCG64",
+            "state": {"state": (a << 64) | b, "inc": ((b << 1) | 1) % (1 << 128)},
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
+        want = np.random.Generator(bits)
+        got = rng.at(i)
+        assert got.integers(0, 10, 3).tolist() == want.integers(0, 10, 3).tolist()
+        assert got.random() == want.random()
+        got.integers(0, 10)  # leaves half a 64-bit draw buffered: the next at() clears it
+    assert rng.at(1).integers(0, 1 << 30, 5).tolist() == rng.at(1).integers(0, 1 << 30, 5).tolist()
+
+
 @pytest.mark.multiprocess
 def test_two_processes_give_the_same_output(reference):
     results = run_in_processes(record_fns.stream, record_fns.crop, 1, "data4_model2")
