@@ -71,10 +71,10 @@ class Loader(OptionAttributes):
         process loads, applied before they go to devices. It must keep the row count.
       prefetch: steps read ahead (source, record transforms, ``transform``) on
         background threads, several at once. ``"auto"`` (default) reads the first
-        steps together, settles at 2 (8 for a slow source) and deepens while the
-        loop waits on a slow source or busy workers
-        (``loader.prefetch_depth`` says where it settled); an int fixes it; 0 reads each
-        step on demand. ``state()`` counts only the batches handed out.
+        steps together, settles at 2 (8 for a slow source) and deepens while the loop
+        waits on a slow source (``loader.prefetch_depth`` says where it settled); an
+        int fixes it; 0 reads each step on demand (record workers hold the steps read
+        ahead). ``state()`` counts only the batches handed out.
       prefetch_bytes: the most bytes of batches read ahead (default 256 MiB).
       check_every: run ``meshfeed.check_replicas`` on every N-th batch (a collective that
         compares replicas across processes; raises ``ValueError`` if they differ).
