@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -157,6 +158,18 @@ class RecordRng:
         return self.at(0)
 
 
+_per_thread = threading.local()
+
+
+def _thread_rng() -> RecordRng:
+    """This thread's ``RecordRng``: made once (65 us with cold caches, per chunk a
+    measurable share of a worker's time), re-keyed for every chunk."""
+    rng = getattr(_per_thread, "rng", None)
+    if rng is None:
+        rng = _per_thread.rng = RecordRng()
+    return rng
+
+
 def record_rng(seed: int, epoch: int, example_id: int) -> np.random.Generator:
     """A fresh generator in the state ``fn`` sees for this example."""
     return RecordRng().for_example(seed, epoch, example_id)
@@ -200,7 +213,7 @@ def transform_rows(
     left as it is). An exception carries the failing example's id as ``EXAMPLE_ID``;
     ``current[0]``, if given (an int64 array or memoryview), holds the id of the example
     being transformed (a worker's parent reads it there if the worker dies)."""
-    rng = RecordRng()
+    rng = _thread_rng()
     spec = {k: FieldSpec(v.shape[1:], v.dtype) for k, v in outputs.items()}
     fields = [(name, outputs[name], s.shape, s.dtype) for name, s in spec.items()]
     rng.keyed(seed, epoch, ids)
