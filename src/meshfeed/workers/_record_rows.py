@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import itertools
 import threading
 from collections.abc import Callable, Mapping
@@ -47,32 +48,38 @@ def example_keys(seed: int, epoch: int, ids: np.ndarray) -> tuple[np.ndarray, np
     return a, b
 
 
-_layout_checked: list[bool] = []  # whether _state_words's layout held, once a process
-
-
 def _state_words(bits: np.random.PCG64) -> tuple[memoryview, memoryview] | None:
     """Views of ``bits``'s state in memory, if numpy lays it out as this expects.
 
     numpy's ``ctypes.state_address`` points at ``{pcg64_random_t *state; int
     has_uint32; uint32_t uinteger}``, and the ``pcg64_random_t`` at the 128-bit state and
     increment, low words first. The layout is checked once a process against the
-    ``state`` setter (the same words, the same draws after), so a numpy that lays it out
-    differently gets ``None`` and the setter is used.
+    ``state`` setter (``_layout_ok``), so a numpy that lays it out differently gets
+    ``None`` and the setter is used.
     """
-    if _layout_checked and not _layout_checked[0]:
+    views = _views(bits) if _layout_ok() else None
+    if views is None:
         return None
+    header, words = views
+    return header.data.cast("B").cast("Q"), words.data.cast("B").cast("Q")
+
+
+def _views(bits: np.random.PCG64) -> tuple[np.ndarray, np.ndarray] | None:
     try:
         address = bits.ctypes.state_address
         header = np.ctypeslib.as_array((ctypes.c_uint64 * 2).from_address(address))
         words = np.ctypeslib.as_array((ctypes.c_uint64 * 4).from_address(int(header[0])))
     except (AttributeError, TypeError, ValueError):
-        _layout_checked[:] = [False]
         return None
-    if not _layout_checked:
-        _layout_checked.append(_layout_holds(bits, header, words))
-    if not _layout_checked[0]:
-        return None
-    return header.data.cast("B").cast("Q"), words.data.cast("B").cast("Q")
+    return header, words
+
+
+@functools.cache
+def _layout_ok() -> bool:
+    """Whether writing the state words in place works here (checked once a process)."""
+    bits = np.random.PCG64(0)
+    views = _views(bits)
+    return views is not None and _layout_holds(bits, *views)
 
 
 def _layout_holds(bits: np.random.PCG64, header: np.ndarray, words: np.ndarray) -> bool:
