@@ -91,9 +91,11 @@ print(done / (time.perf_counter() - start), flush=True)
 """
 
 
-def _loops_at_once(count: int, seconds: float, n: int = 2048) -> float:
-    """Records per second of ``count`` processes running the plain loop together."""
-    script = _LOOP_SCRIPT.format(here=str(Path(__file__).parent), n=n, seconds=seconds)
+def _loops_at_once(count: int, seconds: float, n: int = 2048, loop: str = _LOOP_SCRIPT) -> float:
+    """Records per second of ``count`` processes running a loop (by default the plain
+    one) together: ``loop`` is a script that prints ``ready``, waits for a line, loops
+    for ``{seconds}`` over ``encode_all({n})`` and prints its records per second."""
+    script = loop.format(here=str(Path(__file__).parent), n=n, seconds=seconds)
     runs = [
         subprocess.Popen(
             [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True

@@ -7,6 +7,11 @@ devices in one process. Entries, each timed in every round, in an order that rot
 - ``limit``: two processes running the plain decode loop at once, nothing else: what
   the two cores really give;
 - ``loop``: one plain loop;
+- ``record-loop:2``: two processes running meshfeed's own record loop at once
+  (``transform_rows``, what a worker runs on a chunk: each example's generator, the
+  checks, the output stored in a batch of 128 rows), nothing else: no loading process,
+  no shared memory, no messages. The most any pipeline built on that loop can give
+  here;
 - ``torch:2``: the PyTorch ``DataLoader`` with 2 workers (numpy collate), then
   ``make_array_from_process_local_data``;
 - ``meshfeed:2`` and ``meshfeed-threads:2``: ``Loader(record_transform=decode_crop,
@@ -47,6 +52,28 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_fns import CROP, encode_all, identity
 from decode_throughput import BATCH, _loop, _loops_at_once, _meshfeed, _torch
+
+_RECORD_LOOP = """
+import sys, time
+sys.path.insert(0, {here!r})
+import numpy as np
+from decode_fns import CROP, decode_crop, encode_all
+from meshfeed.workers._record_rows import transform_rows
+encoded, labels = encode_all({n})
+ids = np.arange(len(labels))
+out = {{"image": np.zeros((128, CROP, CROP, 3), np.uint8), "label": np.zeros(128, np.int32)}}
+current = np.zeros(1, np.int64)
+print("ready", flush=True)
+sys.stdin.readline()
+done, start = 0, time.perf_counter()
+while time.perf_counter() - start < {seconds}:
+    for lo in range(0, len(labels), 128):
+        rows = slice(lo, lo + 128)
+        part = {{"png": encoded[rows], "label": labels[rows]}}
+        transform_rows(decode_crop, part, ids[rows], out, 0, 0, 0, current)
+    done += len(labels)
+print(done / (time.perf_counter() - start), flush=True)
+"""
 
 
 def _children_cpu() -> float:
@@ -107,6 +134,7 @@ def main() -> None:
     entries: dict[str, Any] = {
         "limit": "loops",
         "loop": "loop",
+        "record-loop:2": "record-loops",
         "torch:2": torch_run,
         "meshfeed:2": _meshfeed(pngs, 2),
         "meshfeed-threads:2": _meshfeed(pngs, 2, "threads"),
@@ -120,6 +148,8 @@ def main() -> None:
             run = entries[name]
             if run == "loops":
                 got[name] = {"rate": _loops_at_once(2, seconds)}
+            elif run == "record-loops":
+                got[name] = {"rate": _loops_at_once(2, seconds, loop=_RECORD_LOOP)}
             elif run == "loop":
                 got[name] = {"rate": _loop(encoded, labels, seconds)}
             else:
@@ -154,6 +184,10 @@ def main() -> None:
         if name != "identity:2":
             line["ratio_to_limit"] = median(
                 lambda r, name=name: r[name]["rate"] / r["limit"]["rate"]
+            )
+        if name.startswith("meshfeed"):
+            line["ratio_to_record_loop"] = median(
+                lambda r, name=name: r[name]["rate"] / r["record-loop:2"]["rate"]
             )
         if name.startswith("meshfeed") and "torch:2" in names:
             line["ratio_to_torch"] = median(
