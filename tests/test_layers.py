@@ -16,9 +16,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "meshfeed"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-LAYERS = ("core", "cluster", "data", "workers", "formats", "prepare", "feed", "train", "inspect")
+LAYERS = (
+    "core",
+    "cluster",
+    "storage",
+    "data",
+    "workers",
+    "formats",
+    "prepare",
+    "feed",
+    "train",
+    "inspect",
+)
 """The layer folders, each with an ordered module list in its docstring."""
-QUIET = ("core", "cluster", "data", "workers", "formats", "feed")
+QUIET = ("core", "cluster", "storage", "data", "workers", "formats", "feed")
 """Folders that render nothing (no rich, no matplotlib); prepare draws its progress bar."""
 RENDERERS = ("rich", "matplotlib")
 MAX_MODULE_LINES = 400

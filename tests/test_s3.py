@@ -214,7 +214,7 @@ def test_rows_near_each_other_are_one_request(server):
 
 
 def test_merge_joins_ranges_closer_than_the_gap():
-    from meshfeed.data._remote import MAX_GAP, merge
+    from meshfeed.storage._remote import MAX_GAP, merge
 
     far = 10 * MAX_GAP
     requests = merge([far, 0, 100, 100], [far + 8, 10, 200, 150])

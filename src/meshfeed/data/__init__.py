@@ -3,9 +3,9 @@
 A source is ``len(source)`` and ``source[ids] -> {field: array}``, nothing more: the
 schedule, the strategies and the loader above need no other access. This layer holds
 every way to get one -- numpy arrays and memory maps, meshfeed's own folder of ``.npy``
-shards (read by byte range, locally or from object storage, with retries and a local
-cache), Parquet, Hugging Face datasets, Grain, PyTorch and ArrayRecord -- and the
-writer of that folder. Variable-length fields are ``Ragged`` (flat values, offsets).
+shards (read by byte range, locally or from object storage through ``storage/``),
+Parquet, Hugging Face datasets, Grain, PyTorch and ArrayRecord -- and the writer of
+that folder. Variable-length fields are ``Ragged`` (flat values, offsets).
 Mixtures and packing are sources built from sources, addressed by index like any other,
 so resuming them needs nothing new. Nothing here knows about devices, steps or
 training, and nothing renders.
@@ -14,11 +14,6 @@ Modules, lowest first (each imports only modules listed before it)::
 
     _ragged        Ragged: documents of any length, flat values and offsets
     _sources       the Source protocol, FieldSpec; the ids check and the gather by part
-    _remote        byte ranges behind a URL: requested together, failures named, faults retried
-    _cache         ShardCache: whole objects behind a URL kept on local disk, LRU within a bound
-    _blob          Blob: a local file or an object behind a URL, read by byte range
-    _paths         expand_paths: paths, globs, braces and URLs in a fixed order; kinds by suffix
-    _compressed    gzip and zstandard streams decompressed as they arrive, members on record
     _files         fixed-size rows by byte range: RowFile, .npy, ragged values + offsets, .npz
     _tokenizer     Tokenizer: an encoder with its identity (content hash, fingerprint, specials)
     _folder        the folder layout: manifests, part folders, a prepared folder's record

@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 import numpy as np
 
 from meshfeed.data._adapters import OBJECT, require
-from meshfeed.data._blob import Blob, is_url
 from meshfeed.data._ragged import Ragged
-from meshfeed.data._remote import RETRY_S, with_retries
 from meshfeed.data._sources import FieldSpec, check_ids, gather_by_part, locate
+from meshfeed.storage._blob import Blob, is_url
+from meshfeed.storage._remote import RETRY_S, with_retries
 
 T = TypeVar("T")
 

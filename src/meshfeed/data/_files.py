@@ -18,9 +18,9 @@ import zipfile
 
 import numpy as np
 
-from meshfeed.data._blob import Blob
 from meshfeed.data._ragged import Ragged, empty
 from meshfeed.data._sources import check_ids
+from meshfeed.storage._blob import Blob
 
 _MAGIC = b"\x93NUMPY"
 LOCAL_GAP = 16 << 10  # local runs closer than this are read as one

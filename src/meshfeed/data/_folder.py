@@ -16,8 +16,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from meshfeed.data._blob import is_url, require_fsspec
 from meshfeed.data._tokenizer import Tokenizer, TokenizerArg, differences
+from meshfeed.storage._blob import is_url, require_fsspec
 
 MANIFEST = "meshfeed.json"
 FORMAT = "meshfeed.source/1"

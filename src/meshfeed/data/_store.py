@@ -31,11 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed.data._blob import Blob, is_url, require_fsspec
-from meshfeed.data._cache import CACHE_BYTES, ShardCache
 from meshfeed.data._files import NpyRows, RaggedRows, npz_members
 from meshfeed.data._folder import FORMAT, MANIFEST, check_prepared, join, part_folder
-from meshfeed.data._remote import RETRY_S, merge, remote_pool
 from meshfeed.data._sources import (
     FieldSpec,
     check_ids,
@@ -45,6 +42,9 @@ from meshfeed.data._sources import (
     locate,
 )
 from meshfeed.data._tokenizer import TokenizerArg
+from meshfeed.storage._blob import Blob, is_url, require_fsspec
+from meshfeed.storage._cache import CACHE_BYTES, ShardCache
+from meshfeed.storage._remote import RETRY_S, merge, remote_pool
 
 _PART = re.compile(r"part-(\d{5})-of-(\d{5})$")
 Rows = NpyRows | RaggedRows

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed.data._blob import is_url, require_fsspec
 from meshfeed.data._folder import FORMAT, MANIFEST, join, part_folder
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._sources import FieldSpec, describe
+from meshfeed.storage._blob import is_url, require_fsspec
 
 Shard = dict[str, "np.ndarray | Ragged"]
 

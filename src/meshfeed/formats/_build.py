@@ -22,14 +22,14 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from meshfeed.data._blob import Blob, is_url
-from meshfeed.data._compressed import Inflater, compress_members, compression_of
-from meshfeed.data._paths import expand_paths
 from meshfeed.data._writer import FolderWriter
 from meshfeed.formats._index import changed, kind_of, load_index, save_index, stamp
 from meshfeed.formats._jsonl import SEEKABLE_MEMBER, scan_jsonl
 from meshfeed.formats._tar_scan import scan_tar
 from meshfeed.formats._tfrecord import scan_tfrecord
+from meshfeed.storage._blob import Blob, is_url
+from meshfeed.storage._compressed import Inflater, compress_members, compression_of
+from meshfeed.storage._paths import expand_paths
 from meshfeed.workers._bare import bare_argv, load_on_use
 
 SCANS = {"tar": scan_tar, "jsonl": scan_jsonl, "tfrecord": scan_tfrecord}

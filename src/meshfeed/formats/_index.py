@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed.data._blob import Blob, is_url, require_fsspec
 from meshfeed.data._folder import join
-from meshfeed.data._paths import kind_by_suffix
 from meshfeed.data._writer import FolderWriter
+from meshfeed.storage._blob import Blob, is_url, require_fsspec
+from meshfeed.storage._paths import kind_by_suffix
 
 READ = 2 << 20
 """Bytes a scan reads at a time from a local file (small: the first read of a file waits,

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meshfeed.data._blob import Blob, is_url
-from meshfeed.data._cache import CACHE_BYTES, ShardCache
-from meshfeed.data._paths import expand_paths
-from meshfeed.data._remote import merge, remote_pool
 from meshfeed.data._sources import check_ids, locate
 from meshfeed.formats._index import Index, changed, kind_of, load_index, stamp
+from meshfeed.storage._blob import Blob, is_url
+from meshfeed.storage._cache import CACHE_BYTES, ShardCache
+from meshfeed.storage._paths import expand_paths
+from meshfeed.storage._remote import merge, remote_pool
 
 Scan = Callable[[Blob], Index]
 

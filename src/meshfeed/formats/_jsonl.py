@@ -25,14 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed.data._blob import Blob
-from meshfeed.data._cache import CACHE_BYTES
-from meshfeed.data._compressed import Inflater, compression_of, inflate_member
 from meshfeed.data._ragged import Ragged
-from meshfeed.data._remote import RETRY_S
 from meshfeed.data._sources import FieldSpec, fields_text
 from meshfeed.formats._index import INDEX_FORMAT, Index, ReadAhead
 from meshfeed.formats._indexed import FilesSource, IndexedFiles
+from meshfeed.storage._blob import Blob
+from meshfeed.storage._cache import CACHE_BYTES
+from meshfeed.storage._compressed import Inflater, compression_of, inflate_member
+from meshfeed.storage._remote import RETRY_S
 
 MAX_MEMBER = 16 << 20
 """The largest decompressed member read for one record (16 MiB)."""

@@ -16,12 +16,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from meshfeed.data._cache import CACHE_BYTES
-from meshfeed.data._remote import RETRY_S
 from meshfeed.data._sources import FieldSpec, fields_text
 from meshfeed.formats._index import Index
 from meshfeed.formats._indexed import FilesSource, IndexedFiles
 from meshfeed.formats._tar_scan import scan_tar
+from meshfeed.storage._cache import CACHE_BYTES
+from meshfeed.storage._remote import RETRY_S
 
 OBJECT = np.dtype(object)
 TarMissing = Literal["error", "mark"]

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshfeed.data._blob import Blob
 from meshfeed.formats._index import INDEX_FORMAT, Index, ReadAhead
+from meshfeed.storage._blob import Blob
 
 BLOCK = 512
 

@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed.data._blob import is_url, require_fsspec
 from meshfeed.data._folder import join, part_folder
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._tokenizer import Encoded
 from meshfeed.data._writer import FolderWriter, Shard, write_folder
 from meshfeed.prepare._inputs import InputFile, Part
 from meshfeed.prepare._read import documents
+from meshfeed.storage._blob import is_url, require_fsspec
 
 SHARD_TOKENS = 1 << 24
 """Tokens per shard, about (a shard ends at the first batch past it)."""

@@ -29,8 +29,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from meshfeed.data._blob import Blob, is_url
-from meshfeed.data._paths import expand_paths, kind_by_suffix
+from meshfeed.storage._blob import Blob, is_url
+from meshfeed.storage._paths import expand_paths, kind_by_suffix
 
 KINDS = {
     ".jsonl": "jsonl",

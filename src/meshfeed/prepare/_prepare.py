@@ -20,7 +20,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from meshfeed.data._blob import is_url
 from meshfeed.data._folder import (
     MANIFEST,
     RECORD,
@@ -36,6 +35,7 @@ from meshfeed.prepare._encode import worker_threads
 from meshfeed.prepare._inputs import PART_BYTES, dataset_input, expand, plan_parts
 from meshfeed.prepare._read import KEEP_TYPES
 from meshfeed.prepare._run import Report, run_local, run_ray, start_workers, stop_workers
+from meshfeed.storage._blob import is_url
 
 OnError = Literal["raise", "skip"]
 """What ``prepare`` does with a bad record: raise naming it, or skip and count it."""

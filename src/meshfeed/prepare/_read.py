@@ -19,9 +19,9 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from meshfeed.data._blob import Blob
-from meshfeed.data._compressed import GZIP, ZSTD, Inflater
 from meshfeed.prepare._inputs import InputFile, Part, open_parquet
+from meshfeed.storage._blob import Blob
+from meshfeed.storage._compressed import GZIP, ZSTD, Inflater
 
 CHUNK = 8 << 20  # bytes read at a time
 BATCH_BYTES = 1 << 20  # text per batch handed to the tokenizer

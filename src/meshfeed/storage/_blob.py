@@ -17,8 +17,8 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-from meshfeed.data._cache import ShardCache
-from meshfeed.data._remote import RETRY_S, Counter, fetch_ranges
+from meshfeed.storage._cache import ShardCache
+from meshfeed.storage._remote import RETRY_S, Counter, fetch_ranges
 
 _COPY_LOCK = threading.Lock()  # guards every Blob's descriptor of its cached copy
 
