@@ -21,6 +21,7 @@ import numpy as np
 
 from meshfeed.data._sources import FieldSpec, Source
 from meshfeed.feed._options import LoaderOptions
+from meshfeed.feed._pipeline import MAX_DEPTH
 from meshfeed.feed._plan import Fetches, Field, Plan, make_plan
 from meshfeed.feed._reader import Lane, SourceRows, StepReader, make_reader
 from meshfeed.feed._schedule import RampSchedule, Schedule
@@ -94,7 +95,7 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
     def lane(step: int) -> Lane:
         return lanes[schedule.size(step)]
 
-    reader = make_reader(SourceRows(source, fields, schedule), options, lane)
+    reader = make_reader(SourceRows(source, fields, schedule), options, lane, max_depth=MAX_DEPTH)
     stream = Stream(
         reader.read,
         lambda step, host: place(reader.finish(host), lane(step).target),
@@ -103,6 +104,7 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
         prefetch_bytes=options.prefetch_bytes,
         check_every=options.check_every,
         step_bytes=_step_bytes(fields, options, lanes.values()),
+        steps_ahead=reader.steps_ahead,
     )
     timeline = Timeline(options.batch_sizes, source, end)
     return Assembly(schedule, end, lanes, plans, reader, stream, timeline)

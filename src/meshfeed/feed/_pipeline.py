@@ -56,6 +56,7 @@ from typing import Any
 from meshfeed.feed._climb import Climb
 
 MAX_THREADS = 32
+MAX_DEPTH = 4 * MAX_THREADS  # steps ahead, at most
 _SPECULATE_DEPTH = 16  # read beside the first step, before knowing the source is slow
 
 
@@ -101,6 +102,8 @@ class Prefetcher:
 
     ``depth``: steps ahead, each read by its own thread; ``None`` adapts it (see above).
     ``produce`` must be safe to call from several threads at once for different steps.
+    ``steps_ahead``, if given, bounds the depth once the first step is read (the record
+    workers' shared memory: ``None`` for no bound).
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class Prefetcher:
         depth: int | None,
         budget_bytes: int,
         step_bytes: int | None = None,
+        steps_ahead: Callable[[], int | None] | None = None,
     ) -> None:
         if depth is not None and depth < 1:
             raise ValueError(f"prefetch depth={depth} must be >= 1.")
@@ -155,7 +159,10 @@ class Prefetcher:
                 self._claim = max(self._claim, start + 1)
         with self._lock:
             per_step = max(1, nbytes(item))
-            self._cap = max(1, min(budget_bytes // per_step, 4 * MAX_THREADS))
+            self._cap = max(1, min(budget_bytes // per_step, MAX_DEPTH))
+            bound = steps_ahead() if steps_ahead is not None else None
+            if bound is not None:
+                self._cap = max(1, min(self._cap, bound))
             self._depth = min(self._climb.start_depth() if depth is None else depth, self._cap)
             if len(self._threads) < self._threads_wanted():
                 self._grow()

@@ -192,6 +192,11 @@ class StepReader:
                 shape=array.shape[1:],
             )
 
+    def steps_ahead(self) -> int | None:
+        """The most steps the read-ahead may hold for the record workers' shared memory
+        (``None``: no bound but its own)."""
+        return None if self._records is None else self._records.steps_ahead()
+
     def close(self) -> None:
         """Stops record workers and frees their shared memory."""
         if self._records is not None:
@@ -199,17 +204,24 @@ class StepReader:
 
 
 def make_reader(
-    source_rows: SourceRows, options: LoaderOptions, lane: Callable[[int], Lane]
+    source_rows: SourceRows,
+    options: LoaderOptions,
+    lane: Callable[[int], Lane],
+    *,
+    max_depth: int,
 ) -> StepReader:
-    """The reader of a loader's ``options``: its record stage, transform and padding."""
+    """The reader of a loader's ``options``: its record stage, transform and padding
+    (``max_depth``: the most steps the read-ahead holds with ``prefetch="auto"``)."""
     records = None
     if options.record_transform is not None:
+        steps = max_depth if options.prefetch == "auto" else int(options.prefetch)
         records = RecordStage(
             options.record_transform,
             num_workers=options.num_workers,
             worker_type=options.worker_type,
             seed=options.seed,
             source_rows=source_rows,
+            read_ahead=(steps, options.prefetch_bytes),
         )
     return StepReader(
         source_rows,

@@ -37,9 +37,11 @@ class Stream:
         prefetch_bytes: int,
         check_every: int | None,
         step_bytes: int | None = None,
+        steps_ahead: Callable[[], int | None] | None = None,
     ) -> None:
         self._read, self._place = read, place  # place also collects rows from record workers
         self._step_bytes = step_bytes  # a step's host bytes, when known before reading
+        self._steps_ahead = steps_ahead  # a bound on the depth, known after the first step
         self.end = end
         self._prefetch, self._budget, self._check_every = prefetch, prefetch_bytes, check_every
         self.step = 0
@@ -80,6 +82,7 @@ class Stream:
                 depth=None if self._prefetch == "auto" else int(self._prefetch),
                 budget_bytes=self._budget,
                 step_bytes=self._step_bytes,
+                steps_ahead=self._steps_ahead,
             )
         return self._ahead
 

@@ -3,7 +3,8 @@
 ``Loader(record_transform=fn, num_workers=n)`` decodes and augments one example at a
 time, off the loading thread. Worker processes start with ``python -c`` (not by
 re-running the user's script), get ``fn`` by value with cloudpickle, read their rows
-from shared memory and write their output there, in order; a worker that raises or dies
+from shared memory and write their output there, in order (in /dev/shm, or in files
+when /dev/shm is too small, said once on stderr); a worker that raises or dies
 is named with the example it was on. ``worker_type="threads"`` runs the same on a thread
 pool instead. The output never depends on the number or the kind of workers. This layer
 knows sources' field specs and the keyed hash that seeds each record's generator, and
@@ -12,6 +13,7 @@ nothing of devices or steps.
 Modules, lowest first (each imports only modules listed before it)::
 
     _bare            python -c processes that import meshfeed bare: no JAX, no user script
+    _blocks          where shared blocks live: /dev/shm, reserved, or files when it is too small
     _shm             shared memory: output slots, input blocks, a worker's maps of them
     _record_rows     a record transform over rows, with its per-example rng (no JAX)
     _worker_loop     what a worker process runs: bootstrap without JAX or __main__, serve chunks

@@ -117,7 +117,9 @@ class RecordStage:
     """Record transforms for the rows of each step: in the calling thread, or in workers.
 
     Safe to call from several threads at once, for different steps. With workers a call
-    reads the rows, hands them over and returns a ``Pending`` at once.
+    reads the rows, hands them over and returns a ``Pending`` at once. ``read_ahead``:
+    the most steps and bytes the loader reads ahead (what worker processes' shared
+    memory is planned for).
     """
 
     def __init__(
@@ -128,9 +130,10 @@ class RecordStage:
         worker_type: WorkerType,
         seed: int,
         source_rows: StepRows,
+        read_ahead: tuple[int, int] = (1, 1),
     ) -> None:
         self.fn, self.num_workers, self.worker_type, self.seed = fn, num_workers, worker_type, seed
-        self._rows = source_rows
+        self._rows, self._read_ahead = source_rows, read_ahead
         self.spec: dict[str, FieldSpec] | None = None
         self._pool: Workers | None = None
         self._lock = threading.Lock()
@@ -175,7 +178,12 @@ class RecordStage:
     def _start_pool(self) -> Workers:
         if self.worker_type == "threads":
             return ThreadWorkers(self.fn, self.num_workers)
-        return WorkerPool(self.fn, self.num_workers)
+        return WorkerPool(self.fn, self.num_workers, read_ahead=self._read_ahead)
+
+    def steps_ahead(self) -> int | None:
+        """The most steps the workers' shared memory lets the read-ahead hold (``None``:
+        no bound of theirs)."""
+        return getattr(self._pool, "steps_ahead", None)
 
     def close(self) -> None:
         with self._lock:

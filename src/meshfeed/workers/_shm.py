@@ -5,11 +5,12 @@ field's block 64-byte aligned. ``Inputs`` hold the rows the workers read, in blo
 reused by size, written by ``put_rows`` and read by ``get_rows`` without pickle where it
 can be helped: numeric fields as their bytes, fields of ``bytes`` (encoded images,
 records) as one run of bytes plus their lengths, anything else pickled. The main
-process creates every block, hands their names to the workers, copies finished rows out
-before a slot is reused (JAX may keep referencing host memory it was handed), and
-unlinks every block on close, on error and at exit. Workers map a block by name without
-registering it for cleanup (``Attached``), so only the process that created it ever
-unlinks it; if that process is killed, Python's resource tracker unlinks it.
+process creates every block (where ``_blocks`` says: /dev/shm, or files), hands their
+names to the workers, copies finished rows out before a slot is reused (JAX may keep
+referencing host memory it was handed), and unlinks every block on close, on error and
+at exit. Workers map a block by name without registering it for cleanup (``Attached``),
+so only the process that created it ever unlinks it; if that process is killed,
+Python's resource tracker unlinks its /dev/shm blocks and the workers its files.
 """
 
 from __future__ import annotations
@@ -17,16 +18,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-import mmap
 import os
 import pickle
 from collections.abc import Callable, Mapping
-from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
 
 from meshfeed.data._sources import FieldSpec
+from meshfeed.workers._blocks import Block, attach, is_file_block
 
 Spec = Mapping[str, FieldSpec]
 
@@ -50,23 +50,7 @@ def views(buffer: Any, spec: Spec, rows: int) -> dict[str, np.ndarray]:
     }
 
 
-def attach(name: str) -> tuple[Any, Callable[[], None]]:
-    """Maps an existing block without registering it for cleanup in this process."""
-    try:  # Python 3.13+
-        shm = shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
-        return shm.buf, shm.close
-    except TypeError:
-        pass
-    path = os.path.join("/dev/shm", name.lstrip("/"))
-    fd = os.open(path, os.O_RDWR)
-    try:
-        mapped = mmap.mmap(fd, 0)
-    finally:
-        os.close(fd)
-    return mapped, mapped.close
-
-
-def unlink_all(blocks: list[shared_memory.SharedMemory]) -> None:
+def unlink_all(blocks: list[Block]) -> None:
     """Unlinks and closes ``blocks`` (safe on blocks already gone)."""
     for shm in list(blocks):
         # Unlink first: it frees the name even if a view still pins the mapping.
@@ -78,14 +62,16 @@ def unlink_all(blocks: list[shared_memory.SharedMemory]) -> None:
 
 
 class Slots:
-    """Shared-memory slots for batches, created as needed and reused for the same shape.
+    """Shared-memory slots for batches, created as needed (by ``create``) and reused for
+    the same shape.
 
     ``blocks`` is the list of blocks this process created; whoever owns the slots
     passes it to its finaliser, so they are unlinked even if ``close`` never runs.
     """
 
-    def __init__(self) -> None:
-        self.blocks: list[shared_memory.SharedMemory] = []
+    def __init__(self, create: Callable[[int], Block]) -> None:
+        self._create = create
+        self.blocks: list[Block] = []
         self._free: dict[tuple[Any, ...], list[int]] = {}
 
     def take(self, spec: Spec, rows: int) -> int:
@@ -93,8 +79,7 @@ class Slots:
         free = self._free.setdefault((tuple(spec.items()), rows), [])
         if free:
             return free.pop()
-        at, size = list(offsets(spec, rows).values())[-1]
-        self.blocks.append(create(at + size))
+        self.blocks.append(self._create(slot_bytes(spec, rows)))
         return len(self.blocks) - 1
 
     def name(self, slot: int) -> str:
@@ -116,16 +101,13 @@ class Slots:
         self._free.clear()
 
 
-def create(size: int) -> shared_memory.SharedMemory:
-    return shared_memory.SharedMemory(create=True, size=max(1, size))
-
-
 class Inputs:
     """Blocks for the bytes workers read, reused by size (a new one, a power of two of at
     least 64 KiB, when no free block is large enough)."""
 
-    def __init__(self) -> None:
-        self.blocks: list[shared_memory.SharedMemory] = []
+    def __init__(self, create: Callable[[int], Block]) -> None:
+        self._create = create
+        self.blocks: list[Block] = []
         self._free: list[int] = []
 
     def take(self, size: int) -> int:
@@ -134,7 +116,7 @@ class Inputs:
             best = min(fits, key=lambda i: self.blocks[i].size)
             self._free.remove(best)
             return best
-        self.blocks.append(create(max(1 << 16, 1 << (max(size, 1) - 1).bit_length())))
+        self.blocks.append(self._create(input_block_bytes(size)))
         return len(self.blocks) - 1
 
     def buffer(self, block: int) -> Any:
@@ -149,6 +131,17 @@ class Inputs:
     def close(self) -> None:
         unlink_all(self.blocks)
         self._free.clear()
+
+
+def input_block_bytes(size: int) -> int:
+    """The size of the input block made for ``size`` bytes of rows."""
+    return max(1 << 16, 1 << (max(size, 1) - 1).bit_length())
+
+
+def slot_bytes(spec: Spec, rows: int) -> int:
+    """The size of the slot of ``rows`` output rows of ``spec``."""
+    at, size = list(offsets(spec, rows).values())[-1]
+    return at + size
 
 
 class Attached:
@@ -173,6 +166,10 @@ class Attached:
             if len(self._maps) > self._size:
                 self._maps.popitem(last=False)
         return self._maps[name][0]
+
+    def folders(self) -> set[str]:
+        """The folders of the file blocks mapped (the files transport's)."""
+        return {os.path.dirname(name) for name in self._maps if is_file_block(name)}
 
     def close(self) -> None:
         self._maps.clear()

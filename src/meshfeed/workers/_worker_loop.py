@@ -8,7 +8,8 @@ The first message is the parent's ``sys.path`` and the function, pickled by valu
 of its rows there (``get_rows``), and the slot its output rows go to. The worker writes
 the id of the example in hand to its cell of a shared status block, so its parent can name the
 example if the worker dies. It ignores Ctrl-C (the parent stops it) and ends when its
-parent closes the task pipe or is gone.
+parent closes the task pipe or is gone (then removing the parent's files transport, if
+it used one: a parent killed outright cannot).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from meshfeed.workers._bare import load_on_use
+from meshfeed.workers._blocks import attach, remove_folder
 from meshfeed.workers._record_rows import EXAMPLE_ID, transform_rows
-from meshfeed.workers._shm import Attached, attach, get_rows, views
+from meshfeed.workers._shm import Attached, get_rows, views
 
 IDS = "__meshfeed_ids__"  # the chunk's example ids, beside its fields in the input block
 STATUS_STRIDE = 64  # bytes between two workers' cells: a cache line, not shared between cores
@@ -53,16 +55,26 @@ def main(
         _reply(results, ("start", traceback.format_exc()))
         sys.exit(1)
     attached = Attached()
+    try:
+        _serve(fn, tasks, results, attached, status, int(index))
+    except (EOFError, OSError):  # the loading process is gone without a word: killed, say
+        for folder in attached.folders():  # its files transport, which nobody else would
+            remove_folder(folder)  # remove
+    attached.close()
+
+
+def _serve(
+    fn: Any, tasks: Connection, results: Connection, attached: Attached, status: str, index: int
+) -> None:
+    """Transforms chunks until the parent says stop (``EOFError`` or ``OSError`` when it
+    is gone)."""
+    attached[status]
     status_map, _ = attach(status)  # kept apart: ``current`` lives as long as the worker
-    at = STATUS_STRIDE * int(index)
-    current = memoryview(status_map)[at : at + 8].cast("q")
+    current = memoryview(status_map)[STATUS_STRIDE * index :][:8].cast("q")
     while True:
-        try:
-            task = pickle.loads(tasks.recv_bytes())
-        except EOFError:  # the loading process is gone
-            break
+        task = pickle.loads(tasks.recv_bytes())
         if task is None:
-            break
+            return
         token, inputs, layout, slot, rows, spec, start, seed, epoch = task
         ids = np.empty(0, np.int64)
         try:
@@ -71,9 +83,8 @@ def main(
             outputs = views(attached[slot], spec, rows)
             transform_rows(fn, part, ids, outputs, start, seed, epoch, current)
             del outputs, part
-            _reply(results, (token, None))
+            reply: Any = (token, None)
         except Exception as error:
             first = next((int(i) for i in ids if i >= 0), -1)
-            _reply(results, (token, (getattr(error, EXAMPLE_ID, first), traceback.format_exc())))
-    del current
-    attached.close()
+            reply = (token, (getattr(error, EXAMPLE_ID, first), traceback.format_exc()))
+        _reply(results, reply)

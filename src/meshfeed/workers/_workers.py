@@ -19,7 +19,6 @@ on close and at exit.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import fcntl
@@ -40,8 +39,18 @@ from typing import Any
 import numpy as np
 
 from meshfeed.workers._bare import bare_argv
+from meshfeed.workers._blocks import Transport
 from meshfeed.workers._record_rows import RecordFn, chunks
-from meshfeed.workers._shm import Inputs, Slots, Spec, create, prepare_rows, put_rows, unlink_all
+from meshfeed.workers._shm import (
+    Inputs,
+    Slots,
+    Spec,
+    input_block_bytes,
+    prepare_rows,
+    put_rows,
+    slot_bytes,
+    unlink_all,
+)
 from meshfeed.workers._worker_loop import IDS, STATUS_STRIDE
 
 _POLL_S = 0.05
@@ -151,21 +160,40 @@ def _copy_stderr(workers: list[_Worker]) -> None:
 
 
 class WorkerPool:
-    """W worker processes that run ``fn`` on chunks of rows into shared-memory slots."""
+    """W worker processes that run ``fn`` on chunks of rows into shared-memory slots.
 
-    def __init__(self, fn: RecordFn, num_workers: int, *, timeout_s: float = 600.0) -> None:
+    ``read_ahead``: the most steps and bytes the loader's read-ahead may hold, which the
+    pool's blocks must hold too; ``steps_ahead`` is what /dev/shm allows of it (``None``:
+    all), known once the first rows are submitted (``_blocks``).
+    """
+
+    def __init__(
+        self,
+        fn: RecordFn,
+        num_workers: int,
+        *,
+        read_ahead: tuple[int, int] = (1, 1),
+        timeout_s: float = 600.0,
+    ) -> None:
         payload = pickle.dumps((list(sys.path), send_by_value(fn)))
         self.num_workers, self.timeout_s = num_workers, timeout_s
+        self.steps_ahead: int | None = None
+        self._read_ahead, self._planned = read_ahead, False
+        self._transport = Transport()
         size = STATUS_STRIDE * num_workers
-        self._status_block = create(size)  # each worker's example in hand
+        self._status_block = self._transport.create(size)  # each worker's example in hand
         status = self._status_block.buf
         assert status is not None
         status[:size] = b"\xff" * size  # -1: none
-        self._slots, self._inputs = Slots(), Inputs()
+        create = self._transport.create
+        self._slots, self._inputs = Slots(create), Inputs(create)
         self._blocks = [self._slots.blocks, self._inputs.blocks, [self._status_block]]
         self._workers = [_launch(i, self._status_block.name) for i in range(num_workers)]
-        self._finalizer = weakref.finalize(self, WorkerPool._shutdown, self._workers, self._blocks)
-        atexit.register(self.close)
+        # Also at exit (weakref.finalize runs then); no atexit hook, which would keep the
+        # pool alive after its loader is gone.
+        self._finalizer = weakref.finalize(
+            self, WorkerPool._shutdown, self._workers, self._blocks, self._transport
+        )
         for w in self._workers:
             w.tasks.send_bytes(payload)
         threading.Thread(
@@ -197,6 +225,12 @@ class WorkerPool:
         size = sum(size for _, size in parts)
         with self._cond:
             self._raise_if_failed()
+            if not self._planned:  # the first rows: how many steps' blocks fit, and where
+                self._planned = True
+                out = slot_bytes(spec, rows)
+                steps, most = self._read_ahead
+                wanted = min(steps, max(1, most // max(1, out)))
+                self.steps_ahead = self._transport.plan(out + input_block_bytes(size), wanted)
             ticket = Ticket(self._slots.take(spec, rows), self._inputs.take(size), rows, spec, [])
             inputs, slot = self._inputs.name(ticket.block), self._slots.name(ticket.slot)
             buffer, at = self._inputs.buffer(ticket.block), 0
@@ -206,7 +240,11 @@ class WorkerPool:
                 worker = min(self._workers, key=lambda w: len(w.in_hand))
                 worker.in_hand[self._token] = ids[lo:hi]
                 task = (self._token, inputs, layout, slot, rows, spec, lo, seed, epoch)
-                worker.tasks.send_bytes(pickle.dumps(task))
+                try:
+                    worker.tasks.send_bytes(pickle.dumps(task))
+                except OSError:  # the worker died before the pool read its reply pipe end
+                    self._fail(self._died(worker))
+                    self._raise_if_failed()
                 ticket.chunks.append(self._token)
             del buffer
         return ticket
@@ -326,10 +364,14 @@ class WorkerPool:
                 self._failure = "the record workers were stopped: the loader was closed."
             self._cond.notify_all()
         self._finalizer()
-        atexit.unregister(self.close)
+
+    @property
+    def transport(self) -> str:
+        """Where the rows go between this process and the workers: "shm" or "files"."""
+        return self._transport.kind
 
     @staticmethod
-    def _shutdown(workers: list[_Worker], blocks: list[list[Any]]) -> None:
+    def _shutdown(workers: list[_Worker], blocks: list[list[Any]], transport: Transport) -> None:
         for w in workers:
             with contextlib.suppress(OSError):  # a full or broken pipe: the kill below
                 w.tasks.send_bytes(pickle.dumps(None))
@@ -344,3 +386,4 @@ class WorkerPool:
             w.results.close()
         for group in blocks:
             unlink_all(group)
+        transport.close()
