@@ -7,6 +7,7 @@ one process or many, exactly and resumably. Importing meshfeed touches no device
 
 from meshfeed import ops as ops
 from meshfeed.cluster._initialize import initialize as initialize
+from meshfeed.cluster._initialize import shutdown as shutdown
 from meshfeed.cluster._initialize import watch as watch
 from meshfeed.cluster._launch import launch as launch
 from meshfeed.core._mesh import DATA as DATA
@@ -191,6 +192,7 @@ __all__ = [
     "segment_mask",
     "show_plan",
     "show_sharding",
+    "shutdown",
     "watch",
     "write_source",
 ]

@@ -4,18 +4,19 @@
 detected on a cluster, given explicit arguments, or alone) and starts the watch, which
 ends the whole job within a second, with one line, when a process is lost; ``watch``
 (which the loader calls) starts it for a job that called ``jax.distributed.initialize``
-itself. ``launch`` starts and supervises
-several processes on this machine. The layer sits just above the floor, below the data
-and the loader, because the layers above tell the watch what their process is doing
-(the loader its step, ``fit`` its step, checkpoints their save), so that the line a
-survivor prints can say where the job was.
+itself; ``shutdown`` lets a process leave with ``os._exit`` without being reported
+lost. ``launch`` starts and supervises several processes on this machine. The layer
+sits just above the floor, below the data and the loader, because the layers above
+tell the watch what their process is doing (the loader its step, ``fit`` its step,
+checkpoints their save), so that the line a survivor prints can say where the job was.
 
 Modules, lowest first (each imports only modules listed before it)::
 
     _env           the environment meshfeed launch sets; require_initialized
     _watch         the watch on the other processes: a lost one ends the job, named; doing
     _initialize    initialize: connect the processes (launched, cluster, explicit, alone);
-                   watch: start the watch (ensure_watched: what the loader checks)
+                   watch: start the watch (ensure_watched: what the loader checks);
+                   shutdown: JAX's shutdown barrier, then the goodbye (os._exit may follow)
     _launch        launch: local processes, started and supervised
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.

@@ -6,7 +6,8 @@ detects, started with explicit arguments, or started alone -- with the same call
 same script, and with a watch (``_watch``) that ends the job in seconds when a process
 is lost. ``watch`` starts that watch for a job whose processes called
 ``jax.distributed.initialize`` themselves; the loader calls it when several processes
-run and nothing watches them yet.
+run and nothing watches them yet. ``shutdown`` is the way out for a process that ends
+with ``os._exit``: JAX's shutdown barrier, then the watch's goodbye.
 
 The watch's processes find each other through the connection JAX already has: process
 0 opens the watch's port (any free one) and tells the others its addresses and port with
@@ -34,7 +35,7 @@ from meshfeed.cluster._env import (
     ENV_PROCESS_ID,
     require_initialized,
 )
-from meshfeed.cluster._watch import Watch, set_watch, watching
+from meshfeed.cluster._watch import Watch, doing, set_watch, watching
 
 HEARTBEAT_TIMEOUT = 10.0
 """Seconds of silence after which a process is declared lost (see ``initialize``)."""
@@ -150,6 +151,47 @@ def watch(*, heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> None:
     if jax.process_count() > 1:
         _exit_on_uncaught_exception()
         _start_watch(heartbeat_timeout, None)
+
+
+def shutdown() -> None:
+    """Ends this process's part in the job, so that it may leave with ``os._exit``.
+
+    A script that ends with ``os._exit(0)`` (to skip Python's exit and JAX's) runs no
+    ``atexit`` handler, so the watch never hears its goodbye: its connection just
+    closes, and the other processes report it lost and exit with code 1 -- even at the
+    end of a finished run. Call ``meshfeed.shutdown()`` before ``os._exit``, once this
+    process's JAX work is done, and the others finish normally. In order:
+
+    1. Where ``jax.distributed`` runs, ``jax.distributed.shutdown()``: JAX's shutdown
+       barrier, which returns once every process of the job has reached its own (a
+       ``shutdown()`` like this one, or a normal exit, which runs JAX's at exit). If
+       one has not within ``shutdown_timeout_seconds`` (300 s by default; ``initialize``
+       passes it to JAX), JAX aborts every process. The watch runs meanwhile: a process
+       lost while this one waits ends it as anywhere else (the watch's line, exit code
+       1), not by JAX's abort.
+    2. The watch's goodbye, the one a normal exit says: the others stop watching this
+       process (all of them stop watching, if it is process 0, the watch's hub).
+
+    Safe anywhere: where neither JAX's distributed system nor the watch runs (one
+    process, no ``initialize``) it does nothing, and a second call does nothing.
+
+    Example:
+      >>> meshfeed.initialize()  # doctest: +SKIP
+      >>> ...  # the run: train, save the last checkpoint
+      >>> meshfeed.shutdown()
+      >>> os._exit(0)  # the other processes finish normally
+    """
+    import jax
+
+    watch = watching()
+    if jax.distributed.is_initialized():
+        if watch is not None:
+            doing("in meshfeed.shutdown(), waiting for the other processes")
+        jax.distributed.shutdown()
+    if watch is not None:
+        # After the barrier, not before: until every process has reached it, a process
+        # lost anywhere must still end this one with the watch's line.
+        watch.bye()
 
 
 def ensure_watched() -> None:

@@ -14,8 +14,9 @@ silence; one whose Python raised says so before it exits. Process 0 tells every 
 process, and each survivor prints one line -- which process was lost, how, and what
 this process was doing (``doing`` records it: the step being trained or loaded, the
 checkpoint being saved) -- and exits with code 1 from the watch's thread, whatever its
-main thread is blocked in. A process that ends normally says goodbye first, so the
-others stop watching it.
+main thread is blocked in. A process that ends normally says goodbye first (an
+``atexit`` handler, or ``meshfeed.shutdown()`` for a script that ends with ``os._exit``,
+which runs no handler), so the others stop watching it.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Watch:
         self._listener: socket.socket | None = None
         self._joined = 0  # processes that said hello (process 0)
         self._done = False
+        self._said_bye = False
         self._losing = threading.Event()
 
     def listen(self, host: str) -> int:
@@ -102,7 +104,11 @@ class Watch:
         atexit.register(self.bye)
 
     def bye(self) -> None:
-        """This process ends normally: the others stop watching it."""
+        """This process ends normally: the others stop watching it (said once: at exit,
+        or earlier by ``meshfeed.shutdown()``; a second call does nothing)."""
+        if self._said_bye:
+            return
+        self._said_bye = True
         # Done first: the peer that hears the goodbye drops the connection at once, and
         # that must not read here as the peer lost.
         self._done = True
