@@ -121,13 +121,15 @@ class FileBlock:
             os.unlink(self.name)
             raise
         os.close(fd)
-        self.buf = memoryview(self._map)
+        self.buf: memoryview | None = memoryview(self._map)
 
     def unlink(self) -> None:
         os.unlink(self.name)
 
     def close(self) -> None:
-        self.buf.release()
+        if self.buf is not None:
+            self.buf.release()  # BufferError while an array still uses it
+            self.buf = None  # as a closed SharedMemory's
         self._map.close()
 
 

@@ -20,13 +20,14 @@ import contextlib
 import math
 import os
 import pickle
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from meshfeed.data._sources import FieldSpec
-from meshfeed.workers._blocks import Block, attach, is_file_block
+from meshfeed.workers._blocks import Block, Transport, attach, is_file_block
 
 Spec = Mapping[str, FieldSpec]
 
@@ -142,6 +143,47 @@ def slot_bytes(spec: Spec, rows: int) -> int:
     """The size of the slot of ``rows`` output rows of ``spec``."""
     at, size = list(offsets(spec, rows).values())[-1]
     return at + size
+
+
+class PoolBlocks:
+    """Every block of one pool: each worker's status cell, the output slots, the input
+    blocks, made where the ``Transport`` says (/dev/shm, or files).
+
+    ``plan`` runs once, with the first rows: ``read_ahead`` is the most steps and bytes
+    the loader's read-ahead may hold, and ``steps_ahead`` what /dev/shm allows of it
+    (``None``: all).
+    """
+
+    def __init__(self, status_bytes: int, read_ahead: tuple[int, int]) -> None:
+        self.transport = Transport()
+        self.status = self.transport.create(status_bytes)  # each worker's example in hand
+        self.status.buf[:status_bytes] = b"\xff" * status_bytes  # -1: none
+        self.slots, self.inputs = Slots(self.transport.create), Inputs(self.transport.create)
+        self.steps_ahead: int | None = None
+        self._read_ahead: tuple[int, int] | None = read_ahead
+
+    def plan(self, spec: Spec, rows: int, input_bytes: int) -> None:
+        """Plans for steps of ``rows`` output rows and ``input_bytes`` of input (once)."""
+        if self._read_ahead is None:
+            return
+        steps, most = self._read_ahead
+        self._read_ahead = None
+        out = slot_bytes(spec, rows)
+        wanted = min(steps, max(1, most // max(1, out)))
+        self.steps_ahead = self.transport.plan(out + input_block_bytes(input_bytes), wanted)
+
+    def example_in_hand(self, worker: int, stride: int) -> int:
+        """The example a worker's status cell names (-1: none, or the blocks are closed)."""
+        buffer = self.status.buf
+        if buffer is None:
+            return -1
+        return int.from_bytes(buffer[stride * worker :][:8], sys.byteorder, signed=True)
+
+    def close(self) -> None:
+        """Unlinks every block and removes the files' folder, if any."""
+        for blocks in (self.slots.blocks, self.inputs.blocks, [self.status]):
+            unlink_all(blocks)
+        self.transport.close()
 
 
 class Attached:

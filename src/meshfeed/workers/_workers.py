@@ -39,18 +39,8 @@ from typing import Any
 import numpy as np
 
 from meshfeed.workers._bare import bare_argv
-from meshfeed.workers._blocks import Transport
 from meshfeed.workers._record_rows import RecordFn, chunks
-from meshfeed.workers._shm import (
-    Inputs,
-    Slots,
-    Spec,
-    input_block_bytes,
-    prepare_rows,
-    put_rows,
-    slot_bytes,
-    unlink_all,
-)
+from meshfeed.workers._shm import PoolBlocks, Spec, prepare_rows, put_rows
 from meshfeed.workers._worker_loop import IDS, STATUS_STRIDE
 
 _POLL_S = 0.05
@@ -160,12 +150,8 @@ def _copy_stderr(workers: list[_Worker]) -> None:
 
 
 class WorkerPool:
-    """W worker processes that run ``fn`` on chunks of rows into shared-memory slots.
-
-    ``read_ahead``: the most steps and bytes the loader's read-ahead may hold, which the
-    pool's blocks must hold too; ``steps_ahead`` is what /dev/shm allows of it (``None``:
-    all), known once the first rows are submitted (``_blocks``).
-    """
+    """W worker processes that run ``fn`` on chunks of rows into shared-memory slots
+    (``read_ahead``: the most steps and bytes the loader's read-ahead holds; ``PoolBlocks``)."""
 
     def __init__(
         self,
@@ -177,23 +163,12 @@ class WorkerPool:
     ) -> None:
         payload = pickle.dumps((list(sys.path), send_by_value(fn)))
         self.num_workers, self.timeout_s = num_workers, timeout_s
-        self.steps_ahead: int | None = None
-        self._read_ahead, self._planned = read_ahead, False
-        self._transport = Transport()
-        size = STATUS_STRIDE * num_workers
-        self._status_block = self._transport.create(size)  # each worker's example in hand
-        status = self._status_block.buf
-        assert status is not None
-        status[:size] = b"\xff" * size  # -1: none
-        create = self._transport.create
-        self._slots, self._inputs = Slots(create), Inputs(create)
-        self._blocks = [self._slots.blocks, self._inputs.blocks, [self._status_block]]
-        self._workers = [_launch(i, self._status_block.name) for i in range(num_workers)]
+        self._blocks = PoolBlocks(STATUS_STRIDE * num_workers, read_ahead)
+        self._slots, self._inputs = self._blocks.slots, self._blocks.inputs
+        self._workers = [_launch(i, self._blocks.status.name) for i in range(num_workers)]
         # Also at exit (weakref.finalize runs then); no atexit hook, which would keep the
         # pool alive after its loader is gone.
-        self._finalizer = weakref.finalize(
-            self, WorkerPool._shutdown, self._workers, self._blocks, self._transport
-        )
+        self._finalizer = weakref.finalize(self, WorkerPool._shutdown, self._workers, self._blocks)
         for w in self._workers:
             w.tasks.send_bytes(payload)
         threading.Thread(
@@ -225,12 +200,7 @@ class WorkerPool:
         size = sum(size for _, size in parts)
         with self._cond:
             self._raise_if_failed()
-            if not self._planned:  # the first rows: how many steps' blocks fit, and where
-                self._planned = True
-                out = slot_bytes(spec, rows)
-                steps, most = self._read_ahead
-                wanted = min(steps, max(1, most // max(1, out)))
-                self.steps_ahead = self._transport.plan(out + input_block_bytes(size), wanted)
+            self._blocks.plan(spec, rows, size)  # the first rows: what fits, and where
             ticket = Ticket(self._slots.take(spec, rows), self._inputs.take(size), rows, spec, [])
             inputs, slot = self._inputs.name(ticket.block), self._slots.name(ticket.slot)
             buffer, at = self._inputs.buffer(ticket.block), 0
@@ -341,14 +311,7 @@ class WorkerPool:
                 self._give_back_released()
 
     def _died(self, worker: _Worker) -> str:
-        return death_message(worker, self._example_in_hand(worker.index))
-
-    def _example_in_hand(self, index: int) -> int:
-        buffer = self._status_block.buf
-        if buffer is None:  # closed
-            return -1
-        at = STATUS_STRIDE * index
-        return int.from_bytes(buffer[at : at + 8], sys.byteorder, signed=True)
+        return death_message(worker, self._blocks.example_in_hand(worker.index, STATUS_STRIDE))
 
     def _fail(self, message: str) -> None:
         with self._cond:
@@ -366,12 +329,12 @@ class WorkerPool:
         self._finalizer()
 
     @property
-    def transport(self) -> str:
-        """Where the rows go between this process and the workers: "shm" or "files"."""
-        return self._transport.kind
+    def steps_ahead(self) -> int | None:
+        """The most steps /dev/shm lets the read-ahead hold (``None``: no bound)."""
+        return self._blocks.steps_ahead
 
     @staticmethod
-    def _shutdown(workers: list[_Worker], blocks: list[list[Any]], transport: Transport) -> None:
+    def _shutdown(workers: list[_Worker], blocks: PoolBlocks) -> None:
         for w in workers:
             with contextlib.suppress(OSError):  # a full or broken pipe: the kill below
                 w.tasks.send_bytes(pickle.dumps(None))
@@ -384,6 +347,4 @@ class WorkerPool:
                 w.popen.kill()
                 w.popen.wait()
             w.results.close()
-        for group in blocks:
-            unlink_all(group)
-        transport.close()
+        blocks.close()
