@@ -26,6 +26,7 @@ from meshfeed.data._adapters import TorchSource as TorchSource
 from meshfeed.data._arrays import ArraySource as ArraySource
 from meshfeed.data._arrow import HFSource as HFSource
 from meshfeed.data._arrow import ParquetSource as ParquetSource
+from meshfeed.data._bad_records import OnError as OnError
 from meshfeed.data._mix import Mixture as Mixture
 from meshfeed.data._mix import WeightsArg as WeightsArg
 from meshfeed.data._mix import mix as mix
@@ -56,6 +57,7 @@ from meshfeed.feed._replicas import check_replicas as check_replicas
 from meshfeed.feed._schedule import LastBatch as LastBatch
 from meshfeed.feed._schedule import Schedule as Schedule
 from meshfeed.feed._shardings import ShardingArg as ShardingArg
+from meshfeed.feed._skips import Skipped as Skipped
 from meshfeed.feed._state import LoaderState as LoaderState
 from meshfeed.feed._strategies import reshard as reshard
 from meshfeed.feed._timeline import Span as Span
@@ -75,7 +77,6 @@ from meshfeed.inspect._plot_mixture import plot_mixture as plot_mixture
 from meshfeed.inspect._plot_packing import plot_packing as plot_packing
 from meshfeed.inspect._show import show_sharding as show_sharding
 from meshfeed.inspect._show_plan import show_plan as show_plan
-from meshfeed.prepare._prepare import OnError as OnError
 from meshfeed.prepare._prepare import PrepareExecutor as PrepareExecutor
 from meshfeed.prepare._prepare import PrepareStatus as PrepareStatus
 from meshfeed.prepare._prepare import TxtMode as TxtMode
@@ -147,6 +148,7 @@ __all__ = [
     "Schedule",
     "ShardedSource",
     "ShardingArg",
+    "Skipped",
     "Source",
     "Span",
     "Stage",

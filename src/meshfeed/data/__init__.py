@@ -13,6 +13,7 @@ training, and nothing renders.
 Modules, lowest first (each imports only modules listed before it)::
 
     _ragged        Ragged: documents of any length, flat values and offsets
+    _bad_records   what on_error="skip" skips; the bad examples of a failed read, by halves
     _sources       the Source protocol, FieldSpec; the ids check and the gather by part
     _files         fixed-size rows by byte range: RowFile, .npy, ragged values + offsets, .npz
     _tokenizer     Tokenizer: an encoder with its identity (content hash, fingerprint, specials)

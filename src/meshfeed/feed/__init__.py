@@ -16,6 +16,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _plan          the strategies' names, their costs, and what "auto" picks
     _shardings     the sharding of each field, the rows it puts where; place_host
     _strategies    per strategy, the rows a process reads and how they are placed; reshard
+    _skips         the examples on_error="skip" skipped, and the budget max_skipped sets
     _options       LoaderOptions: every argument checked before anything starts
     _reader        one step's host rows: source, padding, records, transform, checks, mask
     _climb         how deep "auto" reads ahead: where it starts, when and how far it climbs

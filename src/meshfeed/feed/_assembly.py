@@ -23,12 +23,20 @@ from meshfeed.data._sources import FieldSpec, Source
 from meshfeed.feed._options import LoaderOptions
 from meshfeed.feed._pipeline import MAX_DEPTH
 from meshfeed.feed._plan import Fetches, Field, Plan, make_plan
-from meshfeed.feed._reader import Lane, SourceRows, StepReader, make_reader
+from meshfeed.feed._reader import (
+    HostStep,
+    Lane,
+    PendingStep,
+    SourceRows,
+    StepReader,
+    make_reader,
+)
 from meshfeed.feed._schedule import RampSchedule, Schedule
 from meshfeed.feed._shardings import FieldShardings, ShardingArg, fit_to_rank, load_shardings
+from meshfeed.feed._skips import SkipLog, Skipped
 from meshfeed.feed._strategies import BUILDERS
-from meshfeed.feed._stream import Stream
-from meshfeed.feed._timeline import Timeline
+from meshfeed.feed._stream import GlobalBatch, Stream
+from meshfeed.feed._timeline import StepStage, Timeline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +82,52 @@ class Assembly:
         )
 
 
+class AssemblyViews:
+    """The loader's read-only views of its parts (its position, schedule, read-ahead and
+    skipped examples), apart from the façade's own methods."""
+
+    _parts: Assembly
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Steps in one pass over the source (``last_batch``'s rule); ``None`` for a ramp."""
+        return self._parts.schedule.steps_per_epoch
+
+    def batch_size(self, step: int) -> int:
+        """Rows of global step ``step``."""
+        return self._parts.schedule.size(step)
+
+    def stage(self, step: int) -> StepStage:
+        """What holds at ``step``: the batch size, and a mixture's stage and weights."""
+        return self._parts.timeline.at(step)
+
+    @property
+    def step(self) -> int:
+        """Global steps consumed so far (what ``state()`` records)."""
+        return self._parts.stream.step
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Steps read ahead now, ``prefetch`` or where ``"auto"`` settled (0 at first)."""
+        return self._parts.stream.depth
+
+    @property
+    def prefetch_peak_bytes(self) -> int:
+        """The most bytes of steps read ahead and not yet handed out, since the last
+        iteration started (within ``prefetch_bytes`` plus one step)."""
+        return self._parts.stream.peak_bytes
+
+    def ids(self, step: int) -> np.ndarray:
+        """The example ids of global step ``step`` (``-1`` marks padding)."""
+        return self._parts.schedule.ids(step).copy()
+
+    @property
+    def skipped(self) -> list[Skipped]:
+        """The examples this process skipped (``on_error="skip"``) in the steps handed
+        out since the loader was built, restored or reset: ``(step, example, error)``."""
+        return list(self._parts.stream.skips.entries)
+
+
 def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOptions) -> Assembly:
     """The parts of a loader over ``source`` with ``options`` (already checked)."""
     schedule, end = _schedule(len(source), options)
@@ -95,10 +149,17 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
     def lane(step: int) -> Lane:
         return lanes[schedule.size(step)]
 
-    reader = make_reader(SourceRows(source, fields, schedule), options, lane, max_depth=MAX_DEPTH)
+    rows = SourceRows(source, fields, schedule, skip=options.on_error == "skip")
+    reader = make_reader(rows, options, lane, max_depth=MAX_DEPTH)
+
+    def place_step(step: int, host: HostStep | PendingStep) -> tuple[GlobalBatch, HostStep]:
+        done = reader.finish(host)
+        return place(done.rows, lane(step).target), done
+
     stream = Stream(
         reader.read,
-        lambda step, host: place(reader.finish(host), lane(step).target),
+        place_step,
+        skips=SkipLog(options.max_skipped),
         end=end,
         prefetch=options.prefetch,
         prefetch_bytes=options.prefetch_bytes,

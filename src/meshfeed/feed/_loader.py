@@ -17,12 +17,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
-import numpy as np
 
 from meshfeed.cluster._initialize import ensure_watched
 from meshfeed.core._stages import BatchSizeArg
+from meshfeed.data._bad_records import OnError
 from meshfeed.data._sources import Source
-from meshfeed.feed._assembly import assemble
+from meshfeed.feed._assembly import AssemblyViews, assemble
 from meshfeed.feed._options import (
     PREFETCH_BYTES,
     LoaderOptions,
@@ -36,13 +36,13 @@ from meshfeed.feed._options import (
 from meshfeed.feed._plan import Plan, Strategy
 from meshfeed.feed._schedule import LastBatch
 from meshfeed.feed._shardings import ShardingArg
+from meshfeed.feed._skips import DEFAULT_MAX_SKIPPED
 from meshfeed.feed._state import LoaderState, fingerprint
-from meshfeed.feed._timeline import StepStage
 from meshfeed.workers._record_rows import RecordFn
 from meshfeed.workers._records import WorkerType
 
 
-class Loader(OptionAttributes):
+class Loader(OptionAttributes, AssemblyViews):
     """Global sharded batches from a source, on one process or many.
 
     Args:
@@ -87,6 +87,16 @@ class Loader(OptionAttributes):
       worker_type: ``"processes"`` (default): ``fn`` is sent to worker processes by
         value (cloudpickle), so it may come from a script, a notebook or a closure;
         ``"threads"``: a thread pool in this process, for decoders that release the GIL.
+      on_error: what a bad record does -- a read of it that raises (anything but an
+        ``OSError``, which is the storage's: an outage, a missing file) or a
+        ``record_transform`` that raises on it. ``"raise"`` (default) ends the run;
+        ``"skip"`` makes it a zero row with ``mask`` False (the field is added, as by
+        ``last_batch="pad"``): every other row keeps its place, the batch its shape and
+        the schedule its steps, whatever the workers or processes. ``loader.skipped``
+        lists them; ``state()`` counts them.
+      max_skipped: with ``"skip"``, the most examples this process may skip before the
+        loader raises: a count (an int), or a fraction of the examples it read (a float;
+        default 0.01, and never fewer than 100).
 
     Every argument is a read-only attribute afterwards (``loader.seed``, ...).
 
@@ -115,6 +125,8 @@ class Loader(OptionAttributes):
         record_transform: RecordFn | None = None,
         num_workers: int = 0,
         worker_type: WorkerType = "processes",
+        on_error: OnError = "raise",
+        max_skipped: int | float = DEFAULT_MAX_SKIPPED,
     ) -> None:
         check_source_kind(source)
         options = LoaderOptions(
@@ -123,7 +135,8 @@ class Loader(OptionAttributes):
             seed=seed, num_epochs=num_epochs, last_batch=last_batch,
             transform=transform, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
             check_every=check_every, record_transform=record_transform,
-            num_workers=num_workers, worker_type=worker_type,
+            num_workers=num_workers, worker_type=worker_type, on_error=on_error,
+            max_skipped=max_skipped,
         )  # fmt: skip
         ensure_watched()  # connected if started as several; watched (if several)
         self._source = source = bound(source, options)  # a mixture by stage counts our steps
@@ -158,24 +171,6 @@ class Loader(OptionAttributes):
         """Where batches arrive, ``sharding`` or the layout ``"reshard"`` loads in."""
         return self._parts.lane(self.step).load_sharding
 
-    @property
-    def steps_per_epoch(self) -> int | None:
-        """Steps in one pass over the source (``last_batch``'s rule); ``None`` for a ramp."""
-        return self._parts.schedule.steps_per_epoch
-
-    def batch_size(self, step: int) -> int:
-        """Rows of global step ``step``."""
-        return self._parts.schedule.size(step)
-
-    def stage(self, step: int) -> StepStage:
-        """What holds at ``step``: the batch size, and a mixture's stage and weights."""
-        return self._parts.timeline.at(step)
-
-    @property
-    def step(self) -> int:
-        """Global steps consumed so far (what ``state()`` records)."""
-        return self._parts.stream.step
-
     def __len__(self) -> int:
         """Steps in the whole run (``num_epochs`` epochs); an endless loader has none."""
         if self._parts.end is None:
@@ -190,28 +185,14 @@ class Loader(OptionAttributes):
         """
         return iter(self._parts.stream)
 
-    @property
-    def prefetch_depth(self) -> int:
-        """Steps read ahead now, ``prefetch`` or where ``"auto"`` settled (0 at first)."""
-        return self._parts.stream.depth
-
-    @property
-    def prefetch_peak_bytes(self) -> int:
-        """The most bytes of steps read ahead and not yet handed out, since the last
-        iteration started (within ``prefetch_bytes`` plus one step)."""
-        return self._parts.stream.peak_bytes
-
     def batch(self, step: int) -> dict[str, jax.Array]:
         """The global batch of ``step``, without moving the loader's position."""
         return self._parts.stream.batch(step)
 
-    def ids(self, step: int) -> np.ndarray:
-        """The example ids of global step ``step`` (``-1`` marks padding)."""
-        return self._parts.schedule.ids(step).copy()
-
     def reset(self) -> None:
         """Goes back to step 0."""
         self._parts.stream.step = 0
+        self._parts.stream.skips.restart(0)
 
     def close(self) -> None:
         """Stops ``record_transform`` workers and frees their shared memory."""
@@ -219,7 +200,8 @@ class Loader(OptionAttributes):
 
     def state(self) -> dict[str, Any]:
         """A small JSON-serialisable dict: steps consumed and what the schedule depends on."""
-        return LoaderState.now(self.step, self._fingerprint()).to_json()
+        skipped = self._parts.stream.skips.count
+        return LoaderState.now(self.step, self._fingerprint(), skipped).to_json()
 
     def restore(self, state: Mapping[str, Any] | str | bytes) -> None:
         """Continues the stream exactly where ``state`` was taken.
@@ -232,6 +214,7 @@ class Loader(OptionAttributes):
         restored = LoaderState.from_json(state)
         restored.check(self._fingerprint(), self._parts.end, self._options.batch_sizes.position)
         self._parts.stream.step = restored.step
+        self._parts.stream.skips.restart(restored.skipped)
 
     def _fingerprint(self) -> dict[str, Any]:
         return fingerprint(self._source, self._fields, self._options)

@@ -20,10 +20,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from meshfeed.core._mesh import check_sharding
 from meshfeed.core._stages import BatchSizeArg, BatchSizes
+from meshfeed.data._bad_records import ON_ERROR, OnError
 from meshfeed.data._sources import FieldSpec, Source
 from meshfeed.feed._plan import STRATEGIES, Strategy
 from meshfeed.feed._schedule import LAST_BATCH, MASK, LastBatch
 from meshfeed.feed._shardings import ShardingArg
+from meshfeed.feed._skips import DEFAULT_MAX_SKIPPED
 from meshfeed.workers._record_rows import RecordFn
 from meshfeed.workers._records import WORKER_TYPES, WorkerType
 from meshfeed.workers._workers import send_by_value
@@ -63,6 +65,8 @@ class LoaderOptions:
     record_transform: RecordFn | None = None
     num_workers: int = 0
     worker_type: WorkerType = "processes"
+    on_error: OnError = "raise"
+    max_skipped: int | float = DEFAULT_MAX_SKIPPED
     batch_sizes: BatchSizes = dataclasses.field(init=False, repr=False, compare=False)
     """``global_batch_size`` as stages (one, for an int)."""
 
@@ -100,6 +104,7 @@ class LoaderOptions:
                 "of batches read ahead)."
             )
         self._check_records()
+        self._check_errors()
         self._check_blocks()
         every = self.check_every
         if every is not None and (not _count(every) or every < 1):
@@ -128,6 +133,25 @@ class LoaderOptions:
             raise ValueError(
                 f"shuffle_block={block} orders blocks at random, but shuffle=False; pass "
                 "shuffle=True, or drop shuffle_block."
+            )
+
+    def _check_errors(self) -> None:
+        if self.on_error not in ON_ERROR:
+            raise ValueError(
+                f"on_error={self.on_error!r} is unknown; pass 'raise' (a bad record ends the "
+                "run) or 'skip' (it becomes a masked row, within max_skipped)."
+            )
+        most = self.max_skipped
+        fraction = isinstance(most, float) and 0 < most < 1
+        if not (fraction or (_count(most) and most >= 0)):
+            raise ValueError(
+                f"max_skipped={most!r} must be a count (an int >= 0) or a fraction of the "
+                "examples read (a float between 0 and 1, e.g. 0.01)."
+            )
+        if self.on_error == "raise" and most != DEFAULT_MAX_SKIPPED:
+            raise ValueError(
+                f"max_skipped={most!r} bounds the examples on_error='skip' skips, but "
+                "on_error='raise'; pass on_error='skip' too, or drop max_skipped."
             )
 
     @property
@@ -307,3 +331,5 @@ class OptionAttributes:
     record_transform: Option[RecordFn | None] = Option()
     num_workers: Option[int] = Option()
     worker_type: Option[WorkerType] = Option()
+    on_error: Option[OnError] = Option()
+    max_skipped: Option[int | float] = Option()

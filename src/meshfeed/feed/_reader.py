@@ -7,7 +7,9 @@ the ``mask`` field with ``last_batch="pad"``. It is numpy work only, so the pipe
 can run it on a background thread; placing the rows on devices is the strategy's.
 With record workers ``read`` hands the rows to them and returns a ``PendingStep`` at
 once; ``finish`` (on the consumer's thread, when the step is placed) collects them and
-does the rest, so no reader thread sits waiting on the workers.
+does the rest, so no reader thread sits waiting on the workers. A finished step is a
+``HostStep``: its rows, and the examples read and skipped (``on_error="skip"``), which
+the loader counts when it hands the step out.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from meshfeed.core._mesh import check_sharding
+from meshfeed.data._bad_records import Skip, find_bad, skippable
 from meshfeed.data._ragged import Ragged, empty
 from meshfeed.data._sources import FieldSpec, Source, thread_safe
 from meshfeed.feed._options import LoaderOptions, Transform
@@ -29,32 +32,56 @@ from meshfeed.workers._records import Pending, RecordStage, Rows
 
 
 class SourceRows:
-    """The source's values of some rows of a step's batch (zeros for padding)."""
+    """The source's values of some rows of a step's batch (zeros for padding).
+
+    With ``skip`` (``on_error="skip"``), a read that fails on a bad record (anything but
+    an ``OSError``: ``_bad_records``) is read again by halves to find the examples that
+    fail on their own; they become padding rows (id -1), listed in ``Rows.skipped``.
+    """
 
     def __init__(
-        self, source: Source, fields: Mapping[str, FieldSpec], schedule: Schedule | RampSchedule
+        self,
+        source: Source,
+        fields: Mapping[str, FieldSpec],
+        schedule: Schedule | RampSchedule,
+        *,
+        skip: bool = False,
     ) -> None:
         self._source, self._fields, self._schedule = source, fields, schedule
         self._one_at_a_time = None if thread_safe(source) else threading.Lock()
+        self._skip = skip
 
     def epochs(self, step: int, rows: np.ndarray) -> np.ndarray:
         """The epoch of each of these batch rows of ``step``."""
         return self._schedule.epochs(step)[rows]
 
-    def read(self, step: int, rows: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
-        """The values of batch rows ``rows`` of ``step``, and their example ids."""
+    def read(self, step: int, rows: np.ndarray) -> Rows:
+        """The values of batch rows ``rows`` of ``step``, their example ids, and the
+        examples skipped."""
         if self._one_at_a_time is None:
             return self._read(step, rows)
         with self._one_at_a_time:
             return self._read(step, rows)
 
-    def _read(self, step: int, rows: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
+    def _read(self, step: int, rows: np.ndarray) -> Rows:
         batch_ids = self._schedule.ids(step)
         ids = batch_ids if len(rows) == len(batch_ids) else batch_ids[rows]
         valid = ids >= 0
+        skipped: list[Skip] = []
+        try:
+            real: Mapping[str, Any] = self._source[ids if valid.all() else ids[valid]]
+        except Exception as error:
+            if not (self._skip and skippable(error)):
+                raise
+            bad = find_bad(self._source.__getitem__, ids[valid], error)
+            at = np.flatnonzero(valid)[[i for i, _ in bad]]
+            skipped = [(int(ids[a]), line) for a, (_, line) in zip(at, bad, strict=True)]
+            ids = ids.copy()
+            ids[at] = -1
+            valid = ids >= 0
+            real = self._source[ids[valid]]
         if valid.all():
-            return dict(self._source[ids]), ids
-        real: Mapping[str, Any] = self._source[ids[valid]] if valid.any() else {}
+            return Rows(dict(real), ids, skipped)
         data: dict[str, Any] = {}
         for name, spec in self._fields.items():
             if spec.ragged:  # padding rows are empty documents
@@ -67,7 +94,7 @@ class SourceRows:
                 data[name] = np.zeros((len(ids), *spec.shape), spec.dtype)
                 if real:
                     data[name][valid] = real[name]
-        return data, ids
+        return Rows(data, ids, skipped)
 
 
 class Lane(NamedTuple):
@@ -78,6 +105,20 @@ class Lane(NamedTuple):
     target: FieldShardings
     row_sets: list[np.ndarray]
     load_sharding: ShardingArg
+
+
+@dataclasses.dataclass
+class HostStep:
+    """A step's host rows, one dict per row set, with the examples this process read
+    for it (padding aside, skipped ones included) and those it skipped."""
+
+    rows: list[dict[str, np.ndarray]]
+    read: int
+    skipped: list[Skip]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for rows in self.rows for a in rows.values())
 
 
 @dataclasses.dataclass
@@ -108,7 +149,7 @@ class StepReader:
       lane: the ``Lane`` of a step (of its batch size).
       transform: the batch transform, or ``None``.
       records: the record stage, or ``None``.
-      pad: ``last_batch="pad"``: add the ``mask`` field.
+      mask: add the ``mask`` field (``last_batch="pad"``, ``on_error="skip"``).
     """
 
     def __init__(
@@ -118,38 +159,42 @@ class StepReader:
         *,
         transform: Transform | None,
         records: RecordStage | None,
-        pad: bool,
+        mask: bool,
     ) -> None:
         self._source_rows, self._lane = source_rows, lane
-        self._transform, self._records, self._pad = transform, records, pad
+        self._transform, self._records, self._mask = transform, records, mask
         self._checked: set[int] = set()  # the batch sizes whose output has been checked
 
-    def read(self, step: int) -> list[dict[str, np.ndarray]] | PendingStep:
+    def read(self, step: int) -> HostStep | PendingStep:
         """The host rows of ``step``, or with record workers a ``PendingStep``."""
         lane = self._lane(step)
         read = self._source_rows.read if self._records is None else self._records
         parts: list[Rows | Pending] = [read(step, rows) for rows in lane.row_sets]
         if any(isinstance(p, Pending) for p in parts):
             return PendingStep(lane, parts)
-        return [self._finish_rows(p, lane) for p in parts]  # type: ignore[arg-type]
+        return self._finish(parts, lane)  # type: ignore[arg-type]
 
-    def finish(
-        self, host: list[dict[str, np.ndarray]] | PendingStep
-    ) -> list[dict[str, np.ndarray]]:
+    def finish(self, host: HostStep | PendingStep) -> HostStep:
         """The host rows of a step ``read`` returned (waits for its record workers)."""
         if not isinstance(host, PendingStep):
             return host
-        parts = [p.result() if isinstance(p, Pending) else p for p in host.parts]
-        return [self._finish_rows(p, host.lane) for p in parts]
+        return self._finish(
+            [p.result() if isinstance(p, Pending) else p for p in host.parts], host.lane
+        )
+
+    def _finish(self, parts: list[Rows], lane: Lane) -> HostStep:
+        skipped = [s for part in parts for s in part.skipped]
+        read = sum(int((part.ids >= 0).sum()) for part in parts) + len(skipped)
+        return HostStep([self._finish_rows(p, lane) for p in parts], read, skipped)
 
     def _finish_rows(self, rows: Rows, lane: Lane) -> dict[str, np.ndarray]:
-        data, ids = rows
+        data, ids, _ = rows
         if self._transform is not None:
             data = self._transform(data)
         if lane.size not in self._checked:
             self._check_output(data, len(ids), lane.target)
             self._checked.add(lane.size)
-        if self._pad:
+        if self._mask:
             data = {**data, MASK: ids >= 0}
         return data
 
@@ -180,10 +225,10 @@ class StepReader:
                     "cannot go to devices; decode or pad it to a fixed shape with "
                     "record_transform= (per example) or transform= (per batch)."
                 )
-            if self._pad and name == MASK:
+            if self._mask and name == MASK:
                 raise ValueError(
                     f"the {who} returned a field named {MASK!r}, which last_batch='pad' "
-                    "adds itself; rename that field."
+                    "and on_error='skip' add themselves; rename that field."
                 )
             check_sharding(
                 target.of(name, array.ndim),
@@ -210,9 +255,10 @@ def make_reader(
     *,
     max_depth: int,
 ) -> StepReader:
-    """The reader of a loader's ``options``: its record stage, transform and padding
+    """The reader of a loader's ``options``: its record stage, transform and mask
     (``max_depth``: the most steps the read-ahead holds with ``prefetch="auto"``)."""
     records = None
+    skip = options.on_error == "skip"
     if options.record_transform is not None:
         steps = max_depth if options.prefetch == "auto" else int(options.prefetch)
         records = RecordStage(
@@ -222,11 +268,12 @@ def make_reader(
             seed=options.seed,
             source_rows=source_rows,
             read_ahead=(steps, options.prefetch_bytes),
+            skip=skip,
         )
     return StepReader(
         source_rows,
         lane,
         transform=options.transform,
         records=records,
-        pad=options.last_batch == "pad",
+        mask=options.last_batch == "pad" or skip,
     )

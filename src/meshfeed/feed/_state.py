@@ -6,7 +6,9 @@ number. The state carries those inputs too (the *fingerprint*), so a state resto
 a loader over other data or with another seed is refused, naming the field, instead of
 silently continuing another stream. The topology it was taken on is recorded but not
 checked: restoring under another number of processes or devices continues the same
-global batches.
+global batches. So is the count of examples skipped (``on_error="skip"``) by the
+process that took the state: a count, not checked, that the restored loader goes on
+from.
 
 A schedule in the fingerprint -- a batch size or mixture weights by stage -- is compared
 stage by stage instead: a state restores into a loader whose schedule agrees on every
@@ -62,12 +64,14 @@ class LoaderState:
     step: int
     fingerprint: Mapping[str, Any]
     topology: Mapping[str, int]
+    skipped: int = 0
+    """Examples skipped (``on_error="skip"``) by the process that took the state."""
 
     @classmethod
-    def now(cls, step: int, fingerprint: Mapping[str, Any]) -> LoaderState:
+    def now(cls, step: int, fingerprint: Mapping[str, Any], skipped: int = 0) -> LoaderState:
         """The state at ``step``, on this process's topology."""
         topology = {"process_count": jax.process_count(), "device_count": jax.device_count()}
-        return cls(step, fingerprint, topology)
+        return cls(step, fingerprint, topology, skipped)
 
     def to_json(self) -> dict[str, Any]:
         """A small JSON-serialisable dict (what ``Loader.state()`` returns)."""
@@ -76,6 +80,7 @@ class LoaderState:
             "step": self.step,
             **self.fingerprint,
             "topology": dict(self.topology),
+            "skipped": self.skipped,
         }
 
     @classmethod
@@ -88,10 +93,16 @@ class LoaderState:
                 f"restore got {type(state).__name__} without format={STATE_FORMAT!r}; pass "
                 "the dict returned by Loader.state()."
             )
-        rest = {k: v for k, v in state.items() if k not in ("format", "step", "topology")}
+        rest = {
+            k: v for k, v in state.items() if k not in ("format", "step", "topology", "skipped")
+        }
         if "fields" in rest:  # JSON turns shape tuples into lists already; keep them lists
             rest["fields"] = {n: [list(s), d] for n, (s, d) in (rest["fields"] or {}).items()}
-        return cls(state.get("step"), rest, dict(state.get("topology") or {}))  # type: ignore[arg-type]
+        skipped = state.get("skipped", 0)
+        if not isinstance(skipped, int) or isinstance(skipped, bool) or skipped < 0:
+            raise ValueError(f"the state has skipped={skipped!r}; it must be an int >= 0.")
+        topology = dict(state.get("topology") or {})
+        return cls(state.get("step"), rest, topology, skipped)  # type: ignore[arg-type]
 
     def check(
         self, mine: Mapping[str, Any], end: int | None, positions: Callable[[int], int]

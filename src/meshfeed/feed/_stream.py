@@ -6,8 +6,10 @@ by a ``Prefetcher`` (or ``Inline`` with ``prefetch=0``); placing them on the dev
 ``check_replicas`` stay on the consuming thread, in step order, because a collective
 must run in the same order on every process. When the position moves under it
 (``restore`` or ``reset`` between two batches) the read-ahead is dropped and restarted
-at the new position, so nothing read ahead is ever counted as consumed. It also tells
-the watch what this process is doing, for the line a lost peer makes it print.
+at the new position, so nothing read ahead is ever counted as consumed -- nor its
+skipped examples (``on_error="skip"``), which are counted as each step is handed out.
+It also tells the watch what this process is doing, for the line a lost peer makes it
+print.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import jax
 
 from meshfeed.cluster._watch import doing
 from meshfeed.feed._pipeline import Inline, Prefetcher
+from meshfeed.feed._reader import HostStep
 from meshfeed.feed._replicas import check_replicas
+from meshfeed.feed._skips import SkipLog
 
 GlobalBatch = dict[str, jax.Array]
 
@@ -30,8 +34,9 @@ class Stream:
     def __init__(
         self,
         read: Callable[[int], Any],
-        place: Callable[[int, Any], GlobalBatch],
+        place: Callable[[int, Any], tuple[GlobalBatch, HostStep]],
         *,
+        skips: SkipLog,
         end: int | None,
         prefetch: int | str,
         prefetch_bytes: int,
@@ -40,6 +45,7 @@ class Stream:
         steps_ahead: Callable[[], int | None] | None = None,
     ) -> None:
         self._read, self._place = read, place  # place also collects rows from record workers
+        self.skips = skips
         self._step_bytes = step_bytes  # a step's host bytes, when known before reading
         self._steps_ahead = steps_ahead  # a bound on the depth, known after the first step
         self.end = end
@@ -57,7 +63,8 @@ class Stream:
                     ahead = self._read_ahead()
                 doing(f"loading step {self.step}")
                 step, host = next(ahead)
-                batch = self._place(step, host)
+                batch, done = self._place(step, host)
+                self.skips.add(step, done.read, done.skipped)  # raises past max_skipped
                 if self._check_every and step % self._check_every == 0:
                     check_replicas(batch)
                 self.step = step + 1
@@ -69,7 +76,7 @@ class Stream:
 
     def batch(self, step: int) -> GlobalBatch:
         """The placed batch of ``step``, read now, without moving the position."""
-        return self._place(step, self._read(step))
+        return self._place(step, self._read(step))[0]
 
     def _read_ahead(self) -> Inline | Prefetcher:
         if self._prefetch == 0:

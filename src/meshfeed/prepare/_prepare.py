@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from meshfeed.data._bad_records import OnError
 from meshfeed.data._folder import (
     MANIFEST,
     RECORD,
@@ -37,8 +38,6 @@ from meshfeed.prepare._read import KEEP_TYPES
 from meshfeed.prepare._run import Report, run_local, run_ray, start_workers, stop_workers
 from meshfeed.storage._blob import is_url
 
-OnError = Literal["raise", "skip"]
-"""What ``prepare`` does with a bad record: raise naming it, or skip and count it."""
 TxtMode = Literal["file", "line"]
 """How ``prepare`` reads ``.txt`` inputs: a document per file, or per line."""
 PrepareExecutor = Literal["local", "ray"]

@@ -210,6 +210,10 @@ def fit(
                 if depth is not None:
                     logged["prefetch_depth"] = float(depth)
                     info += f"  read-ahead {depth}"
+                skipped = getattr(loader, "skipped", None)  # on_error="skip"
+                if isinstance(skipped, list) and skipped:
+                    logged["skipped"] = float(len(skipped))
+                    info += f"  skipped {len(skipped)}"
                 bar.update(task, completed=k, info=info)
                 if show and not console.is_terminal:
                     console.print(f"{description}: step {k}/{total}  {info}", soft_wrap=True)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from meshfeed.core._permutation import M64, hash64
+from meshfeed.data._bad_records import error_line
 from meshfeed.data._sources import FieldSpec
 
 EXAMPLE_ID = "meshfeed_example_id"  # set on an exception by the work that raised it
@@ -215,11 +216,14 @@ def transform_rows(
     seed: int,
     epoch: int,
     current: Any = None,
+    skipped: list[tuple[int, int, str]] | None = None,
 ) -> None:
     """Transforms the rows of ``batch`` into ``outputs[start:]`` (padding, id < 0, is
     left as it is). An exception carries the failing example's id as ``EXAMPLE_ID``;
     ``current[0]``, if given (an int64 array or memoryview), holds the id of the example
-    being transformed (a worker's parent reads it there if the worker dies)."""
+    being transformed (a worker's parent reads it there if the worker dies). With
+    ``skipped`` (``on_error="skip"``), a record that raises gets zero rows instead and
+    ``(its row in outputs, its id, the error's line)`` is appended there."""
     rng = _thread_rng()
     spec = {k: FieldSpec(v.shape[1:], v.dtype) for k, v in outputs.items()}
     fields = [(name, outputs[name], s.shape, s.dtype) for name, s in spec.items()]
@@ -246,21 +250,48 @@ def transform_rows(
                 for name, value in checked.items():
                     outputs[name][start + i] = value
         except Exception as error:
+            if skipped is not None:  # a bad record: a zero row, which the mask will hide
+                for field in fields:
+                    field[1][start + i] = 0
+                skipped.append((start + i, int(example_id), error_line(error)))
+                continue
             with contextlib.suppress(AttributeError):  # a worker reports the example
                 setattr(error, EXAMPLE_ID, int(example_id))
             raise
 
 
 def probe_spec(
-    fn: RecordFn, batch: Mapping[str, np.ndarray], ids: np.ndarray, seed: int, epoch: int
+    fn: RecordFn,
+    batch: Mapping[str, np.ndarray],
+    ids: np.ndarray,
+    seed: int,
+    epoch: int,
+    *,
+    skip: bool = False,
 ) -> dict[str, FieldSpec]:
-    """The output fields of ``fn``, from its result on the first real row of ``batch``."""
-    for i, example_id in enumerate(ids):
-        if example_id >= 0:
+    """The output fields of ``fn``, from its result on the first real row of ``batch``
+    (with ``skip``, the first real row it does not raise on)."""
+    first: Exception | None = None
+    for i, example_id in enumerate(ids.tolist()):
+        if example_id < 0:
+            continue
+        try:
             out = _check(
                 fn(_record(batch, i), record_rng(seed, epoch, example_id)), None, example_id
             )
-            return {k: FieldSpec(tuple(a.shape), a.dtype) for k, a in out.items()}
+        except Exception as error:
+            if not skip:
+                raise
+            first = first or error
+            continue
+        return {k: FieldSpec(tuple(a.shape), a.dtype) for k, a in out.items()}
+    if first is not None:
+        raise RuntimeError(
+            f"record_transform raised on every one of the {int((ids >= 0).sum())} examples "
+            f"of the first rows it was given (the first: {error_line(first)}), so "
+            "on_error='skip' has no record to learn the output fields from; fix the "
+            "record_transform or the data."
+        ) from first
     raise ValueError("probe_spec needs at least one real row.")
 
 

@@ -19,6 +19,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
+from meshfeed.data._bad_records import Skip
 from meshfeed.data._sources import FieldSpec
 from meshfeed.workers._record_rows import RecordFn, probe_spec, transform_rows
 from meshfeed.workers._shm import Spec
@@ -30,11 +31,21 @@ WorkerType = Literal["processes", "threads"]
 WORKER_TYPES: tuple[WorkerType, ...] = ("processes", "threads")
 
 
+class Rows(NamedTuple):
+    """Values of some batch rows, their example ids (-1: padding, or an example skipped
+    under ``on_error="skip"``), and the skipped examples' ids and error lines."""
+
+    data: dict[str, Any]
+    ids: np.ndarray
+    skipped: list[Skip]
+
+
 class StepRows(Protocol):
     """What the record stage reads from: the source's rows of a step, and their epochs."""
 
-    def read(self, step: int, rows: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """The source's values of these batch rows (zeros for padding), and their ids."""
+    def read(self, step: int, rows: np.ndarray) -> Rows:
+        """The source's values of these batch rows (zeros for padding and for examples
+        whose read failed under ``on_error="skip"``), and their ids."""
         ...
 
     def epochs(self, step: int, rows: np.ndarray) -> np.ndarray:
@@ -49,14 +60,13 @@ class Workers(Protocol):
         self, batch: Mapping[str, np.ndarray], ids: np.ndarray, spec: Spec, seed: int, epoch: int
     ) -> Any: ...
 
-    def collect(self, ticket: Any) -> dict[str, np.ndarray]: ...
+    def collect(self, ticket: Any) -> tuple[dict[str, np.ndarray], list[tuple[int, int, str]]]:
+        """The rows, and the ``(row, id, error line)`` of each record skipped."""
+        ...
 
     def release(self, ticket: Any) -> None: ...
 
     def close(self) -> None: ...
-
-
-Rows = tuple[dict[str, np.ndarray], np.ndarray]  # values of some batch rows, their ids
 
 
 class Pending:
@@ -81,13 +91,15 @@ class Pending:
             return got[0][1]
         out: dict[str, np.ndarray] = {}
         ids = np.empty(self._rows, np.int64)
-        for at, (data, part_ids) in got:
+        skipped: list[Skip] = []
+        for at, (data, part_ids, part_skipped) in got:
             ids[at] = part_ids
+            skipped += part_skipped
             for name, values in data.items():
                 if name not in out:
                     out[name] = np.empty((self._rows, *values.shape[1:]), values.dtype)
                 out[name][at] = values
-        return out, ids
+        return Rows(out, ids, skipped)
 
     def release(self) -> None:
         """Drops rows never to be collected (the read-ahead was closed or moved; no
@@ -101,16 +113,26 @@ class Pending:
 class _Handed(NamedTuple):
     pool: Workers
     ticket: Any
-    ids: np.ndarray
+    read: Rows  # what the workers were given
     nbytes: int
 
     def result(self) -> Rows:
-        out = self.pool.collect(self.ticket)
-        real = self.ids >= 0
-        if not real.all():
-            for array in out.values():
-                array[~real] = 0
-        return out, self.ids
+        out, skipped = self.pool.collect(self.ticket)
+        return _skipping(out, self.read, skipped)
+
+
+def _skipping(out: dict[str, np.ndarray], read: Rows, skipped: list[tuple[int, int, str]]) -> Rows:
+    """The transformed rows, the records skipped (their rows zero, their ids -1) on top
+    of those the read skipped."""
+    ids = read.ids
+    if skipped:
+        ids = ids.copy()
+        ids[[row for row, _, _ in skipped]] = -1
+    real = ids >= 0
+    if not real.all():
+        for array in out.values():
+            array[~real] = 0
+    return Rows(out, ids, [*read.skipped, *((i, line) for _, i, line in skipped)])
 
 
 class RecordStage:
@@ -131,9 +153,10 @@ class RecordStage:
         seed: int,
         source_rows: StepRows,
         read_ahead: tuple[int, int] = (1, 1),
+        skip: bool = False,
     ) -> None:
         self.fn, self.num_workers, self.worker_type, self.seed = fn, num_workers, worker_type, seed
-        self._rows, self._read_ahead = source_rows, read_ahead
+        self._rows, self._read_ahead, self.skip = source_rows, read_ahead, skip
         self.spec: dict[str, FieldSpec] | None = None
         self._pool: Workers | None = None
         self._lock = threading.Lock()
@@ -154,31 +177,34 @@ class RecordStage:
         return pending if any(isinstance(p, _Handed) for _, p in parts) else pending.result()
 
     def _start(self, step: int, rows: np.ndarray, epoch: int) -> Rows | _Handed:
-        data, ids = self._rows.read(step, rows)
+        read = self._rows.read(step, rows)
+        data, ids = read.data, read.ids
         real = ids >= 0
         with self._lock:
             if self.spec is None:
                 if not real.any():
-                    return data, ids  # only padding so far: nothing to learn the output from
-                self.spec = probe_spec(self.fn, data, ids, self.seed, epoch)
+                    return read  # only padding so far: nothing to learn the output from
+                self.spec = probe_spec(self.fn, data, ids, self.seed, epoch, skip=self.skip)
             spec = self.spec
             if self.num_workers and self._pool is None:
                 self._pool = self._start_pool()
             pool = self._pool
         if not real.any():
-            return {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}, ids
+            out = {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
+            return Rows(out, ids, read.skipped)
         if pool is None:
             out = {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
-            transform_rows(self.fn, data, ids, out, 0, self.seed, epoch)
-            return out, ids
+            skipped: list[tuple[int, int, str]] | None = [] if self.skip else None
+            transform_rows(self.fn, data, ids, out, 0, self.seed, epoch, skipped=skipped)
+            return _skipping(out, read, skipped or [])
         ticket = pool.submit(data, ids, spec, self.seed, epoch)
         row_bytes = sum(math.prod(s.shape) * np.dtype(s.dtype).itemsize for s in spec.values())
-        return _Handed(pool, ticket, ids, len(ids) * row_bytes)
+        return _Handed(pool, ticket, read, len(ids) * row_bytes)
 
     def _start_pool(self) -> Workers:
         if self.worker_type == "threads":
-            return ThreadWorkers(self.fn, self.num_workers)
-        return WorkerPool(self.fn, self.num_workers, read_ahead=self._read_ahead)
+            return ThreadWorkers(self.fn, self.num_workers, skip=self.skip)
+        return WorkerPool(self.fn, self.num_workers, read_ahead=self._read_ahead, skip=self.skip)
 
     def steps_ahead(self) -> int | None:
         """The most steps the workers' shared memory lets the read-ahead hold (``None``:

@@ -23,13 +23,15 @@ from meshfeed.workers._shm import Spec
 class ThreadTicket:
     out: dict[str, np.ndarray]
     futures: list[tuple[concurrent.futures.Future[None], np.ndarray]]
+    skipped: list[tuple[int, int, str]] | None  # appended to by every chunk's thread
 
 
 class ThreadWorkers:
-    """``num_workers`` threads that run ``fn`` on chunks of rows."""
+    """``num_workers`` threads that run ``fn`` on chunks of rows (``skip``: records that
+    raise become zero rows, listed; ``on_error="skip"``)."""
 
-    def __init__(self, fn: RecordFn, num_workers: int) -> None:
-        self.fn, self.num_workers = fn, num_workers
+    def __init__(self, fn: RecordFn, num_workers: int, *, skip: bool = False) -> None:
+        self.fn, self.num_workers, self.skip = fn, num_workers, skip
         self._executor = concurrent.futures.ThreadPoolExecutor(
             num_workers, thread_name_prefix="meshfeed-record"
         )
@@ -38,16 +40,19 @@ class ThreadWorkers:
         self, batch: Mapping[str, np.ndarray], ids: np.ndarray, spec: Spec, seed: int, epoch: int
     ) -> ThreadTicket:
         out = {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
-        futures = []
+        ticket = ThreadTicket(out, [], [] if self.skip else None)
         for lo, hi in chunks(len(ids), 2 * self.num_workers):
             part = {k: v[lo:hi] for k, v in batch.items()}
             future = self._executor.submit(
-                transform_rows, self.fn, part, ids[lo:hi], out, lo, seed, epoch
-            )
-            futures.append((future, ids[lo:hi]))
-        return ThreadTicket(out, futures)
+                transform_rows, self.fn, part, ids[lo:hi], out, lo, seed, epoch, None,
+                ticket.skipped,
+            )  # fmt: skip
+            ticket.futures.append((future, ids[lo:hi]))
+        return ticket
 
-    def collect(self, ticket: ThreadTicket) -> dict[str, np.ndarray]:
+    def collect(
+        self, ticket: ThreadTicket
+    ) -> tuple[dict[str, np.ndarray], list[tuple[int, int, str]]]:
         for future, ids in ticket.futures:
             error = future.exception()
             if error is not None:
@@ -57,7 +62,7 @@ class ThreadWorkers:
                     f"record_transform raised on example {example} in a worker thread: "
                     f"{type(error).__name__}: {error}"
                 ) from error
-        return ticket.out
+        return ticket.out, sorted(ticket.skipped or [])
 
     def release(self, ticket: ThreadTicket) -> None:
         """Drops a batch never to be collected: its chunks not yet started never run."""

@@ -48,7 +48,7 @@ def main(
     tasks = Connection(int(tasks_fd), writable=False)
     results = Connection(int(results_fd), readable=False)
     try:
-        path, payload = pickle.loads(tasks.recv_bytes())
+        path, payload, skip = pickle.loads(tasks.recv_bytes())
         sys.path[:0] = [p for p in path if p not in sys.path]
         fn = pickle.loads(payload)
     except BaseException:
@@ -56,7 +56,7 @@ def main(
         sys.exit(1)
     attached = Attached()
     try:
-        _serve(fn, tasks, results, attached, status, int(index))
+        _serve(fn, skip, tasks, results, attached, status, int(index))
     except (EOFError, OSError):  # the loading process is gone without a word: killed, say
         for folder in attached.folders():  # its files transport, which nobody else would
             remove_folder(folder)  # remove
@@ -64,10 +64,16 @@ def main(
 
 
 def _serve(
-    fn: Any, tasks: Connection, results: Connection, attached: Attached, status: str, index: int
+    fn: Any,
+    skip: bool,
+    tasks: Connection,
+    results: Connection,
+    attached: Attached,
+    status: str,
+    index: int,
 ) -> None:
     """Transforms chunks until the parent says stop (``EOFError`` or ``OSError`` when it
-    is gone)."""
+    is gone); each reply is ``(token, error or None, records skipped)``."""
     attached[status]
     status_map, _ = attach(status)  # kept apart: ``current`` lives as long as the worker
     current = memoryview(status_map)[STATUS_STRIDE * index :][:8].cast("q")
@@ -77,14 +83,15 @@ def _serve(
             return
         token, inputs, layout, slot, rows, spec, start, seed, epoch = task
         ids = np.empty(0, np.int64)
+        skipped: list[tuple[int, int, str]] | None = [] if skip else None
         try:
             part = get_rows(attached[inputs], layout)
             ids = part.pop(IDS)
             outputs = views(attached[slot], spec, rows)
-            transform_rows(fn, part, ids, outputs, start, seed, epoch, current)
+            transform_rows(fn, part, ids, outputs, start, seed, epoch, current, skipped)
             del outputs, part
-            reply: Any = (token, None)
+            reply: Any = (token, None, skipped or [])
         except Exception as error:
             first = next((int(i) for i in ids if i >= 0), -1)
-            reply = (token, (getattr(error, EXAMPLE_ID, first), traceback.format_exc()))
+            reply = (token, (getattr(error, EXAMPLE_ID, first), traceback.format_exc()), [])
         _reply(results, reply)

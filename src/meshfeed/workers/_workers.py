@@ -159,9 +159,10 @@ class WorkerPool:
         num_workers: int,
         *,
         read_ahead: tuple[int, int] = (1, 1),
+        skip: bool = False,
         timeout_s: float = 600.0,
     ) -> None:
-        payload = pickle.dumps((list(sys.path), send_by_value(fn)))
+        payload = pickle.dumps((list(sys.path), send_by_value(fn), skip))
         self.num_workers, self.timeout_s = num_workers, timeout_s
         self._blocks = PoolBlocks(STATUS_STRIDE * num_workers, read_ahead)
         self._slots, self._inputs = self._blocks.slots, self._blocks.inputs
@@ -179,7 +180,7 @@ class WorkerPool:
         for fd in self._by_fd:
             self._poller.register(fd, select.POLLIN)
         self._cond = threading.Condition()
-        self._done: set[int] = set()
+        self._done: dict[int, list[tuple[int, int, str]]] = {}  # token -> records skipped
         self._released: list[Ticket] = []  # dropped, their chunks not all done yet
         self._failure: str | None = None
         self._receiving = False
@@ -219,13 +220,13 @@ class WorkerPool:
             del buffer
         return ticket
 
-    def collect(self, ticket: Ticket) -> dict[str, np.ndarray]:
-        """Waits for ``ticket``'s rows; returns copies of them."""
-        self._wait(ticket)
+    def collect(self, ticket: Ticket) -> tuple[dict[str, np.ndarray], list[tuple[int, int, str]]]:
+        """Waits for ``ticket``'s rows; returns copies of them, and the records skipped."""
+        skipped = self._wait(ticket)
         out = self._slots.copy_out(ticket.slot, ticket.spec, ticket.rows)
         with self._cond:
             self._give_back(ticket)
-        return out
+        return out, skipped
 
     def release(self, ticket: Ticket) -> None:
         """Drops ``ticket``'s batch: its slot and block are reused once its chunks are done
@@ -241,7 +242,8 @@ class WorkerPool:
     def _give_back_released(self) -> None:
         for ticket in list(self._released):
             if all(token in self._done for token in ticket.chunks):
-                self._done.difference_update(ticket.chunks)
+                for token in ticket.chunks:
+                    del self._done[token]
                 self._released.remove(ticket)
                 self._give_back(ticket)
 
@@ -249,13 +251,12 @@ class WorkerPool:
         if self._failure is not None:
             raise RuntimeError(self._failure)
 
-    def _wait(self, ticket: Ticket) -> None:
+    def _wait(self, ticket: Ticket) -> list[tuple[int, int, str]]:
         with self._cond:
             while True:
                 self._raise_if_failed()
                 if all(token in self._done for token in ticket.chunks):
-                    self._done.difference_update(ticket.chunks)
-                    return
+                    return [s for token in ticket.chunks for s in self._done.pop(token)]
                 if self._receiving:  # another thread reads the replies; it will wake us
                     self._cond.wait(_POLL_S)
                     continue
@@ -292,8 +293,8 @@ class WorkerPool:
         elif time.monotonic() - self._heard > self.timeout_s:
             self._fail(f"record_transform workers sent nothing for {self.timeout_s} s.")
 
-    def _handle(self, worker: _Worker, reply: tuple[Any, Any]) -> None:
-        token, error = reply
+    def _handle(self, worker: _Worker, reply: tuple[Any, ...]) -> None:
+        token, error, *skipped = reply
         if token == "start":
             line = error.strip().splitlines()[-1]
             self._fail(f"record_transform worker {worker.index} could not start: {line}\n{error}")
@@ -306,7 +307,7 @@ class WorkerPool:
             )
             return
         with self._cond:
-            self._done.add(token)
+            self._done[token] = skipped[0]
             if self._released:
                 self._give_back_released()
 
