@@ -185,3 +185,18 @@ def test_bad_on_error_arguments_are_named(kwargs, message):
             fns.source(), global_batch_size=8, sharding=meshfeed.batch_sharding(mesh), **kwargs
         )
     assert str(caught.value) == message
+
+
+def test_fit_logs_the_examples_skipped(capsys):
+    import jax.numpy as jnp
+
+    def step(state, batch):
+        return state, {"loss": jnp.sum(batch["image"]) * 0}
+
+    feed = fns.loader()
+    history = meshfeed.fit(step, jnp.zeros(()), feed, log_every=4)
+    assert feed.steps_per_epoch == 12 and history.steps == 12
+    skipped = [row.get("skipped", 0.0) for row in history.train]
+    assert skipped[-1] == len(feed.skipped) == 4  # every bad example of the epoch
+    assert skipped == sorted(skipped) and skipped[0] < 4
+    assert "skipped 4" in capsys.readouterr().out  # off a terminal: a line per log
