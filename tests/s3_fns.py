@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -13,10 +14,11 @@ import meshfeed
 from meshfeed.testing import local_shards
 
 
-def _loader(source: Any, **kwargs: Any) -> meshfeed.Loader:
+def make_loader(source: Any, global_batch_size: int = 8, **kwargs: Any) -> meshfeed.Loader:
+    """The tests' loader of ``source``: seed 3, padded last batch, a data mesh of every device."""
     return meshfeed.Loader(
         source,
-        global_batch_size=8,
+        global_batch_size=global_batch_size,
         sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count())),
         seed=3,
         last_batch="pad",
@@ -27,7 +29,7 @@ def _loader(source: Any, **kwargs: Any) -> meshfeed.Loader:
 def stream(source: Any, **kwargs: Any) -> list[dict[str, Any]]:
     """Every batch of one shuffled epoch of ``source``, as this process's shards."""
     return [
-        {k: (v.shape, local_shards(v)) for k, v in b.items()} for b in _loader(source, **kwargs)
+        {k: (v.shape, local_shards(v)) for k, v in b.items()} for b in make_loader(source, **kwargs)
     ]
 
 
@@ -39,19 +41,27 @@ def stream_from(
     return stream(meshfeed.open_source(url, storage_options=storage_options), **order)
 
 
-def read_until_gone(url: str, storage_options: Mapping[str, Any], flags: str) -> tuple[str, float]:
-    """Reads a step, says so (a file in ``flags``), waits until the test has taken the
-    store away, then reads on: the error each process raises, and how long it took."""
-    source = meshfeed.open_source(url, storage_options=storage_options, retry_s=2)
-    batches = iter(_loader(source, prefetch=0))
+def read_until_gone(
+    url: str, storage_options: Mapping[str, Any], flags: str, retry_s: float
+) -> tuple[str, float, float]:
+    """Reads a step (32 rows, a few steps read ahead), says so (a file in ``flags``),
+    waits until the test has taken the store away (the file ``stopped`` holds when),
+    then reads on: the error this process raises, the seconds from the store going away
+    to it, and the requests a step sends from this process."""
+    source = meshfeed.open_source(url, storage_options=storage_options, retry_s=retry_s)
+    loader = make_loader(source, global_batch_size=32, prefetch=2)
+    fetches = loader.plan.fetches
+    per_step = fetches.requests if fetches is not None else 0.0
+    batches = iter(loader)
     next(batches)
     open(os.path.join(flags, f"ready-{jax.process_index()}"), "w").close()
-    while not os.path.exists(os.path.join(flags, "stopped")):
+    stopped = Path(flags, "stopped")  # written whole (renamed into place)
+    while not stopped.exists():
         time.sleep(0.05)
-    start = time.monotonic()
+    went = float(stopped.read_text())
     try:
         for _ in batches:
             pass
     except OSError as error:
-        return str(error), time.monotonic() - start
-    return "no error", time.monotonic() - start
+        return str(error), time.time() - went, per_step
+    return "no error", time.time() - went, per_step

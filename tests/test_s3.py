@@ -108,34 +108,6 @@ def test_a_truncated_shard_is_refused_naming_it(server):
         meshfeed.open_source(url, storage_options=server.storage_options)
 
 
-def test_the_stream_outlives_the_store_going_away_for_3_s(server):
-    url = _write(server, "outage")
-    proxy = Proxy(server.port)
-    options = {**server.storage_options, "endpoint_url": proxy.endpoint}
-    source = meshfeed.open_source(url, storage_options=options, retry_s=30)
-    loader = meshfeed.Loader(
-        source,
-        global_batch_size=8,
-        sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=8)),
-        seed=3,  # s3_fns.stream's, to compare the order too
-        last_batch="pad",
-        prefetch=0,  # every read after the outage starts is on demand
-    )
-    seen: list[int] = []
-    went = 0.0
-    for step, batch in enumerate(loader):
-        seen += np.asarray(batch["id"])[np.asarray(batch["mask"])].tolist()
-        if step == 3:
-            proxy.stop()
-            went = time.monotonic()
-            threading.Timer(3.0, proxy.start).start()
-    assert time.monotonic() - went > 2.5  # the reads waited the outage out
-    assert sorted(seen) == list(range(N))  # every example exactly once
-    want = assemble([{"batches": s3_fns.stream(meshfeed.ArraySource(_data()))}])
-    assert seen == [i for b in want for i in b["id"][b["mask"]].tolist()]
-    proxy.stop()
-
-
 def test_a_store_gone_for_good_is_an_error_within_the_retry_bound(server):
     url = _write(server, "gone")
     proxy = Proxy(server.port)
@@ -143,37 +115,13 @@ def test_a_store_gone_for_good_is_an_error_within_the_retry_bound(server):
     source = meshfeed.open_source(url, storage_options=options, retry_s=2)
     proxy.stop()
     start = time.monotonic()
-    with pytest.raises(OSError, match=r"reading s3://data/gone/.* failed for 2 s .*unreachable"):
+    with pytest.raises(
+        OSError,
+        match=r"reading s3://data/gone/.* failed: the s3 store at .* has failed for 2\.\d s "
+        r"with no success .*unreachable.*pass a larger retry_s \(now 2\)",
+    ):
         source[np.arange(10)]
-    assert time.monotonic() - start < 15
-
-
-@pytest.mark.multiprocess
-def test_a_store_gone_for_good_is_an_error_on_every_process(server, tmp_path):
-    url = _write(server, "gone2")
-    proxy = Proxy(server.port)
-    options = {**server.storage_options, "endpoint_url": proxy.endpoint}
-
-    def take_the_store_away() -> None:
-        deadline = time.monotonic() + 120
-        while len(list(tmp_path.glob("ready-*"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        proxy.stop()
-        (tmp_path / "stopped").touch()
-
-    threading.Thread(target=take_the_store_away, daemon=True).start()
-    results = run_in_processes(
-        s3_fns.read_until_gone,
-        url,
-        options,
-        str(tmp_path),
-        num_processes=2,
-        devices_per_process=4,
-    )
-    for message, seconds in results:
-        assert "reading s3://data/gone2/" in message and "failed for 2 s" in message, message
-        assert "unreachable" in message
-        assert seconds < 15
+    assert time.monotonic() - start < 8  # 4 shards x 2 fields in flight, on one clock
 
 
 def test_parquet_outlives_the_store_going_away_for_3_s(server):

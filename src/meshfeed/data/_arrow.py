@@ -21,7 +21,7 @@ from meshfeed.data._adapters import OBJECT, require
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._sources import FieldSpec, check_ids, gather_by_part, locate
 from meshfeed.storage._blob import Blob, is_url
-from meshfeed.storage._remote import RETRY_S, with_retries
+from meshfeed.storage._remote import RETRY_S
 
 T = TypeVar("T")
 
@@ -232,7 +232,8 @@ class ParquetSource:
       cache_bytes: memory for decoded row groups (0: no cache).
       storage_options: for a URL, the filesystem's options (``endpoint_url``, ``key``,
         ``secret``, ...), as ``open_source`` takes them.
-      retry_s: for a URL, how long a read outlives a failing store, as ``open_source``.
+      retry_s: for a URL, how long the store may fail with no success before a read
+        raises, as ``open_source``.
     """
 
     def __init__(
@@ -247,15 +248,13 @@ class ParquetSource:
         pq = require("pyarrow.parquet", "parquet")
         pa = require("pyarrow", "parquet")
         self.path = str(path)
-        self._retry_s = retry_s if is_url(self.path) else None
+        remote = is_url(self.path)
+        self._blob = Blob(self.path, storage_options, retry_s=retry_s) if remote else None
         # Local files through pyarrow's own reader; URLs through fsspec, each read of a
         # column chunk one request (fsspec's read-ahead would fetch megabytes past it).
+        blob = self._blob
         self._file = self._retried(
-            lambda: pq.ParquetFile(
-                Blob(self.path, storage_options).open(cache_type="none")
-                if is_url(self.path)
-                else self.path
-            )
+            lambda: pq.ParquetFile(blob.open(cache_type="none") if blob else self.path)
         )
         schema = self._file.schema_arrow
         self._columns = list(columns) if columns is not None else list(schema.names)
@@ -307,9 +306,7 @@ class ParquetSource:
         return k
 
     def _retried(self, call: Callable[[], T]) -> T:
-        if self._retry_s is None:
-            return call()
-        return with_retries(call, self.path, retry_s=self._retry_s)
+        return call() if self._blob is None else self._blob.retried(call)
 
     def _group(self, g: int) -> dict[str, Any]:
         with self._lock:  # one file reader and one cache, for every reading thread

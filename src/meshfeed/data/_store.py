@@ -178,9 +178,10 @@ def open_source(
         manifest (after copying a dataset, say). Headers and sizes are always checked.
       storage_options: for a URL, the filesystem's options (``endpoint_url``, ``key``,
         ``secret``, ``anon``, ...), as fsspec, pandas and Hugging Face datasets take them.
-      retry_s: for a URL, how long a read outlives a store that fails or cannot be
-        reached (retried with backoff) before it raises; a missing object or denied
-        access raises at once.
+      retry_s: for a URL, how long the store may fail or be unreachable with no
+        success in between before every read of it raises (one clock per store and
+        process, shared by every read; the reads wait with backoff meanwhile); a
+        missing object or denied access raises at once.
       cache_dir: for a URL, a local directory to keep whole shard files in once read,
         so later epochs read the disk instead of the store (``None``: no cache; every
         read is a range request). Processes on one machine may share it.

@@ -10,6 +10,7 @@ read through it; nothing here knows about examples, fields or devices.
 
 Modules, lowest first (each imports only modules listed before it)::
 
+    _clock         StoreClock: a store's outage, timed once for all its reads; one probe at a time
     _remote        byte ranges behind a URL: requested together, failures named, faults retried
     _cache         ShardCache: whole objects behind a URL kept on local disk, LRU within a bound
     _blob          Blob: a local file or an object behind a URL, read by byte range

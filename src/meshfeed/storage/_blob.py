@@ -5,6 +5,12 @@ process). Behind a URL, ``fetch_ranges`` (``_remote``): every range of a read in
 together, nearby ones merged, failures named, passing faults retried. With a
 ``ShardCache`` (``open_source(cache_dir=...)``), the first read downloads the object
 whole and later reads ``pread`` the local copy.
+
+Every read behind a URL runs on its store's clock (``_clock``), and a Blob is where the
+filesystem for a URL is built: with the storage options and the client's own retries
+off (``reader_options``, ``bound_inner_retries``), so every source, format and Parquet
+reader gets the same filesystem for the same options (fsspec keeps one instance per
+options), and nothing retries under the clock's feet.
 """
 
 from __future__ import annotations
@@ -14,13 +20,23 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
-from typing import IO, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any, TypeVar
 
 from meshfeed.storage._cache import ShardCache
-from meshfeed.storage._remote import RETRY_S, Counter, fetch_ranges
+from meshfeed.storage._clock import clock_for
+from meshfeed.storage._remote import (
+    RETRY_S,
+    Counter,
+    bound_inner_retries,
+    fetch_ranges,
+    reader_options,
+    store_name,
+    with_retries,
+)
 
 _COPY_LOCK = threading.Lock()  # guards every Blob's descriptor of its cached copy
+T = TypeVar("T")
 
 
 def is_url(path: str) -> bool:
@@ -62,8 +78,9 @@ class Blob:
         self._size: int | None = None
         if is_url(path):
             self._fs, self._fs_path = require_fsspec().core.url_to_fs(
-                path, **dict(storage_options or {})
+                path, **reader_options(path, storage_options)
             )
+            bound_inner_retries(self._fs)
         else:
             self._fs, self._fs_path = None, path
 
@@ -72,7 +89,8 @@ class Blob:
             if self._fs is None:
                 return os.stat(self.path).st_size
             if self._size is None:  # an object does not change size: ask once
-                self._size = int(self._fs.size(self._fs_path))
+                fs, fs_path = self._fs, self._fs_path
+                self._size = int(self.retried(lambda: fs.size(fs_path)))
             return self._size
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.path} does not exist.") from None
@@ -83,6 +101,14 @@ class Blob:
         if self._fs is None:
             return open(self.path, "rb")  # the caller closes it
         return self._fs.open(self._fs_path, "rb", **options)
+
+    def retried(self, call: Callable[[], T]) -> T:
+        """``call()`` (a read of this object through ``open``, say) on the store's clock:
+        asked again after a passing fault, until the store has failed for ``retry_s``."""
+        if self._fs is None:
+            return call()
+        clock = clock_for(store_name(self._fs, self._fs_path))
+        return with_retries(call, self.path, retry_s=self.retry_s, clock=clock)
 
     def read(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)``; fewer if the file ends first."""
@@ -184,6 +210,11 @@ class Blob:
 
     def __getstate__(self) -> dict[str, Any]:  # workers reopen the file themselves
         return {**self.__dict__, "_fd": None, "_copy": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._fs is not None:  # a filesystem is unpickled from its options alone
+            bound_inner_retries(self._fs)
 
 
 def _pread_into(fd: int, views: Sequence[memoryview], starts: Sequence[int], name: str) -> None:
