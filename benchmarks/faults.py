@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fault_fns import decode_crop_checked, dequantize, images, is_bad, pngs
 
 import meshfeed
+from common import measure
 
 BATCH = 256  # workload F
 ROWS_BATCH = 64  # workload G
@@ -72,20 +73,6 @@ MOUNT = f'mount -t tmpfs -o size={SMALL_SHM} tmpfs /dev/shm && exec "$@"'
 
 def _sharding() -> Any:
     return meshfeed.batch_sharding(meshfeed.make_mesh(data=8))
-
-
-def _timed(loader: meshfeed.Loader, batch: int, seconds: float, warmup: int = 5) -> float:
-    """Records per second of ``loader`` over ``seconds`` of steady state."""
-    it = iter(loader)
-    for _ in range(warmup):
-        jax.block_until_ready(next(it))
-    done, start = 0, time.perf_counter()
-    while True:
-        jax.block_until_ready(next(it))
-        done += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return done * batch / elapsed
 
 
 def _skips(loader: meshfeed.Loader) -> dict[str, Any]:
@@ -124,7 +111,7 @@ def _records(source: dict[str, np.ndarray], on_error: str, seconds: float) -> di
         **skip,  # type: ignore[arg-type]
     )
     try:
-        rate = _timed(loader, BATCH, seconds)
+        rate = measure(lambda: iter(loader), BATCH, seconds, warmup=5)
         return {"rate": rate, **_skips(loader)}
     finally:
         loader.close()
@@ -159,7 +146,7 @@ def _rows(side: int, n: int, seconds: float) -> dict[str, Any]:
             num_epochs=None,
         )
         try:
-            rate = _timed(loader, ROWS_BATCH, seconds)
+            rate = measure(lambda: iter(loader), ROWS_BATCH, seconds, warmup=5)
             folders = glob.glob(
                 os.path.join(tempfile.gettempdir(), f"meshfeed-rows-{os.getpid()}-*")
             )

@@ -68,8 +68,14 @@ class SourceRows:
         ids = batch_ids if len(rows) == len(batch_ids) else batch_ids[rows]
         valid = ids >= 0
         skipped: list[Skip] = []
-        try:
-            real: Mapping[str, Any] = self._source[ids if valid.all() else ids[valid]]
+        try:  # no read at all for rows that are all padding
+            real: Mapping[str, Any] = (
+                self._source[ids]
+                if valid.all()
+                else self._source[ids[valid]]
+                if valid.any()
+                else {}
+            )
         except Exception as error:
             if not (self._skip and skippable(error)):
                 raise
@@ -79,7 +85,7 @@ class SourceRows:
             ids = ids.copy()
             ids[at] = -1
             valid = ids >= 0
-            real = self._source[ids[valid]]
+            real = self._source[ids[valid]] if valid.any() else {}
         if valid.all():
             return Rows(dict(real), ids, skipped)
         data: dict[str, Any] = {}
