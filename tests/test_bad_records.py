@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 
 import bad_record_fns as fns
 import numpy as np
@@ -200,3 +202,31 @@ def test_fit_logs_the_examples_skipped(capsys):
     assert skipped[-1] == len(feed.skipped) == 4  # every bad example of the epoch
     assert skipped == sorted(skipped) and skipped[0] < 4
     assert "skipped 4" in capsys.readouterr().out  # off a terminal: a line per log
+
+
+def test_a_tar_member_cut_short_is_skipped(tmp_path):
+    import tarfile
+
+    path = tmp_path / "shard.tar"
+    with tarfile.open(path, "w") as archive:
+        for i in range(64):
+            data = str(i).encode().ljust(2000)  # a member of 2000 bytes: "12", then spaces
+            info = tarfile.TarInfo(f"{i:05d}.id")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    source = meshfeed.TarSource(str(path), decode={"id": "int"}, key=None, build=True)
+    os.truncate(path, 3 * path.stat().st_size // 4)  # cut short while in use
+    broken = []
+    for i in range(64):
+        try:
+            source[np.array([i])]
+        except OSError:
+            broken.append(i)
+    assert 0 < len(broken) < 32
+    feed = fns.loader(None, source_=source, shuffle=False)
+    batches = _epoch(feed)
+    ids = np.concatenate([b["id"][b["mask"]] for b in batches])
+    assert sorted(ids.tolist()) == [i for i in range(64) if i not in broken]
+    assert [s.example for s in feed.skipped] == broken
+    first = feed.skipped[0].error
+    assert first.startswith("TruncatedError: ") and "ended early" in first

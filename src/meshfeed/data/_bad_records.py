@@ -7,8 +7,9 @@ such an example becomes a masked row of its batch (as padding is) instead of end
 run. What counts as a bad record is what a read of the example raises, except an
 ``OSError``: that is the storage speaking (a store that stays down past ``retry_s``, a
 missing or unreadable file), not a record, and skipping it would quietly mask every
-example while a store is down. (A record transform's own errors are all the record's:
-see the record stage.)
+example while a store is down -- but a file that ends before its records do (a tar
+member cut short, ``TruncatedError``) is the records' fault, and is skipped. (A record
+transform's own errors are all the record's: see the record stage.)
 
 A source reads a batch at once, so one bad example fails the whole read. ``find_bad``
 then halves the ids and reads each half again, down to the examples that fail on their
@@ -24,6 +25,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from meshfeed.storage._blob import TruncatedError
+
 OnError = Literal["raise", "skip"]
 """What a bad record does: end the run, naming it (``"raise"``), or be skipped and
 counted (``"skip"``: a masked row in a loader's batch; a record left out by ``prepare``)."""
@@ -35,6 +38,8 @@ Skip = tuple[int, str]
 
 def skippable(error: BaseException) -> bool:
     """Whether a failed read of examples is theirs (a bad record), not the storage's."""
+    if isinstance(error, TruncatedError):  # a file cut short: its records are bad
+        return True
     return isinstance(error, Exception) and not isinstance(error, OSError)
 
 

@@ -39,6 +39,12 @@ _COPY_LOCK = threading.Lock()  # guards every Blob's descriptor of its cached co
 T = TypeVar("T")
 
 
+class TruncatedError(OSError):
+    """A file that ends before the bytes asked for: cut short after it was opened (or
+    indexed). The data's fault, not the store's, so ``on_error="skip"`` skips the
+    examples it holds as bad records, where it raises every other ``OSError``."""
+
+
 def is_url(path: str) -> bool:
     return "://" in path
 
@@ -129,7 +135,7 @@ class Blob:
             ends = [s + len(v) for v, s in zip(views, starts, strict=True)]
             for view, data in zip(views, self._cat_ranges(starts, ends), strict=True):
                 if len(data) != len(view):
-                    raise OSError(f"{self.path} ended early: it is truncated.")
+                    raise TruncatedError(f"{self.path} ended early: it is truncated.")
                 view[:] = data
             return
         _pread_into(self._open(), views, starts, self.path)
@@ -223,5 +229,5 @@ def _pread_into(fd: int, views: Sequence[memoryview], starts: Sequence[int], nam
         while done < len(view):
             got = os.preadv(fd, [view[done:]], at + done)
             if got == 0:
-                raise OSError(f"{name} ended early: it is truncated.")
+                raise TruncatedError(f"{name} ended early: it is truncated.")
             done += got
