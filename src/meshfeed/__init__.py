@@ -97,6 +97,7 @@ from meshfeed.train._steps import collective_axes as collective_axes
 from meshfeed.train._steps import make_train_step as make_train_step
 from meshfeed.train._steps import masked_mean as masked_mean
 from meshfeed.train._train_state import TrainState as TrainState
+from meshfeed.workers._ray_connect import RayOptions as RayOptions
 from meshfeed.workers._record_rows import RecordFn as RecordFn
 from meshfeed.workers._records import WorkerType as WorkerType
 
@@ -144,6 +145,7 @@ __all__ = [
     "PrepareExecutor",
     "PrepareStatus",
     "Ragged",
+    "RayOptions",
     "RecordFn",
     "Schedule",
     "ShardedSource",

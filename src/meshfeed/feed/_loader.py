@@ -38,6 +38,7 @@ from meshfeed.feed._schedule import LastBatch
 from meshfeed.feed._shardings import ShardingArg
 from meshfeed.feed._skips import DEFAULT_MAX_SKIPPED
 from meshfeed.feed._state import LoaderState, fingerprint
+from meshfeed.workers._ray_connect import RayOptions
 from meshfeed.workers._record_rows import RecordFn
 from meshfeed.workers._records import WorkerType
 
@@ -86,7 +87,10 @@ class Loader(OptionAttributes, AssemblyViews):
         output does not depend on it, nor on ``worker_type``.
       worker_type: ``"processes"`` (default): ``fn`` is sent to worker processes by
         value (cloudpickle), so it may come from a script, a notebook or a closure;
-        ``"threads"``: a thread pool in this process, for decoders that release the GIL.
+        ``"threads"``: a thread pool in this process, for decoders that release the GIL;
+        ``"ray"`` (or ``meshfeed.RayOptions(...)``, what each reserves): Ray actors on
+        the cluster this process is connected to, or ``RAY_ADDRESS``'s, or a local one;
+        they read the source themselves, and a chunk lost with one is computed again.
       on_error: what a bad record does -- a read of it that raises (anything but an
         ``OSError``, which is the storage's: an outage, a missing file) or a
         ``record_transform`` that raises on it. ``"raise"`` (default) ends the run;
@@ -124,7 +128,7 @@ class Loader(OptionAttributes, AssemblyViews):
         check_every: int | None = None,
         record_transform: RecordFn | None = None,
         num_workers: int = 0,
-        worker_type: WorkerType = "processes",
+        worker_type: WorkerType | RayOptions = "processes",
         on_error: OnError = "raise",
         max_skipped: int | float = DEFAULT_MAX_SKIPPED,
     ) -> None:

@@ -26,6 +26,7 @@ from meshfeed.feed._plan import STRATEGIES, Strategy
 from meshfeed.feed._schedule import LAST_BATCH, MASK, LastBatch
 from meshfeed.feed._shardings import ShardingArg
 from meshfeed.feed._skips import DEFAULT_MAX_SKIPPED
+from meshfeed.workers._ray_connect import RayOptions
 from meshfeed.workers._record_rows import RecordFn
 from meshfeed.workers._records import WORKER_TYPES, WorkerType
 from meshfeed.workers._workers import send_by_value
@@ -64,7 +65,7 @@ class LoaderOptions:
     check_every: int | None = None
     record_transform: RecordFn | None = None
     num_workers: int = 0
-    worker_type: WorkerType = "processes"
+    worker_type: WorkerType | RayOptions = "processes"
     on_error: OnError = "raise"
     max_skipped: int | float = DEFAULT_MAX_SKIPPED
     batch_sizes: BatchSizes = dataclasses.field(init=False, repr=False, compare=False)
@@ -177,11 +178,12 @@ class LoaderOptions:
                 f"num_workers={workers} runs record_transform in worker processes, but no "
                 "record_transform was given; pass one, or num_workers=0."
             )
-        if self.worker_type not in WORKER_TYPES:
+        if not isinstance(self.worker_type, RayOptions) and self.worker_type not in WORKER_TYPES:
             raise ValueError(
-                f"worker_type={self.worker_type!r} is unknown; pass 'processes' or 'threads'."
+                f"worker_type={self.worker_type!r} is unknown; pass 'processes', 'threads', "
+                "'ray' or meshfeed.RayOptions(...)."
             )
-        if workers and self.worker_type == "processes":
+        if workers and self.worker_type != "threads":
             try:
                 send_by_value(fn)
             except Exception as error:
@@ -330,6 +332,6 @@ class OptionAttributes:
     check_every: Option[int | None] = Option()
     record_transform: Option[RecordFn | None] = Option()
     num_workers: Option[int] = Option()
-    worker_type: Option[WorkerType] = Option()
+    worker_type: Option[WorkerType | RayOptions] = Option()
     on_error: Option[OnError] = Option()
     max_skipped: Option[int | float] = Option()

@@ -51,9 +51,18 @@ class SourceRows:
         self._one_at_a_time = None if thread_safe(source) else threading.Lock()
         self._skip = skip
 
+    @property
+    def source(self) -> Source:
+        return self._source
+
     def epochs(self, step: int, rows: np.ndarray) -> np.ndarray:
         """The epoch of each of these batch rows of ``step``."""
         return self._schedule.epochs(step)[rows]
+
+    def ids(self, step: int, rows: np.ndarray) -> np.ndarray:
+        """The example ids of batch rows ``rows`` of ``step`` (-1: padding)."""
+        batch_ids = self._schedule.ids(step)
+        return batch_ids if len(rows) == len(batch_ids) else batch_ids[rows]
 
     def read(self, step: int, rows: np.ndarray) -> Rows:
         """The values of batch rows ``rows`` of ``step``, their example ids, and the
@@ -64,8 +73,7 @@ class SourceRows:
             return self._read(step, rows)
 
     def _read(self, step: int, rows: np.ndarray) -> Rows:
-        batch_ids = self._schedule.ids(step)
-        ids = batch_ids if len(rows) == len(batch_ids) else batch_ids[rows]
+        ids = self.ids(step, rows)
         valid = ids >= 0
         skipped: list[Skip] = []
         try:  # no read at all for rows that are all padding

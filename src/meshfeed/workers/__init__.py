@@ -1,4 +1,5 @@
-"""Record transforms: a function run on every example, in worker processes or threads.
+"""Record transforms: a function run on every example, in worker processes, threads or
+Ray actors.
 
 ``Loader(record_transform=fn, num_workers=n)`` decodes and augments one example at a
 time, off the loading thread. Worker processes start with ``python -c`` (not by
@@ -6,9 +7,11 @@ re-running the user's script), get ``fn`` by value with cloudpickle, read their 
 from shared memory and write their output there, in order (in /dev/shm, or in files
 when /dev/shm is too small, said once on stderr); a worker that raises or dies
 is named with the example it was on. ``worker_type="threads"`` runs the same on a thread
-pool instead. The output never depends on the number or the kind of workers. This layer
-knows sources' field specs and the keyed hash that seeds each record's generator, and
-nothing of devices or steps.
+pool instead, and ``worker_type="ray"`` on Ray actors anywhere on a cluster, which read
+the source themselves (only ids go out) and whose lost chunks are computed again. The
+output never depends on the number or the kind of workers. This layer knows sources'
+field specs and the keyed hash that seeds each record's generator, and nothing of
+devices or steps.
 
 Modules, lowest first (each imports only modules listed before it)::
 
@@ -19,6 +22,9 @@ Modules, lowest first (each imports only modules listed before it)::
     _worker_loop     what a worker process runs: bootstrap without JAX or __main__, serve chunks
     _thread_workers  worker_type="threads": record transforms on a thread pool
     _workers         the pool of worker processes: start, chunks in and out, deaths, shutdown
+    _ray_connect     RayOptions, and reaching a Ray cluster (RAY_ADDRESS, or a local one)
+    _ray_actor       what a Ray record worker runs: ids in, the source read there, rows out
+    _ray_workers     worker_type="ray": Ray actors, work keyed by (step, chunk), redone if lost
     _records         the record stage: each step's rows through the workers, thread-safe
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.

@@ -21,14 +21,17 @@ import numpy as np
 
 from meshfeed.data._bad_records import Skip
 from meshfeed.data._sources import FieldSpec
+from meshfeed.workers._ray_connect import RayOptions
+from meshfeed.workers._ray_workers import RayWorkers
 from meshfeed.workers._record_rows import RecordFn, probe_spec, transform_rows
 from meshfeed.workers._shm import Spec
 from meshfeed.workers._thread_workers import ThreadWorkers
 from meshfeed.workers._workers import WorkerPool
 
-WorkerType = Literal["processes", "threads"]
-"""Where ``record_transform`` runs: worker processes (the default) or threads."""
-WORKER_TYPES: tuple[WorkerType, ...] = ("processes", "threads")
+WorkerType = Literal["processes", "threads", "ray"]
+"""Where ``record_transform`` runs: worker processes (the default), threads, or Ray
+actors on a cluster (``RayOptions`` for what each reserves)."""
+WORKER_TYPES: tuple[WorkerType, ...] = ("processes", "threads", "ray")
 
 
 class Rows(NamedTuple):
@@ -41,7 +44,15 @@ class Rows(NamedTuple):
 
 
 class StepRows(Protocol):
-    """What the record stage reads from: the source's rows of a step, and their epochs."""
+    """What the record stage reads from: the source's rows of a step, their example ids
+    and epochs, and the source itself (which Ray workers read on their own)."""
+
+    @property
+    def source(self) -> Any: ...
+
+    def ids(self, step: int, rows: np.ndarray) -> np.ndarray:
+        """The example ids of these batch rows (-1: padding)."""
+        ...
 
     def read(self, step: int, rows: np.ndarray) -> Rows:
         """The source's values of these batch rows (zeros for padding and for examples
@@ -111,7 +122,7 @@ class Pending:
 
 
 class _Handed(NamedTuple):
-    pool: Workers
+    pool: Workers | RayWorkers
     ticket: Any
     read: Rows  # what the workers were given
     nbytes: int
@@ -149,7 +160,7 @@ class RecordStage:
         fn: RecordFn,
         *,
         num_workers: int,
-        worker_type: WorkerType,
+        worker_type: WorkerType | RayOptions,
         seed: int,
         source_rows: StepRows,
         read_ahead: tuple[int, int] = (1, 1),
@@ -160,6 +171,8 @@ class RecordStage:
         self.spec: dict[str, FieldSpec] | None = None
         self._pool: Workers | None = None
         self._lock = threading.Lock()
+        if num_workers and (worker_type == "ray" or isinstance(worker_type, RayOptions)):
+            self._pool = self._start_pool()  # now, on the loader's thread (_ray_connect)
 
     def __call__(self, step: int, rows: np.ndarray) -> Rows | Pending:
         """The transformed values of these batch rows of ``step`` and their ids, or, with
@@ -177,6 +190,9 @@ class RecordStage:
         return pending if any(isinstance(p, _Handed) for _, p in parts) else pending.result()
 
     def _start(self, step: int, rows: np.ndarray, epoch: int) -> Rows | _Handed:
+        pool = self._pool
+        if isinstance(pool, RayWorkers) and self.spec is not None:  # only ids go out
+            return self._hand_ids(pool, Rows({}, self._rows.ids(step, rows), []), epoch)
         read = self._rows.read(step, rows)
         data, ids = read.data, read.ids
         real = ids >= 0
@@ -197,13 +213,32 @@ class RecordStage:
             skipped: list[tuple[int, int, str]] | None = [] if self.skip else None
             transform_rows(self.fn, data, ids, out, 0, self.seed, epoch, skipped=skipped)
             return _skipping(out, read, skipped or [])
+        if isinstance(pool, RayWorkers):  # the first rows, read here to learn the output
+            return self._hand_ids(pool, Rows({}, ids, read.skipped), epoch)
         ticket = pool.submit(data, ids, spec, self.seed, epoch)
-        row_bytes = sum(math.prod(s.shape) * np.dtype(s.dtype).itemsize for s in spec.values())
-        return _Handed(pool, ticket, read, len(ids) * row_bytes)
+        return _Handed(pool, ticket, read, len(ids) * self._row_bytes())
+
+    def _hand_ids(self, pool: RayWorkers, read: Rows, epoch: int) -> Rows | _Handed:
+        assert self.spec is not None
+        if not (read.ids >= 0).any():
+            out = {k: np.zeros((len(read.ids), *s.shape), s.dtype) for k, s in self.spec.items()}
+            return Rows(out, read.ids, read.skipped)
+        ticket = pool.submit_ids(read.ids, self.spec, self.seed, epoch)
+        return _Handed(pool, ticket, read, len(read.ids) * self._row_bytes())
+
+    def _row_bytes(self) -> int:
+        assert self.spec is not None
+        return sum(math.prod(s.shape) * np.dtype(s.dtype).itemsize for s in self.spec.values())
 
     def _start_pool(self) -> Workers:
-        if self.worker_type == "threads":
+        kind = self.worker_type
+        if kind == "threads":
             return ThreadWorkers(self.fn, self.num_workers, skip=self.skip)
+        if kind == "ray" or isinstance(kind, RayOptions):
+            options = kind if isinstance(kind, RayOptions) else RayOptions()
+            return RayWorkers(  # type: ignore[return-value]  # submit_ids, not submit
+                self.fn, self.num_workers, self._rows.source, options=options, skip=self.skip
+            )
         return WorkerPool(self.fn, self.num_workers, read_ahead=self._read_ahead, skip=self.skip)
 
     def steps_ahead(self) -> int | None:

@@ -1,0 +1,97 @@
+"""What a Ray record worker runs: example ids in, the source read and transformed there,
+finished rows out.
+
+A worker is a Ray actor made once per loader: it unpickles the record transform (by
+value, cloudpickle) and the source (through Ray's object store, once: numpy arrays of
+an in-memory source are mapped from there, not copied; a source over files or URLs
+pickles as its paths and reopens them) after putting the loader's ``sys.path`` first,
+as a worker process does. Each call then gets one chunk's example ids (-1: padding),
+reads them from the source itself, runs the transform with each record's generator
+keyed by ``(seed, epoch, example)``, and returns the chunk's rows: the same bytes as
+any other worker, on any machine, however often a chunk is computed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from meshfeed.data._bad_records import find_bad, skippable
+from meshfeed.data._sources import FieldSpec
+from meshfeed.workers._record_rows import EXAMPLE_ID, RecordFn, transform_rows
+
+Reply = tuple[dict[str, np.ndarray] | None, list[tuple[int, int, str]], tuple[int, str] | None]
+"""A chunk's rows, the records skipped ``(row, id, error line)``, and an error
+``(example, traceback)`` instead of rows when the transform or the read raised."""
+
+
+def read_and_transform(
+    fn: RecordFn,
+    source: Any,
+    ids: np.ndarray,
+    spec: Mapping[str, FieldSpec],
+    seed: int,
+    epoch: int,
+    skip: bool,
+) -> tuple[dict[str, np.ndarray], list[tuple[int, int, str]]]:
+    """The rows of examples ``ids`` (zeros for padding and skipped records), read from
+    ``source`` and transformed by ``fn``, and the records skipped (``skip``)."""
+    out = {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
+    skipped: list[tuple[int, int, str]] = []
+    valid = np.flatnonzero(ids >= 0)
+    try:
+        data = source[ids[valid]] if len(valid) else {}
+    except Exception as error:
+        if not (skip and skippable(error)):
+            raise
+        bad = find_bad(source.__getitem__, ids[valid], error)
+        skipped = [(int(valid[at]), int(ids[valid[at]]), line) for at, line in bad]
+        valid = np.delete(valid, [at for at, _ in bad])
+        data = source[ids[valid]] if len(valid) else {}
+    if not len(valid):
+        return out, skipped
+    found: list[tuple[int, int, str]] | None = [] if skip else None
+    if len(valid) == len(ids):
+        transform_rows(fn, data, ids, out, 0, seed, epoch, skipped=found)
+        return out, sorted(skipped + (found or []))
+    part = {k: np.zeros((len(valid), *s.shape), s.dtype) for k, s in spec.items()}
+    transform_rows(fn, data, ids[valid], part, 0, seed, epoch, skipped=found)
+    for name, rows in part.items():
+        out[name][valid] = rows
+    skipped += [(int(valid[row]), i, line) for row, i, line in found or []]
+    return out, sorted(skipped)
+
+
+class RecordWorker:
+    """A Ray actor that reads and transforms chunks of examples (the module docstring)."""
+
+    def __init__(self, path: list[str], fn: bytes, source: list[Any], skip: bool) -> None:
+        import ray
+
+        sys.path[:0] = [p for p in path if p not in sys.path]
+        self.fn: RecordFn = pickle.loads(fn)
+        self.source = ray.get(source[0])  # a list, so Ray hands over the ref, not the value
+        self.skip = skip
+
+    def where(self) -> tuple[int, str]:
+        """This worker's pid and Ray node id (the loader names them if it is lost)."""
+        import ray
+
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def run(self, ids: np.ndarray, spec: Mapping[str, FieldSpec], seed: int, epoch: int) -> Reply:
+        """One chunk (``read_and_transform``); an error comes back as a value."""
+        try:
+            out, skipped = read_and_transform(
+                self.fn, self.source, ids, spec, seed, epoch, self.skip
+            )
+        except Exception as error:
+            first = next((int(i) for i in ids if i >= 0), -1)
+            return None, [], (getattr(error, EXAMPLE_ID, first), traceback.format_exc())
+        return out, skipped, None

@@ -1,0 +1,226 @@
+"""worker_type="ray": record workers as Ray actors on a cluster of several nodes, the
+same bytes as any other workers, nothing lost or twice when a worker or a node dies.
+
+The cluster is Ray's own ``ray.cluster_utils.Cluster`` on this machine: a head with no
+CPUs and worker nodes with a custom resource ``records`` the tests' workers reserve,
+so they run on the worker nodes only, as they would on CPU-only machines.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import ray_fns as fns
+
+import meshfeed
+from meshfeed.testing import run_in_processes
+from multiprocess_fns import assemble
+
+ray = pytest.importorskip("ray", reason="worker_type='ray' needs the ray extra")
+# Ray starts its node processes with a preexec_fn, so Python runs JAX's at-fork hook,
+# which warns about forking a process that runs JAX's threads: the children exec at once.
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    node = c.add_node(num_cpus=2, resources={"records": 4})
+    ray.init(address=c.address)
+    yield SimpleNamespace(cluster=c, node=node, address=c.address)
+    ray.shutdown()
+    c.shutdown()
+
+
+def _batches(feed: meshfeed.Loader, steps: int | None = None) -> list[dict[str, np.ndarray]]:
+    out = []
+    for batch in feed:
+        out.append({k: np.asarray(v) for k, v in batch.items()})
+        if steps is not None and len(out) == steps:
+            break
+    return out
+
+
+def _assert_same(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarray]]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert sorted(g) == sorted(w)
+        for name in w:
+            np.testing.assert_array_equal(g[name], w[name])
+
+
+@pytest.fixture(scope="module")
+def clean():
+    """Two epochs with no workers: the bytes every other run must give."""
+    feed = fns.loader()
+    return _batches(feed)
+
+
+def test_ray_workers_give_the_batches_of_process_workers_and_of_none(cluster, clean):
+    for kind, workers in (("processes", 2), (fns.ON_WORKER_NODES, 3)):
+        feed = fns.loader(num_workers=workers, worker_type=kind)
+        try:
+            _assert_same(_batches(feed), clean)
+        finally:
+            feed.close()
+
+
+def test_every_label_once_per_epoch(cluster):
+    feed = fns.loader(num_workers=2, worker_type=fns.ON_WORKER_NODES)
+    try:
+        labels = [b["label"][b["mask"]] for b in _batches(feed)]
+    finally:
+        feed.close()
+    steps = len(labels) // 2
+    for epoch in (labels[:steps], labels[steps:]):
+        assert sorted(np.concatenate(epoch).tolist()) == list(range(fns.N))
+
+
+@pytest.mark.parametrize("first", ["ray", "processes"])
+def test_a_state_moves_between_ray_and_local_workers(cluster, clean, first):
+    kinds = {"ray": fns.ON_WORKER_NODES, "processes": "processes"}
+    second = "processes" if first == "ray" else "ray"
+    feed = fns.loader(num_workers=2, worker_type=kinds[first])
+    try:
+        _batches(feed, 7)
+        state = feed.state()
+    finally:
+        feed.close()
+    other = fns.loader(num_workers=2, worker_type=kinds[second])
+    try:
+        other.restore(state)
+        _assert_same(_batches(other), clean[7:])
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize("bad", ["transform", "read"])
+def test_bad_records_are_skipped_as_by_process_workers(cluster, bad):
+    import bad_record_fns
+
+    def kwargs() -> dict[str, Any]:
+        if bad == "read":  # the source raises: the Ray worker finds the bad ones itself
+            source = bad_record_fns.BadReads(bad_record_fns.source())
+            return {"source_": source, "fn": fns.crop}
+        return {}
+
+    local = bad_record_fns.stream(num_workers=2, **kwargs())
+    on_ray = bad_record_fns.stream(num_workers=2, worker_type=fns.ON_WORKER_NODES, **kwargs())
+    assert on_ray == local
+    assert len(local[1]) == 4
+
+
+def _worker_pids() -> list[int]:
+    import psutil
+
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if any("ray::RecordWorker" in part for part in p.info["cmdline"] or [])
+    ]
+
+
+def test_a_worker_killed_mid_epoch_costs_nothing(cluster, clean, capfd):
+    feed = fns.loader(fns.slow_decode, num_workers=2, worker_type=fns.ON_WORKER_NODES)
+    try:
+        got = _batches(feed, 3)
+        before = _worker_pids()
+        assert len(before) == 2, before
+        os.kill(before[0], 9)
+        got += _batches(feed)
+    finally:
+        feed.close()
+    _assert_same(got, clean)
+    err = capfd.readouterr().err
+    assert err.count("was lost") == 1, err
+    assert "chunks in hand are computed again on the other workers" in err
+
+
+def test_a_node_removed_mid_epoch_costs_nothing(cluster, clean, capfd):
+    feed = fns.loader(fns.slow_decode, num_workers=2, worker_type=fns.ON_WORKER_NODES)
+    try:
+        got = _batches(feed, 3)  # every worker is on the one worker node
+        old = cluster.node
+        cluster.node = cluster.cluster.add_node(num_cpus=2, resources={"records": 4})
+        cluster.cluster.remove_node(old)
+        got += _batches(feed)
+    finally:
+        feed.close()
+    _assert_same(got, clean)
+    err = capfd.readouterr().err
+    assert err.count("was lost") == 2, err
+
+
+@pytest.mark.multiprocess
+def test_two_processes_on_ray_give_the_batches_of_one_on_process_workers(cluster, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    got = run_in_processes(_two, num_processes=2, devices_per_process=4)
+    two = assemble([{"batches": r} for r in got])
+    want = assemble([{"batches": fns.shards(num_workers=2)}])
+    _assert_same(two, want)
+
+
+def _two() -> list[dict[str, Any]]:
+    return fns.shards(num_workers=2, worker_type=fns.ON_WORKER_NODES)
+
+
+def test_an_unreachable_ray_address_is_named_within_a_minute():
+    code = (
+        f"import sys; sys.path.insert(0, {str(HERE)!r})\n"
+        "import ray_fns\n"
+        "ray_fns.loader(num_workers=2, worker_type='ray')\n"
+    )
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:9", "JAX_PLATFORMS": "cpu"}
+    start = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    took = time.monotonic() - start
+    assert run.returncode != 0
+    assert took < 60, took
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("ConnectionError: the Ray cluster at RAY_ADDRESS='127.0.0.1:9' "
+                           "cannot be reached"), run.stderr  # fmt: skip
+
+
+def test_without_ray_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ImportError, match=r"pip install 'meshfeed\[ray\]'"):
+        fns.loader(num_workers=2, worker_type="ray")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"cpus": -1}, ValueError, "RayOptions(cpus=-1) must be >= 0."),
+        ({"cpus": "2"}, TypeError, "RayOptions(cpus='2') must be a number of CPUs."),
+        (
+            {"resources": {"decode": 0}},
+            TypeError,
+            "RayOptions(resources={'decode': 0}) must map resource names to amounts > 0, "
+            'e.g. {"decode": 1}.',
+        ),
+        ({"connect_s": 0}, ValueError, "RayOptions(connect_s=0) must be a number of seconds > 0."),
+    ],
+)
+def test_bad_ray_options_are_named(kwargs, error, message):
+    with pytest.raises(error) as raised:
+        meshfeed.RayOptions(**kwargs)
+    assert str(raised.value) == message
+
+
+def test_an_unknown_worker_type_names_ray_too():
+    with pytest.raises(ValueError, match=r"pass 'processes', 'threads', 'ray' or meshfeed\.Ray"):
+        fns.loader(num_workers=2, worker_type="cluster")
