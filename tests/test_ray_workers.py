@@ -122,6 +122,16 @@ def test_bad_records_are_skipped_as_by_process_workers(cluster, bad):
     assert len(local[1]) == 4
 
 
+def test_workers_the_cluster_has_no_room_for_leave_their_work_to_the_others(cluster, clean, capfd):
+    feed = fns.loader(num_workers=5, worker_type=fns.ON_WORKER_NODES)  # room for 4
+    try:
+        _assert_same(_batches(feed), clean)
+    finally:
+        feed.close()
+    err = capfd.readouterr().err
+    assert "5 Ray record workers need 2.5 CPU, 5 records, but the Ray cluster has 2 CPU, 4 " in err
+
+
 def _worker_pids() -> list[int]:
     import psutil
 

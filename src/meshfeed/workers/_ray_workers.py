@@ -38,6 +38,8 @@ from meshfeed.workers._shm import Spec
 from meshfeed.workers._workers import send_by_value
 
 _POLL_S = 0.2
+_START_S = 10.0  # a worker not started by then has its chunks done by the others,
+_BEHIND_S = 3.0  # as has one not started this long after another did
 
 
 @dataclasses.dataclass(eq=False)
@@ -49,6 +51,8 @@ class _Actor:
     in_hand: dict[int, _Chunk] = dataclasses.field(default_factory=dict)
     alive: bool = False  # it answered ``where``
     lost: bool = False
+    said: bool = False  # that it has not started
+    alive_at: float = 0.0
 
     def name(self, ray: Any) -> str:
         if not self.alive:
@@ -109,6 +113,7 @@ class RayWorkers:
         self._actors: list[_Actor] = []
         self._token, self._lost = 0, 0
         self._none_since: float | None = None
+        _say_if_too_small(ray, options, num_workers)
         for _ in range(num_workers):
             self._start_actor()
         self._finalizer = weakref.finalize(self, RayWorkers._stop, ray, self._actors)
@@ -153,7 +158,7 @@ class RayWorkers:
                 if actor.where in ready_ids:
                     try:
                         self._ray.get(actor.where)
-                        actor.alive = True
+                        actor.alive, actor.alive_at = True, time.monotonic()
                     except Exception as error:  # it died before it started
                         self._lose(actor, error)
 
@@ -204,11 +209,36 @@ class RayWorkers:
             with self._lock:
                 self._check_started()
                 self._check_left()
+                self._move_if_stuck(chunk)
             if time.monotonic() - waited > self.timeout_s:
                 raise RuntimeError(
                     f"a chunk of record work sent to {chunk.actor and chunk.actor.name(ray)} "
                     f"had no reply for {self.timeout_s:g} s."
                 )
+
+    def _move_if_stuck(self, chunk: _Chunk) -> None:
+        """Sends ``chunk`` again to a started worker if its own has not started within
+        ``_START_S`` (the cluster has no room for it yet); says so once per worker."""
+        actor = chunk.actor
+        if actor is None or actor.alive or actor.lost:
+            return
+        now = time.monotonic()
+        started = [a.alive_at for a in self._actors if a.alive]
+        if not started or (now - actor.started < _START_S and now - min(started) < _BEHIND_S):
+            return
+        actor.in_hand.pop(chunk.token, None)
+        self._send(chunk)  # to a started worker; a late reply of the first call is dropped
+        if not actor.said:
+            actor.said = True
+            print(
+                f"meshfeed: Ray record worker {actor.index} has not started yet (the "
+                "cluster has no room for one more worker reserving "
+                f"{self.options.cpus:g} CPUs"
+                + (f" and {dict(self.options.resources)}" if self.options.resources else "")
+                + "); the others do its work until it starts.",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _redo(self, chunk: _Chunk, ref: Any, error: BaseException) -> None:
         """``chunk``'s call failed with its worker (or its rows were lost with a node)."""
@@ -285,6 +315,27 @@ class RayWorkers:
             if not actor.lost:
                 with contextlib.suppress(Exception):  # Ray itself shut down first (at exit)
                     ray.kill(actor.handle, no_restart=True)
+
+
+def _say_if_too_small(ray: Any, options: RayOptions, workers: int) -> None:
+    """One line if the cluster, empty, cannot hold ``workers`` workers (an autoscaler may
+    add nodes yet: the workers that fit do the others' work until then)."""
+    wanted = {
+        "CPU": options.cpus * workers,
+        **{k: v * workers for k, v in options.resources.items()},
+    }
+    have = ray.cluster_resources()
+    short = {k: (v, have.get(k, 0.0)) for k, v in wanted.items() if v > have.get(k, 0.0) + 1e-9}
+    if short:
+        print(
+            f"meshfeed: {workers} Ray record workers need "
+            + ", ".join(f"{v:g} {k}" for k, (v, _) in short.items())
+            + ", but the Ray cluster has "
+            + ", ".join(f"{h:g} {k}" for k, (_, h) in short.items())
+            + "; the workers that fit do the work of the others until there is room.",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _gone(error: BaseException) -> bool:
