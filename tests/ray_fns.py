@@ -30,6 +30,11 @@ def crop(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     return {"image": record["image"][:8, :8].astype(np.float32), "label": record["label"]}
 
 
+def flat_decode(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """``decode`` of an image stored flat (as a Parquet list column of 144) or not."""
+    return decode({**record, "image": record["image"].reshape(12, 12)}, rng)
+
+
 def slow_decode(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     """``decode``, slowed down so that chunks are in a worker's hands when it is lost."""
     time.sleep(0.002)
@@ -46,7 +51,7 @@ def source(n: int = N) -> meshfeed.ArraySource:
     )
 
 
-def loader(fn: Any = decode, **kwargs: Any) -> meshfeed.Loader:
+def loader(fn: Any = decode, *, data: Any = None, **kwargs: Any) -> meshfeed.Loader:
     mesh = meshfeed.make_mesh(data=jax.device_count())
     options: dict[str, Any] = {
         "global_batch_size": BATCH,
@@ -57,7 +62,7 @@ def loader(fn: Any = decode, **kwargs: Any) -> meshfeed.Loader:
         "record_transform": fn,
         **kwargs,
     }
-    return meshfeed.Loader(source(), **options)
+    return meshfeed.Loader(source() if data is None else data, **options)
 
 
 def local(batch: dict[str, Any]) -> dict[str, Any]:

@@ -106,6 +106,28 @@ def test_a_state_moves_between_ray_and_local_workers(cluster, clean, first):
         other.close()
 
 
+def test_ray_workers_open_a_parquet_file_and_a_meshfeed_folder_themselves(cluster, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = fns.source()[np.arange(fns.N)]
+    images = pa.FixedSizeListArray.from_arrays(data["image"].reshape(-1), 144)
+    pq.write_table(pa.table({"image": images, "label": data["label"]}), tmp_path / "t.parquet")
+    meshfeed.write_source(str(tmp_path / "folder"), data)
+    for source in (
+        meshfeed.ParquetSource(str(tmp_path / "t.parquet")),
+        meshfeed.open_source(str(tmp_path / "folder")),
+    ):
+        want = _batches(fns.loader(fns.flat_decode, data=source))  # read here, no workers
+        feed = fns.loader(
+            fns.flat_decode, data=source, num_workers=2, worker_type=fns.ON_WORKER_NODES
+        )
+        try:
+            _assert_same(_batches(feed), want)
+        finally:
+            feed.close()
+
+
 @pytest.mark.parametrize("bad", ["transform", "read"])
 def test_bad_records_are_skipped_as_by_process_workers(cluster, bad):
     import bad_record_fns

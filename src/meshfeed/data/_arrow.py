@@ -247,6 +247,7 @@ class ParquetSource:
     ) -> None:
         pq = require("pyarrow.parquet", "parquet")
         pa = require("pyarrow", "parquet")
+        self._args = (str(path), columns, cache_bytes, storage_options, retry_s)
         self.path = str(path)
         remote = is_url(self.path)
         self._blob = Blob(self.path, storage_options, retry_s=retry_s) if remote else None
@@ -283,6 +284,19 @@ class ParquetSource:
     def __len__(self) -> int:
         """The number of examples."""
         return self._n
+
+    def __getstate__(self) -> dict[str, Any]:  # Ray workers open the file themselves
+        return {"args": self._args}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        path, columns, cache_bytes, storage_options, retry_s = state["args"]
+        self.__init__(  # type: ignore[misc]
+            path,
+            columns=columns,
+            cache_bytes=cache_bytes,
+            storage_options=storage_options,
+            retry_s=retry_s,
+        )
 
     def _one_length(self, name: str, sizes: list[int]) -> int | None:
         """``k`` if the list column ``name`` looks ``k`` long in every row: the first row

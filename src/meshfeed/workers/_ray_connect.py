@@ -16,6 +16,7 @@ import dataclasses
 import os
 import socket
 import time
+import warnings
 from collections.abc import Mapping
 from types import ModuleType
 
@@ -124,7 +125,9 @@ def connect(options: RayOptions) -> ModuleType:
     if address:
         _reachable(address, deadline)
     try:  # in this thread: a Ray started from another thread ends the process on use
-        ray.init(**({} if address else {"include_dashboard": False}))
+        with warnings.catch_warnings():  # its processes exec at once: JAX's fork warning
+            warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)  # does not apply
+            ray.init(**({} if address else {"include_dashboard": False}))
     except Exception as error:
         where = f"RAY_ADDRESS={address!r}" if address else "a local Ray"
         raise ConnectionError(f"connecting to {where} failed: {error}") from error
