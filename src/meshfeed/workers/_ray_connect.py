@@ -4,7 +4,8 @@
 resources that pin the workers to the nodes started with them (``ray start
 --resources='{"decode": 8}'`` on the CPU-only nodes, ``RayOptions(resources={"decode":
 1})``). ``connect`` joins the cluster this process is already connected to, or the one
-``RAY_ADDRESS`` names, or starts a local one; an address that takes no connection is an
+``RAY_ADDRESS`` names, or starts a local one of its own (never one that another
+program on this machine registered); an address that takes no connection is an
 error naming it within ``connect_s`` seconds, never a hang, and a missing Ray names the
 extra to install. It must run on the thread that uses Ray first (the loader's, when it
 is built): a process that started Ray from another thread ends on its first use.
@@ -127,7 +128,7 @@ def connect(options: RayOptions) -> ModuleType:
     try:  # in this thread: a Ray started from another thread ends the process on use
         with warnings.catch_warnings():  # its processes exec at once: JAX's fork warning
             warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)  # does not apply
-            ray.init(**({} if address else {"include_dashboard": False}))
+            ray.init(**({} if address else {"address": "local", "include_dashboard": False}))
     except Exception as error:
         where = f"RAY_ADDRESS={address!r}" if address else "a local Ray"
         raise ConnectionError(f"connecting to {where} failed: {error}") from error

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed.workers._ray_actor import RecordWorker, Reply
+from meshfeed.workers._ray_actor import Reply, actor_class
 from meshfeed.workers._ray_connect import RayOptions, connect
 from meshfeed.workers._record_rows import RecordFn, chunks
 from meshfeed.workers._shm import Spec
@@ -106,7 +106,7 @@ class RayWorkers:
                 "URLs or numpy arrays), or use worker_type='processes'."
             ) from None
         self._init = (list(sys.path), send_by_value(fn), [source_ref], skip)
-        self._class = ray.remote(RecordWorker).options(
+        self._class = ray.remote(actor_class()).options(
             num_cpus=options.cpus, resources=dict(options.resources) or None, max_restarts=0
         )
         self._lock = threading.Lock()
@@ -169,8 +169,8 @@ class RayWorkers:
         out = {k: np.empty((ticket.rows, *s.shape), s.dtype) for k, s in ticket.spec.items()}
         done = np.zeros(ticket.rows, bool)
         skipped: list[tuple[int, int, str]] = []
-        for chunk in ticket.chunks:
-            data, chunk_skipped, error = self._result(chunk)
+        for chunk, reply in zip(ticket.chunks, self._replies(ticket.chunks), strict=True):
+            data, chunk_skipped, error = reply
             if error is not None:
                 raise RuntimeError(
                     f"record_transform raised on example {error[0]} in a Ray record worker:\n"
@@ -186,6 +186,20 @@ class RayWorkers:
             for array in out.values():
                 array[~done] = 0
         return out, skipped
+
+    def _replies(self, chunks: list[_Chunk]) -> list[Reply]:
+        """The replies to ``chunks``: all at once when they are in (the read-ahead's
+        usual case), else one by one, each sent again as often as its worker is lost."""
+        refs = [c.ref for c in chunks]
+        with contextlib.suppress(Exception):  # a failure: the slow path says what
+            if len(self._ray.wait(refs, num_returns=len(refs), timeout=_POLL_S)[0]) == len(refs):
+                replies = self._ray.get(refs)
+                with self._lock:
+                    for chunk in chunks:
+                        if chunk.actor is not None:
+                            chunk.actor.in_hand.pop(chunk.token, None)
+                return replies
+        return [self._result(chunk) for chunk in chunks]
 
     def _result(self, chunk: _Chunk) -> Reply:
         """The reply to ``chunk``, sent again as often as its worker is lost."""
@@ -231,11 +245,8 @@ class RayWorkers:
         if not actor.said:
             actor.said = True
             print(
-                f"meshfeed: Ray record worker {actor.index} has not started yet (the "
-                "cluster has no room for one more worker reserving "
-                f"{self.options.cpus:g} CPUs"
-                + (f" and {dict(self.options.resources)}" if self.options.resources else "")
-                + "); the others do its work until it starts.",
+                f"meshfeed: Ray record worker {actor.index} has not started yet; the "
+                "others do its work until it does.",
                 file=sys.stderr,
                 flush=True,
             )
