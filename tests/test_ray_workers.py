@@ -195,6 +195,22 @@ def test_a_node_removed_mid_epoch_costs_nothing(cluster, clean, capfd):
     assert err.count("was lost") == 2, err
 
 
+def test_no_worker_left_is_an_error_after_replace_s(cluster):
+    lonely = cluster.cluster.add_node(num_cpus=1, resources={"lonely": 2})
+    options = meshfeed.RayOptions(cpus=0.5, resources={"lonely": 1}, replace_s=3)
+    feed = fns.loader(fns.slow_decode, num_workers=2, worker_type=options)
+    try:
+        _batches(feed, 2)
+        cluster.cluster.remove_node(lonely)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="no Ray record worker is left: 2 were lost") as e:
+            _batches(feed)
+        assert time.monotonic() - start < 30
+        assert "reserves 0.5 CPUs and {'lonely': 1}; add nodes" in str(e.value)
+    finally:
+        feed.close()
+
+
 @pytest.mark.multiprocess
 def test_two_processes_on_ray_give_the_batches_of_one_on_process_workers(cluster, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)
