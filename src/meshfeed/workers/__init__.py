@@ -24,6 +24,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _workers         the pool of worker processes: start, chunks in and out, deaths, shutdown
     _ray_connect     RayOptions, and reaching a Ray cluster (RAY_ADDRESS, or a local one)
     _ray_actor       what a Ray record worker runs: ids in, the source read there, rows out
+    _ray_crew        the Ray actors of a pool: started, seen to start, lost and replaced
     _ray_workers     worker_type="ray": Ray actors, work keyed by (step, chunk), redone if lost
     _records         the record stage: each step's rows through the workers, thread-safe
 

@@ -33,44 +33,12 @@ import numpy as np
 
 from meshfeed.workers._ray_actor import Reply, actor_class
 from meshfeed.workers._ray_connect import RayOptions, connect
+from meshfeed.workers._ray_crew import Chunk, Crew, say_if_too_small
 from meshfeed.workers._record_rows import RecordFn, chunks
 from meshfeed.workers._shm import Spec
 from meshfeed.workers._workers import send_by_value
 
 _POLL_S = 0.2
-_START_S = 10.0  # a worker not started by then has its chunks done by the others,
-_BEHIND_S = 3.0  # as has one not started this long after another did
-
-
-@dataclasses.dataclass(eq=False)
-class _Actor:
-    index: int
-    handle: Any
-    where: Any  # the ref of its (pid, node id)
-    started: float
-    in_hand: dict[int, _Chunk] = dataclasses.field(default_factory=dict)
-    alive: bool = False  # it answered ``where``
-    lost: bool = False
-    said: bool = False  # that it has not started
-    alive_at: float = 0.0
-
-    def name(self, ray: Any) -> str:
-        if not self.alive:
-            return f"Ray record worker {self.index} (not yet started)"
-        pid, node = ray.get(self.where)
-        return f"Ray record worker {self.index} (pid {pid} on node {node[:12]})"
-
-
-@dataclasses.dataclass(eq=False)
-class _Chunk:
-    token: int
-    lo: int
-    ids: np.ndarray
-    spec: dict[str, Any]
-    seed: int
-    epoch: int
-    ref: Any = None
-    actor: _Actor | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -79,7 +47,7 @@ class RayTicket:
 
     rows: int
     spec: dict[str, Any]
-    chunks: list[_Chunk]
+    chunks: list[Chunk]
 
 
 class RayWorkers:
@@ -105,25 +73,17 @@ class RayWorkers:
                 f"{error}. Give the loader a source that pickles (a meshfeed folder, files, "
                 "URLs or numpy arrays), or use worker_type='processes'."
             ) from None
-        self._init = (list(sys.path), send_by_value(fn), [source_ref], skip)
-        self._class = ray.remote(actor_class()).options(
+        init = (list(sys.path), send_by_value(fn), [source_ref], skip)
+        ray_class = ray.remote(actor_class()).options(
             num_cpus=options.cpus, resources=dict(options.resources) or None, max_restarts=0
         )
         self._lock = threading.Lock()
-        self._actors: list[_Actor] = []
-        self._token, self._lost = 0, 0
-        self._none_since: float | None = None
-        _say_if_too_small(ray, options, num_workers)
+        self._crew = Crew(ray, ray_class, init, options)
+        self._token = 0
+        say_if_too_small(ray, options, num_workers)
         for _ in range(num_workers):
-            self._start_actor()
-        self._finalizer = weakref.finalize(self, RayWorkers._stop, ray, self._actors)
-
-    def _start_actor(self) -> _Actor:
-        handle = self._class.remote(*self._init)
-        index = len(self._actors)
-        actor = _Actor(index, handle, handle.where.remote(), time.monotonic())
-        self._actors.append(actor)
-        return actor
+            self._crew.start()
+        self._finalizer = weakref.finalize(self, Crew.stop, ray, self._crew.actors)
 
     def submit_ids(self, ids: np.ndarray, spec: Spec, seed: int, epoch: int) -> RayTicket:
         """Hands the examples ``ids`` (-1: padding) to the workers; returns at once."""
@@ -135,32 +95,20 @@ class RayWorkers:
                     continue  # all padding: zeros, no call
                 self._token += 1
                 part = np.ascontiguousarray(part)
-                chunk = _Chunk(self._token, lo, part, ticket.spec, seed, epoch)
+                chunk = Chunk(self._token, lo, part, ticket.spec, seed, epoch)
                 self._send(chunk)
                 ticket.chunks.append(chunk)
         return ticket
 
-    def _send(self, chunk: _Chunk) -> None:
+    def _send(self, chunk: Chunk) -> None:
         """Sends ``chunk`` to the live worker with the least in hand (started ones first)."""
-        self._check_started()
-        live = [a for a in self._actors if not a.lost]
-        actor = min(live, key=lambda a: (not a.alive, len(a.in_hand)))
+        again = self._crew.check_started()  # chunks of workers that died starting
+        actor = self._crew.pick()
         chunk.actor = actor
         chunk.ref = actor.handle.run.remote(chunk.ids, chunk.spec, chunk.seed, chunk.epoch)
         actor.in_hand[chunk.token] = chunk
-
-    def _check_started(self) -> None:
-        waiting = [a for a in self._actors if not a.lost and not a.alive]
-        if waiting:
-            refs = [a.where for a in waiting]
-            ready_ids = set(self._ray.wait(refs, num_returns=len(refs), timeout=0)[0])
-            for actor in waiting:
-                if actor.where in ready_ids:
-                    try:
-                        self._ray.get(actor.where)
-                        actor.alive, actor.alive_at = True, time.monotonic()
-                    except Exception as error:  # it died before it started
-                        self._lose(actor, error)
+        for lost in again:
+            self._send(lost)
 
     def collect(
         self, ticket: RayTicket
@@ -187,7 +135,7 @@ class RayWorkers:
                 array[~done] = 0
         return out, skipped
 
-    def _replies(self, chunks: list[_Chunk]) -> list[Reply]:
+    def _replies(self, chunks: list[Chunk]) -> list[Reply]:
         """The replies to ``chunks``: all at once when they are in (the read-ahead's
         usual case), else one by one, each sent again as often as its worker is lost."""
         refs = [c.ref for c in chunks]
@@ -201,7 +149,7 @@ class RayWorkers:
                 return replies
         return [self._result(chunk) for chunk in chunks]
 
-    def _result(self, chunk: _Chunk) -> Reply:
+    def _result(self, chunk: Chunk) -> Reply:
         """The reply to ``chunk``, sent again as often as its worker is lost."""
         ray = self._ray
         waited = time.monotonic()
@@ -221,87 +169,30 @@ class RayWorkers:
                         chunk.actor.in_hand.pop(chunk.token, None)
                 return reply
             with self._lock:
-                self._check_started()
-                self._check_left()
-                self._move_if_stuck(chunk)
+                for lost in self._crew.check_started():
+                    self._send(lost)
+                self._crew.check_left()
+                if self._crew.stuck(chunk):
+                    self._send(chunk)  # to a started worker; a late first reply is dropped
             if time.monotonic() - waited > self.timeout_s:
                 raise RuntimeError(
                     f"a chunk of record work sent to {chunk.actor and chunk.actor.name(ray)} "
                     f"had no reply for {self.timeout_s:g} s."
                 )
 
-    def _move_if_stuck(self, chunk: _Chunk) -> None:
-        """Sends ``chunk`` again to a started worker if its own has not started within
-        ``_START_S`` (the cluster has no room for it yet); says so once per worker."""
-        actor = chunk.actor
-        if actor is None or actor.alive or actor.lost:
-            return
-        now = time.monotonic()
-        started = [a.alive_at for a in self._actors if a.alive]
-        if not started or (now - actor.started < _START_S and now - min(started) < _BEHIND_S):
-            return
-        actor.in_hand.pop(chunk.token, None)
-        self._send(chunk)  # to a started worker; a late reply of the first call is dropped
-        if not actor.said:
-            actor.said = True
-            print(
-                f"meshfeed: Ray record worker {actor.index} has not started yet; the "
-                "others do its work until it does.",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def _redo(self, chunk: _Chunk, ref: Any, error: BaseException) -> None:
+    def _redo(self, chunk: Chunk, ref: Any, error: BaseException) -> None:
         """``chunk``'s call failed with its worker (or its rows were lost with a node)."""
         with self._lock:
             if chunk.ref is not ref:
                 return  # sent again already (its worker was lost with others in hand)
             actor = chunk.actor
             if actor is not None and not actor.lost:
-                self._lose(actor, error)
+                for lost in self._crew.lose(actor, error):
+                    self._send(lost)
             if chunk.ref is ref:  # not among the lost worker's (its rows were lost after)
                 if actor is not None:
                     actor.in_hand.pop(chunk.token, None)
                 self._send(chunk)
-
-    def _lose(self, actor: _Actor, error: BaseException) -> None:
-        """Marks ``actor`` lost, starts one in its place, sends its chunks again."""
-        name = actor.name(self._ray) if actor.alive else f"Ray record worker {actor.index}"
-        actor.lost, actor.alive = True, False
-        self._lost += 1
-        with_it = list(actor.in_hand.values())
-        actor.in_hand.clear()
-        if not _gone(error):  # a worker that failed otherwise is stopped for good
-            with contextlib.suppress(Exception):
-                self._ray.kill(actor.handle, no_restart=True)
-        self._start_actor()
-        for chunk in with_it:
-            self._send(chunk)
-        print(
-            f"meshfeed: {name} was lost ({type(error).__name__}); its {len(with_it)} chunks "
-            "in hand are computed again on the other workers, and a new worker takes its "
-            "place.",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def _check_left(self) -> None:
-        """Raises once no worker has been alive for ``replace_s`` seconds."""
-        if any(a.alive for a in self._actors):
-            self._none_since = None
-            return
-        if self._lost == 0:
-            return  # still starting the first ones: the timeout above bounds that
-        now = time.monotonic()
-        self._none_since = self._none_since or now
-        if now - self._none_since > self.options.replace_s:
-            raise RuntimeError(
-                f"no Ray record worker is left: {self._lost} were lost, and none started in "
-                f"their place within {self.options.replace_s:g} s. The cluster has no room "
-                f"for a worker that reserves {self.options.cpus:g} CPUs"
-                + (f" and {dict(self.options.resources)}" if self.options.resources else "")
-                + "; add nodes, or lower RayOptions(cpus=..., resources=...)."
-            )
 
     def release(self, ticket: RayTicket) -> None:
         """Drops a step never to be collected (its calls run; their replies are dropped)."""
@@ -313,42 +204,8 @@ class RayWorkers:
 
     def pids(self) -> list[int]:
         """The pids of the workers alive now (waits for the ones starting)."""
-        live = [a for a in self._actors if not a.lost]
-        return [pid for pid, _ in self._ray.get([a.where for a in live])]
+        return self._crew.pids()
 
     def close(self) -> None:
         """Stops the workers. Safe to call twice."""
         self._finalizer()
-
-    @staticmethod
-    def _stop(ray: Any, actors: list[_Actor]) -> None:
-        for actor in actors:
-            if not actor.lost:
-                with contextlib.suppress(Exception):  # Ray itself shut down first (at exit)
-                    ray.kill(actor.handle, no_restart=True)
-
-
-def _say_if_too_small(ray: Any, options: RayOptions, workers: int) -> None:
-    """One line if the cluster, empty, cannot hold ``workers`` workers (an autoscaler may
-    add nodes yet: the workers that fit do the others' work until then)."""
-    wanted = {
-        "CPU": options.cpus * workers,
-        **{k: v * workers for k, v in options.resources.items()},
-    }
-    have = ray.cluster_resources()
-    short = {k: (v, have.get(k, 0.0)) for k, v in wanted.items() if v > have.get(k, 0.0) + 1e-9}
-    if short:
-        print(
-            f"meshfeed: {workers} Ray record workers need "
-            + ", ".join(f"{v:g} {k}" for k, (v, _) in short.items())
-            + ", but the Ray cluster has "
-            + ", ".join(f"{h:g} {k}" for k, (_, h) in short.items())
-            + "; the workers that fit do the work of the others until there is room.",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-def _gone(error: BaseException) -> bool:
-    """Whether ``error`` says the worker is gone already (nothing to stop)."""
-    return type(error).__name__ in ("ActorDiedError", "RayActorError", "NodeDiedError")
