@@ -14,11 +14,15 @@ random 28x28 crop (the decode workload's function), shuffles, and ends in global
 Each round times both for ``--seconds``, in an order that rotates; the lines report the
 median samples/s and the median of per-round ratios. Goal: meshfeed >= 1.1x webdataset.
 
-Indexing: the same shards, and about as many bytes of JSON Lines and TFRecord files
-(the latter written by the ``tfrecord`` package), each indexed by ``meshfeed.index``
-(2 worker processes) against reading the files once front to back, both with the
-files evicted from the page cache first (``posix_fadvise(DONTNEED)``), in rounds; MB/s,
-their ratio (goal >= 0.5) and the index's bytes per sample. ``--smoke`` for CI.
+Indexing: the same shards (``tar``: 8 files, 123 MB), 16 shards of twice as many samples
+(``tar-16``: 246 MB), and about 100 MB each of JSON Lines and TFRecord files (the latter
+written by the ``tfrecord`` package), each indexed by ``meshfeed.index(workers=2)``
+against reading the files once front to back, both with the files evicted from the page
+cache first (``posix_fadvise(DONTNEED)``), in rounds whose order rotates; MB/s, the
+median of per-round ratios (goal >= 0.5) and the index's bytes per sample. ``--ray``
+times ``executor="ray"`` as well, on a local Ray of this machine's cores started by the
+script (its workers started before the timing). ``--part indexing`` skips the loading
+part. ``--smoke`` for CI.
 """
 
 from __future__ import annotations
@@ -138,12 +142,12 @@ def _read_once(paths: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def _index_once(paths: list[str]) -> tuple[float, int]:
+def _index_once(paths: list[str], executor: Any = "local") -> tuple[float, int]:
     for p in paths:
         Path(p + ".meshfeed-index.npz").unlink(missing_ok=True)
     _evict(paths)
     start = time.perf_counter()
-    report = meshfeed.index(paths, workers=2, progress=False)
+    report = meshfeed.index(paths, workers=2, executor=executor, progress=False)
     seconds = time.perf_counter() - start
     index_bytes = sum(os.path.getsize(p + ".meshfeed-index.npz") for p in paths)
     return seconds, index_bytes // max(1, report.samples)
@@ -185,10 +189,12 @@ def write_tfrecords(folder: Path, total_mb: float, files: int = 8) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0, help="per entry per round")
+    parser.add_argument("--part", choices=("all", "loading", "indexing"), default="all")
+    parser.add_argument("--ray", action="store_true", help="time executor='ray' as well")
     args = parser.parse_args()
     n, shards, mb = 20_000, 8, 100.0
     if args.smoke:
@@ -205,6 +211,19 @@ def _run(args: argparse.Namespace, scratch: Path, n: int, shards: int, mb: float
     paths = write_shards(scratch / "wds", n, shards)
     base = {"benchmark": "formats", "devices": jax.device_count(), "smoke": args.smoke,
             "python": sys.version.split()[0]}  # fmt: skip
+    if args.part in ("all", "loading"):
+        _loading(args, paths, base)
+    if args.part in ("all", "indexing"):
+        (scratch / "wds16").mkdir()
+        sets = {"tar": paths, "tar-16": write_shards(scratch / "wds16", 2 * n, 2 * shards)}
+        (scratch / "jsonl").mkdir()
+        (scratch / "tfrecord").mkdir()
+        sets["jsonl"] = write_jsonl(scratch / "jsonl", mb)
+        sets["tfrecord"] = write_tfrecords(scratch / "tfrecord", mb)
+        _indexing(args, sets, base, scratch)
+
+
+def _loading(args: argparse.Namespace, paths: list[str], base: dict[str, Any]) -> None:
     entries = {"meshfeed": _meshfeed(paths), "webdataset": _webdataset(paths)}
     rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
@@ -216,30 +235,45 @@ def _run(args: argparse.Namespace, scratch: Path, n: int, shards: int, mb: float
                 "samples_per_s": round(statistics.median(r[name] for r in rounds)),
                 "ratio_to_webdataset": round(ratio, 3)}  # fmt: skip
         print(json.dumps(line), flush=True)
-    (scratch / "jsonl").mkdir()
-    (scratch / "tfrecord").mkdir()
-    sets = {"tar": paths, "jsonl": write_jsonl(scratch / "jsonl", mb),
-            "tfrecord": write_tfrecords(scratch / "tfrecord", mb)}  # fmt: skip
+
+
+def _indexing(
+    args: argparse.Namespace, sets: dict[str, list[str]], base: dict[str, Any], scratch: Path
+) -> None:
+    contenders = ["read", "local"] + (["ray"] if args.ray else [])
+    if args.ray:
+        import ray
+
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+                 log_to_driver=False)  # fmt: skip
+        (scratch / "warm").mkdir()
+        warm = write_jsonl(scratch / "warm", 0.01, files=2 * (os.cpu_count() or 1))
+        meshfeed.index(warm, executor="ray", progress=False)  # its workers started
     for kind, files in sets.items():
         size = sum(os.path.getsize(p) for p in files)
-        ratios, index_rates, read_rates, per_sample = [], [], [], 0
+        rounds: list[dict[str, float]] = []
+        per_sample = 0
         for r in range(args.rounds):
-            order = ("index", "read") if r % 2 == 0 else ("read", "index")
+            order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
             times = {}
             for what in order:
                 if what == "read":
                     times["read"] = _read_once(files)
                 else:
-                    times["index"], per_sample = _index_once(files)
-            ratios.append(times["read"] / times["index"])
-            index_rates.append(size / times["index"] / 1e6)
-            read_rates.append(size / times["read"] / 1e6)
-        line = {**base, "workload": "W", "part": "indexing", "name": kind,
-                "mb": round(size / 1e6, 1), "index_mb_per_s": round(statistics.median(index_rates)),
-                "read_mb_per_s": round(statistics.median(read_rates)),
-                "ratio_to_read": round(statistics.median(ratios), 3),
-                "index_bytes_per_sample": per_sample}  # fmt: skip
-        print(json.dumps(line), flush=True)
+                    times[what], per_sample = _index_once(files, what)
+            rounds.append(times)
+        read = statistics.median(size / r["read"] / 1e6 for r in rounds)
+        for what in contenders[1:]:
+            rate = statistics.median(size / r[what] / 1e6 for r in rounds)
+            ratio = statistics.median(r["read"] / r[what] for r in rounds)
+            line = {**base, "workload": "W", "part": "indexing", "name": kind, "executor": what,
+                    "files": len(files), "mb": round(size / 1e6, 1), "rounds": len(rounds),
+                    "index_mb_per_s": round(rate), "read_mb_per_s": round(read),
+                    "ratio_to_read": round(ratio, 3),
+                    "index_bytes_per_sample": per_sample}  # fmt: skip
+            print(json.dumps(line), flush=True)
+    if args.ray:
+        ray.shutdown()  # pyright: ignore[reportPossiblyUnboundVariable]
 
 
 if __name__ == "__main__":

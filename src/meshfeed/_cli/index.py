@@ -10,6 +10,7 @@ from meshfeed._cli.flags import fail
 EPILOG = """examples:
   meshfeed index 'shards/shard-{000..127}.tar'
   meshfeed index 's3://bucket/wds/*.tar' --endpoint-url http://127.0.0.1:9000 --part 0/4
+  meshfeed index '/shared/wds/*.tar' --ray         (a Ray task per file, on the cluster)
   meshfeed index chat.jsonl.gz --seekable          (rewrite in members of 1 MiB first)
   meshfeed index /readonly/data/*.tfrecord --index-dir ~/indexes
 """
@@ -29,6 +30,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--index-dir", default=None, help="write the indexes here, not beside the files")
     p.add_argument("--workers", type=int, default=None, help="processes (default: cores)")
     p.add_argument("--part", default=None, help="i/N: index only share i of N of the files")
+    p.add_argument("--ray", action="store_true",
+                   help="index the files as Ray tasks, one a file: on the cluster RAY_ADDRESS "
+                   "names, or a local Ray")  # fmt: skip
     p.add_argument("--seekable", action="store_true",
                    help="rewrite compressed JSON Lines in members of 1 MiB first")  # fmt: skip
     p.add_argument("--endpoint-url", default=None, help="an S3-compatible store's endpoint")
@@ -49,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         index_dir=args.index_dir,
         workers=args.workers,
         part=part,
+        executor="ray" if args.ray else "local",
         seekable=args.seekable,
         storage_options={"endpoint_url": args.endpoint_url} if args.endpoint_url else None,
         progress=not args.quiet,

@@ -12,6 +12,7 @@ Modules, lowest first (each imports only modules listed before it)::
 
     _index         the index file: offsets per sample, the file's size and time; where it lives
     _indexed       IndexedFiles: files, their indexes, samples numbered, byte-range reads
+    _tar_keys      a tar shard's members grouped into samples by key, by loop or numpy
     _tar_scan      WebDataset tar shards indexed: headers walked, members grouped by key
     _tar           TarSource: samples of tar shards read by range, decoded
     _jsonl         JSON Lines, plain or in gzip/zstd members: lines scanned, JsonlSource

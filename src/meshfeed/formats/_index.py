@@ -142,34 +142,57 @@ def save_index(
 
 class ReadAhead:
     """A file read in chunks for a scan, the next chunk fetched on a thread while this one
-    is parsed: a cold read and the parsing overlap instead of taking turns."""
+    is parsed: a cold read and the parsing overlap instead of taking turns. The chunk read
+    last is held, so a read inside it costs nothing, and one across its end is joined to
+    the next chunk rather than starting the reads again from there; ``read_in`` gives a
+    chunk as it came, with an offset, where a copy of its rest would copy the whole file
+    once more."""
 
     def __init__(self, blob: Blob, depth: int = 3) -> None:
         self.blob, self.size, self.depth = blob, blob.size(), depth
         self.chunk = READ_REMOTE if is_url(blob.path) else READ
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="meshfeed-scan")
         self._ahead: list[tuple[int, int, concurrent.futures.Future[bytes]]] = []  # in order
+        self._held: tuple[int, bytes] = (0, b"")  # the chunk read last, and where it starts
 
     def read(self, start: int, count: int) -> bytes:
         """At least ``count`` bytes from ``start`` (fewer at the end of the file), and
         usually a chunk; the next ``depth`` chunks are read meanwhile."""
-        while self._ahead and self._ahead[0][1] <= start:  # chunks the scan has passed
-            self._ahead.pop(0)
-        data = None
-        if self._ahead and self._ahead[0][0] <= start:
-            ahead_start, ahead_end, future = self._ahead.pop(0)
-            ahead = future.result()
-            if ahead_end - start >= min(count, self.size - start):
-                data = ahead[start - ahead_start :] if start > ahead_start else ahead
-        if data is None:
-            self._ahead.clear()  # a jump past them: start again from here
-            data = self.blob.read(start, min(self.size, start + max(count, self.chunk)))
-        after = self._ahead[-1][1] if self._ahead else start + len(data)
+        data, skip = self.read_in(start, count)
+        return data[skip:] if skip else data
+
+    def read_in(self, start: int, count: int) -> tuple[bytes, int]:
+        """``read`` without copying: a chunk, and where ``start`` lies in it."""
+        want = min(count, self.size - start)
+        base, data = self._held
+        if not (base <= start and base + len(data) - start >= want):
+            base, data = self._held = self._fetch(start, want)
+        self._queue(base + len(data))
+        return data, start - base
+
+    def _queue(self, after: int) -> None:
+        """Keeps ``depth`` chunks in flight: after the last one queued, or from ``after``."""
+        after = self._ahead[-1][1] if self._ahead else after
         while len(self._ahead) < self.depth and after < self.size:
             end = min(self.size, after + self.chunk)
             self._ahead.append((after, end, self._pool.submit(self.blob.read, after, end)))
             after = end
-        return data
+
+    def _fetch(self, start: int, want: int) -> tuple[int, bytes]:
+        """The chunk that holds ``want`` bytes from ``start``, and where it starts."""
+        while self._ahead and self._ahead[0][1] <= start:  # chunks the scan has passed
+            self._ahead.pop(0)
+        held_start, held = self._held
+        if self._ahead and self._ahead[0][0] <= start:
+            ahead_start, ahead_end, future = self._ahead.pop(0)
+            if ahead_end - start >= want:
+                return ahead_start, future.result()
+        elif self._ahead and self._ahead[0][0] == held_start + len(held) > start >= held_start:
+            _, ahead_end, future = self._ahead.pop(0)  # across the end of the chunk held
+            if ahead_end - start >= want:
+                return start, held[start - held_start :] + future.result()
+        self._ahead.clear()  # a jump past them: start again from here
+        return start, self.blob.read(start, min(self.size, start + max(want, self.chunk)))
 
     def chunks(self) -> Any:
         """The whole file, chunk after chunk."""

@@ -67,14 +67,15 @@ class RayOptions:
         object.__setattr__(self, "resources", dict(self.resources))
 
 
-def import_ray() -> ModuleType:
-    """The ``ray`` module, or an error naming the extra that installs it."""
+def import_ray(what: str = "worker_type='ray'") -> ModuleType:
+    """The ``ray`` module, or an error naming the extra that installs it (``what``: the
+    option that asked for Ray)."""
     try:
         import ray
     except ImportError:
         raise ImportError(
-            "worker_type='ray' needs Ray: pip install 'meshfeed[ray]' (from a clone: pip "
-            "install -e '.[ray]')."
+            f"{what} needs Ray: pip install 'meshfeed[ray]' (from a clone: pip install -e "
+            "'.[ray]')."
         ) from None
     return ray
 
