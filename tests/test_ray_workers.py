@@ -243,6 +243,29 @@ def test_an_unreachable_ray_address_is_named_within_a_minute():
                            "cannot be reached"), run.stderr  # fmt: skip
 
 
+def test_a_local_ray_of_the_loaders_own_gives_the_same_bytes():
+    code = (
+        f"import sys; sys.path.insert(0, {str(HERE)!r})\n"
+        "import numpy as np, ray, ray_fns\n"
+        "def run(**kw):\n"
+        "    feed = ray_fns.loader(**kw)\n"
+        "    out = [{k: np.asarray(v) for k, v in b.items()} for b in feed]\n"
+        "    feed.close()\n"
+        "    return out\n"
+        "want, got = run(), run(num_workers=2, worker_type='ray')\n"
+        "assert ray.is_initialized() and len(got) == len(want)\n"
+        "for g, w in zip(got, want):\n"
+        "    for k in w: np.testing.assert_array_equal(g[k], w[k])\n"
+        "print('same', len(got))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "same 20", run.stdout
+
+
 def test_without_ray_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ImportError, match=r"pip install 'meshfeed\[ray\]'"):
