@@ -3,7 +3,7 @@
 Every entry is a ``Loader(record_transform=..., num_workers=W)`` ending in global
 ``jax.Array`` batches on 8 CPU devices (``batch_sharding(make_mesh(data=8))``), global
 batch 256, endless. One local Ray is started here, once, before any loader
-(``ray.init(address="local", num_cpus=8)``: ``"local"`` so that it never joins a
+(``ray.init(address="local", num_cpus=16)``: ``"local"`` so that it never joins a
 cluster another program on this machine registered in /tmp/ray; with replies up to 8
 MiB inline, as a local Ray the loader starts has them), and every ``worker_type="ray"``
 loader joins it. Two parts:
@@ -16,9 +16,9 @@ loader joins it. Two parts:
   ``prefetch="auto"``.
 - S, scaling: a record transform that sleeps 2 ms and then crops (``ray_fns.sleep_crop``),
   a stand-in for cores elsewhere: each worker is bound by latency, at most 500
-  records/s, not by this machine's two cores. W = 1, 2, 4, 8, 16 Ray workers
-  (``RayOptions(cpus=0.25)``, so that all 31 fit in the 8 logical CPUs at once), with
-  ``prefetch=4`` (``"auto"`` settled anywhere from 2 to 32 steps here, run to run):
+  records/s, not by this machine's two cores. W = 1, 2, 4, 8, 16, 32 Ray workers
+  (``RayOptions(cpus=0.25)``, so that all 63 fit in the 16 logical CPUs at once), with
+  ``prefetch=8`` (``"auto"`` settled anywhere from 2 to 32 steps here, run to run):
   records/s, ``speedup`` over 1 worker and ``efficiency`` = speedup / W. Goal:
   efficiency >= 0.8 until the loading side saturates; the lines give the CPU of the
   loading process, of Ray's own processes (GCS, raylet, agents) and of the workers,
@@ -75,9 +75,9 @@ from ray_fns import SLEEP_S, images, sleep_crop
 import meshfeed
 
 BATCH = 256
-RAY_CPUS = 8  # logical CPUs of the local Ray: room for all of S's workers at once
+RAY_CPUS = 16  # logical CPUs of the local Ray: room for all of S's workers at once
 SCALING_CPUS = 0.25  # what each of S's workers reserves
-SCALING_PREFETCH = 4
+SCALING_PREFETCH = 8
 IDLE_AFTER_S = 3.0  # before the idle CPU is measured: every read-ahead full by then
 GOAL_RATIO = 0.8
 GOAL_EFFICIENCY = 0.8
@@ -363,7 +363,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="per entry per round")
     parser.add_argument("--rounds", type=int, default=7, help="rounds; the median")
     parser.add_argument("--examples", type=int, default=8192, help="images in each source")
-    parser.add_argument("--workers", default="1,2,4,8,16", help="S's worker counts")
+    parser.add_argument("--workers", default="1,2,4,8,16,32", help="S's worker counts")
     parser.add_argument("--pause", type=float, default=0.5, help="seconds between windows")
     args = parser.parse_args()
     counts = [int(w) for w in args.workers.split(",")]

@@ -38,7 +38,6 @@ from meshfeed.feed._schedule import LastBatch
 from meshfeed.feed._shardings import ShardingArg
 from meshfeed.feed._skips import DEFAULT_MAX_SKIPPED
 from meshfeed.feed._state import LoaderState, fingerprint
-from meshfeed.workers._ray_connect import RayOptions
 from meshfeed.workers._record_rows import RecordFn
 from meshfeed.workers._records import WorkerType
 
@@ -128,7 +127,7 @@ class Loader(OptionAttributes, AssemblyViews):
         check_every: int | None = None,
         record_transform: RecordFn | None = None,
         num_workers: int = 0,
-        worker_type: WorkerType | RayOptions = "processes",
+        worker_type: WorkerType = "processes",
         on_error: OnError = "raise",
         max_skipped: int | float = DEFAULT_MAX_SKIPPED,
     ) -> None:

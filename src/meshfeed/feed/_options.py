@@ -65,7 +65,7 @@ class LoaderOptions:
     check_every: int | None = None
     record_transform: RecordFn | None = None
     num_workers: int = 0
-    worker_type: WorkerType | RayOptions = "processes"
+    worker_type: WorkerType = "processes"
     on_error: OnError = "raise"
     max_skipped: int | float = DEFAULT_MAX_SKIPPED
     batch_sizes: BatchSizes = dataclasses.field(init=False, repr=False, compare=False)
@@ -332,6 +332,6 @@ class OptionAttributes:
     check_every: Option[int | None] = Option()
     record_transform: Option[RecordFn | None] = Option()
     num_workers: Option[int] = Option()
-    worker_type: Option[WorkerType | RayOptions] = Option()
+    worker_type: Option[WorkerType] = Option()
     on_error: Option[OnError] = Option()
     max_skipped: Option[int | float] = Option()

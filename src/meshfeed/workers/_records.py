@@ -28,10 +28,10 @@ from meshfeed.workers._shm import Spec
 from meshfeed.workers._thread_workers import ThreadWorkers
 from meshfeed.workers._workers import WorkerPool
 
-WorkerType = Literal["processes", "threads", "ray"]
+WorkerType = Literal["processes", "threads", "ray"] | RayOptions
 """Where ``record_transform`` runs: worker processes (the default), threads, or Ray
-actors on a cluster (``RayOptions`` for what each reserves)."""
-WORKER_TYPES: tuple[WorkerType, ...] = ("processes", "threads", "ray")
+actors on a cluster (``"ray"``, or ``RayOptions(...)`` for what each reserves)."""
+WORKER_TYPES: tuple[str, ...] = ("processes", "threads", "ray")
 
 
 class Rows(NamedTuple):
@@ -160,7 +160,7 @@ class RecordStage:
         fn: RecordFn,
         *,
         num_workers: int,
-        worker_type: WorkerType | RayOptions,
+        worker_type: WorkerType,
         seed: int,
         source_rows: StepRows,
         read_ahead: tuple[int, int] = (1, 1),
