@@ -159,11 +159,6 @@ class Crew:
                 + "; add nodes, or lower RayOptions(cpus=..., resources=...)."
             )
 
-    def pids(self) -> list[int]:
-        """The pids of the workers alive now (waits for the ones starting)."""
-        live = [a for a in self.actors if not a.lost]
-        return [pid for pid, _ in self._ray.get([a.where for a in live])]
-
     @staticmethod
     def stop(ray: Any, actors: list[Actor]) -> None:
         """Stops every actor not lost (at close, or at exit)."""

@@ -1,22 +1,23 @@
 """``worker_type="ray"``: record workers as Ray actors, on any node of a cluster.
 
-``RayWorkers(fn, W, source)`` starts W actors (``_ray_actor.RecordWorker``) on the
+``RayWorkers(fn, W, source)`` starts W actors (``_ray_actor.actor_class``) on the
 cluster ``_ray_connect.connect`` reaches. Actors, not tasks: each unpickles the
 transform and opens the source once and keeps them, and each runs its calls in order,
 so the loader keeps every worker's queue full with the steps it reads ahead (one chunk
-per worker a step) without flooding Ray's scheduler; what each reserves (CPUs, a custom
-resource) is placed once.
+per worker a step, of at least 32 rows) without flooding Ray's scheduler; what each
+reserves (CPUs, a custom resource) is placed once.
 
 Work is keyed by ``(step, chunk)``: a step's ids are cut into chunks, each chunk a
 token, and only ids go out (the actor reads the source itself); finished rows come back
+in the call's reply (up to ``_ray_connect.INLINE_BYTES`` on a Ray started with it) or
 through Ray's object store, mapped rather than copied, and are copied once, into the
 step's rows. A chunk's rows depend on its ids, the seed and the epoch alone, so when a
 worker is lost -- its process killed, its node gone -- every chunk it had in hand is
-sent again to the workers left, a new worker is started in its place, and a reply that
-still comes from the old call is never read: each chunk is counted once, whichever
-call computed it. One line on stderr says which worker was lost. With no worker left
-for ``RayOptions.replace_s`` seconds (the cluster has no room for a new one), the
-loader raises.
+sent again to the workers left, a new worker is started in its place (``_ray_crew``),
+and a reply that still comes from the old call is never read: each chunk is counted
+once, whichever call computed it. One line on stderr says which worker was lost. With
+no worker left for ``RayOptions.replace_s`` seconds (the cluster has no room for a new
+one), the loader raises.
 """
 
 from __future__ import annotations
@@ -203,10 +204,6 @@ class RayWorkers:
                 if chunk.actor is not None:
                     chunk.actor.in_hand.pop(chunk.token, None)
                 chunk.ref = None
-
-    def pids(self) -> list[int]:
-        """The pids of the workers alive now (waits for the ones starting)."""
-        return self._crew.pids()
 
     def close(self) -> None:
         """Stops the workers. Safe to call twice."""
