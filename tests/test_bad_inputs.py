@@ -152,7 +152,8 @@ CASES: list[tuple[str, Callable[..., Any], type[BaseException], str]] = [
         "an unknown worker_type",
         lambda t, p, m: _loader(record_transform=_keep, num_workers=2, worker_type="fork"),
         ValueError,
-        "worker_type='fork' is unknown; pass 'processes' or 'threads'.",
+        "worker_type='fork' is unknown; pass 'processes', 'threads', 'ray' or "
+        "meshfeed.RayOptions(...).",
     ),
     (
         "check_every zero",
