@@ -18,7 +18,13 @@ import json
 import sysconfig
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+try:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+except ImportError:  # the README's install is .[demo]; this example needs .[text]
+    raise SystemExit(
+        "lm_corpus.py trains its tokenizer with Hugging Face tokenizers: "
+        "pip install -e '.[text]' (or pip install 'meshfeed[text]'), then run it again."
+    ) from None
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("folder", type=Path, help="where corpus/ and tokenizer.json go")
