@@ -14,6 +14,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _steps         make_train_step (jit, shard_map, pmap), masked_mean, collective_axes
     _attention     segment_mask: attention inside each document of a packed row
     _checkpoint    Orbax checkpoints with the loader's state beside them
+    _writers       fit's figures to CLU, tensorboardX or W&B writers; every process's wait
     _fit           fit and History
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.

@@ -31,6 +31,7 @@ from meshfeed.cluster._watch import activity, doing
 from meshfeed.feed._loader import Loader
 from meshfeed.train._checkpoint import Checkpoints
 from meshfeed.train._steps import Batch, valid_rows
+from meshfeed.train._writers import as_writer, flush, slowest_text, train_tags, waits_across
 
 EvalFn = Callable[..., Mapping[str, jax.Array]]
 """``eval_fn(params, batch) -> {name: mean over the valid rows}``; with model state,
@@ -74,6 +75,7 @@ def fit(
     description: str = "train",
     checkpoint_dir: str | os.PathLike[str] | None = None,
     checkpoint_every: int | None = None,
+    writer: Any = None,
 ) -> History:
     """Trains ``state`` with ``step`` on the batches of ``loader``.
 
@@ -102,6 +104,14 @@ def fit(
         ``meshfeed.Loader`` and ``num_steps`` counts the whole run, restarts included,
         so relaunching the same command finishes the same run.
       checkpoint_every: steps between checkpoints (with ``checkpoint_dir``).
+      writer: where process 0 writes each log step's figures and each evaluation: an
+        object with ``write_scalars(step, scalars)`` (CLU), ``add_scalar(tag, value,
+        step)`` (a tensorboardX or PyTorch ``SummaryWriter``) or ``log(data, step=)`` (a
+        W&B run). Tags: ``train/loss`` and the step's other metrics, ``input/wait_share``,
+        ``input/records_per_s``, ``input/prefetch_depth``, ``input/skipped``, with
+        several processes ``input/wait_share_min``, ``_median``, ``_max`` and
+        ``input/slowest_process``, and ``eval/<name>``. Several processes always gather
+        their input waits at log steps (the log line names the slowest).
 
     Returns:
       A ``History``; ``history.state`` is the trained state.
@@ -126,6 +136,7 @@ def fit(
         raise ValueError(f"log_every={log_every} must be >= 1.")
     if (eval_loader is None) != (eval_fn is None):
         raise ValueError("pass eval_loader and eval_fn together, or neither.")
+    write = None if writer is None else as_writer(writer)
     # Every argument is checked: only now touch the checkpoint directory.
     checkpoints, done = None, 0
     if checkpoint_dir is not None:
@@ -145,6 +156,8 @@ def fit(
     ensure_watched()  # a job connected by jax.distributed.initialize itself
     history = History(state=state, steps=done)
     show = progress and jax.process_index() == 0
+    if jax.process_index() != 0:
+        write = None  # one writer's figures: process 0's, with every process's wait
     console = Console(file=sys.stdout)
     # Off a terminal (CI logs, pipes) a bar cannot redraw: print a line per log instead.
     bar = Progress(
@@ -196,9 +209,11 @@ def fit(
                 logged["samples_per_s"] = rows / elapsed
                 logged["input_wait_share"] = wait / elapsed
                 history.train.append(logged)
+                waits = waits_across(logged["input_wait_share"])
+                logged.update(waits)
                 info = (
                     f"loss {logged['loss']:.4f}  {logged['samples_per_s']:,.0f} samples/s  "
-                    f"input wait {100 * logged['input_wait_share']:.1f}%"
+                    f"input wait {100 * logged['input_wait_share']:.1f}%{slowest_text(waits)}"
                 )
                 if callable(stage_of):
                     here = stage_of(k - 1)
@@ -215,18 +230,24 @@ def fit(
                     logged["skipped"] = float(len(skipped))
                     info += f"  skipped {len(skipped)}"
                 bar.update(task, completed=k, info=info)
+                if write is not None:
+                    write(k, train_tags(logged))
                 if show and not console.is_terminal:
                     console.print(f"{description}: step {k}/{total}  {info}", soft_wrap=True)
             if evaluate is not None and eval_loader is not None and (k % every == 0 or k == total):
                 with activity(f"evaluating at step {k}"):
                     result = {"step": float(k), **evaluate(state, eval_loader)}
                 history.eval.append(result)
+                if write is not None:
+                    write(k, {f"eval/{n}": v for n, v in result.items() if n != "step"})
                 if show:
                     bar.console.print(
                         f"eval at step {k}: "
                         + "  ".join(f"{n} {v:.4f}" for n, v in result.items() if n != "step")
                     )
         jax.block_until_ready(state)
+    if write is not None:
+        flush(writer)
     if checkpoints is not None:
         checkpoints.close()
     history.seconds = time.perf_counter() - start

@@ -1,0 +1,97 @@
+"""Where ``fit`` writes its figures: the metric writers users already have, found by
+duck typing, and every process's input wait.
+
+``as_writer(obj)`` takes an object with ``write_scalars(step, scalars)`` (CLU's
+``MetricWriter``), ``add_scalar(tag, value, step)`` (tensorboardX's and PyTorch's
+``SummaryWriter``) or ``log(data, step=...)`` (a Weights & Biases run), and returns one
+function ``write(step, scalars)`` for all three; nothing of theirs is imported. The tags
+are stable (``TAGS``): the step's metrics under ``train/``, the input pipeline's under
+``input/``, evaluations under ``eval/``.
+
+``waits_across(share)`` gathers each process's input wait share (one small collective,
+every process calling it at the same step) for the min, median and max, and which
+process waited most.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+Write = Callable[[int, Mapping[str, float]], None]
+
+TAGS = {
+    "samples_per_s": "input/records_per_s",
+    "input_wait_share": "input/wait_share",
+    "prefetch_depth": "input/prefetch_depth",
+    "skipped": "input/skipped",
+    "input_wait_min": "input/wait_share_min",
+    "input_wait_median": "input/wait_share_median",
+    "input_wait_max": "input/wait_share_max",
+    "slowest_process": "input/slowest_process",
+}
+"""``History.train``'s names -> their tags; every other figure of a log step (``loss``,
+the step's metrics, ``batch_size``, ``mix_stage``) is ``train/<name>``."""
+
+
+def as_writer(obj: Any) -> Write:
+    """``write(step, scalars)`` onto ``obj``, whichever of the three kinds it is."""
+    if callable(getattr(obj, "write_scalars", None)):
+        return lambda step, scalars: obj.write_scalars(step, dict(scalars))
+    if callable(getattr(obj, "add_scalar", None)):
+
+        def add(step: int, scalars: Mapping[str, float]) -> None:
+            for tag, value in scalars.items():
+                obj.add_scalar(tag, value, step)
+
+        return add
+    if callable(getattr(obj, "log", None)):
+        return lambda step, scalars: obj.log(dict(scalars), step=step)
+    raise TypeError(
+        f"writer={obj!r} has none of write_scalars(step, scalars) (CLU's MetricWriter), "
+        "add_scalar(tag, value, step) (tensorboardX's or PyTorch's SummaryWriter) or "
+        "log(data, step=) (a Weights & Biases run)."
+    )
+
+
+def flush(obj: Any) -> None:
+    """Flushes ``obj`` if it can (a SummaryWriter's events reach the disk)."""
+    done = getattr(obj, "flush", None)
+    if callable(done):
+        done()
+
+
+def train_tags(logged: Mapping[str, float]) -> dict[str, float]:
+    """A log step's figures under their tags (``TAGS``; the step itself left out)."""
+    return {TAGS.get(k, f"train/{k}"): float(v) for k, v in logged.items() if k != "step"}
+
+
+def waits_across(share: float) -> dict[str, float]:
+    """Every process's input wait share (a collective: all processes call it at the same
+    step): min, median, max and the process of the max. Nothing on one process."""
+    if jax.process_count() == 1:
+        return {}
+    from jax.experimental import multihost_utils
+
+    shares = np.asarray(multihost_utils.process_allgather(np.asarray([share], np.float32)))
+    shares = shares.reshape(-1).astype(float)
+    return {
+        "input_wait_min": float(shares.min()),
+        "input_wait_median": float(np.median(shares)),
+        "input_wait_max": float(shares.max()),
+        "slowest_process": float(int(shares.argmax())),
+    }
+
+
+def slowest_text(waits: Mapping[str, float]) -> str:
+    """`` (max 4.1% on process 5)`` when one process waits clearly more than the
+    median (by half a point and by half again), else nothing."""
+    if not waits:
+        return ""
+    top, middle = waits["input_wait_max"], waits["input_wait_median"]
+    if top - middle < 0.005 or top < 1.5 * middle:
+        return ""
+    return f" (max {100 * top:.1f}% on process {int(waits['slowest_process'])})"
