@@ -31,7 +31,13 @@ from meshfeed.cluster._watch import activity, doing
 from meshfeed.feed._loader import Loader
 from meshfeed.train._checkpoint import Checkpoints
 from meshfeed.train._steps import Batch, valid_rows
-from meshfeed.train._writers import as_writer, flush, slowest_text, train_tags, waits_across
+from meshfeed.train._writers import (
+    Background,
+    as_writer,
+    slowest_text,
+    train_tags,
+    waits_across,
+)
 
 EvalFn = Callable[..., Mapping[str, jax.Array]]
 """``eval_fn(params, batch) -> {name: mean over the valid rows}``; with model state,
@@ -136,7 +142,8 @@ def fit(
         raise ValueError(f"log_every={log_every} must be >= 1.")
     if (eval_loader is None) != (eval_fn is None):
         raise ValueError("pass eval_loader and eval_fn together, or neither.")
-    write = None if writer is None else as_writer(writer)
+    if writer is not None:
+        as_writer(writer)  # an object that writes nothing is refused before anything runs
     # Every argument is checked: only now touch the checkpoint directory.
     checkpoints, done = None, 0
     if checkpoint_dir is not None:
@@ -156,8 +163,8 @@ def fit(
     ensure_watched()  # a job connected by jax.distributed.initialize itself
     history = History(state=state, steps=done)
     show = progress and jax.process_index() == 0
-    if jax.process_index() != 0:
-        write = None  # one writer's figures: process 0's, with every process's wait
+    # One writer's figures, process 0's (with every process's wait), on a thread.
+    write = Background(writer) if writer is not None and jax.process_index() == 0 else None
     console = Console(file=sys.stdout)
     # Off a terminal (CI logs, pipes) a bar cannot redraw: print a line per log instead.
     bar = Progress(
@@ -247,7 +254,7 @@ def fit(
                     )
         jax.block_until_ready(state)
     if write is not None:
-        flush(writer)
+        write.close()
     if checkpoints is not None:
         checkpoints.close()
     history.seconds = time.perf_counter() - start

@@ -15,6 +15,8 @@ process waited most.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -57,11 +59,39 @@ def as_writer(obj: Any) -> Write:
     )
 
 
-def flush(obj: Any) -> None:
-    """Flushes ``obj`` if it can (a SummaryWriter's events reach the disk)."""
-    done = getattr(obj, "flush", None)
-    if callable(done):
-        done()
+class Background:
+    """``write`` on a thread of its own, so a writer's work (protobufs, files, a
+    network) overlaps the next steps instead of holding the loop up; ``close`` waits
+    for every figure handed over, flushes the writer, and raises its error, if any."""
+
+    def __init__(self, obj: Any) -> None:
+        self._obj, self._write = obj, as_writer(obj)
+        self._queue: queue.SimpleQueue[tuple[int, dict[str, float]] | None] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="meshfeed-writer", daemon=True)
+        self._thread.start()
+
+    def __call__(self, step: int, scalars: Mapping[str, float]) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"the writer failed: {self._error!r}") from self._error
+        self._queue.put((step, dict(scalars)))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._write(*item)
+                except BaseException as error:  # said on the loop's next write, or at close
+                    self._error = error
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(f"the writer failed: {self._error!r}") from self._error
+        done = getattr(self._obj, "flush", None)
+        if callable(done):
+            done()
 
 
 def train_tags(logged: Mapping[str, float]) -> dict[str, float]:
