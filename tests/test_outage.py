@@ -213,6 +213,8 @@ def test_the_stream_outlives_the_store_going_away_for_3_s(server):
             threading.Timer(3.0, proxy.start).start()
         back = time.monotonic()
     assert back - went > 2.5  # the reads waited the outage out
+    url = loader.stats()["source"]["url"]
+    assert url["retries"] > 0 and url["requests"] > url["retries"]  # loader.stats saw them
     assert sorted(seen) == list(range(N))  # every example exactly once
     want = assemble(
         [{"batches": s3_fns.stream(meshfeed.ArraySource(_data()), global_batch_size=32)}]

@@ -83,6 +83,9 @@ def test_every_label_once_per_epoch(cluster):
         labels = [b["label"][b["mask"]] for b in _batches(feed)]
     finally:
         feed.close()
+    records = feed.stats()["record_transform"]  # counted as the workers' rows come back
+    assert records["records"] == 2 * fns.N and records["worker_type"] == "ray"
+    assert records["seconds"] > 0  # the workers' time (their reads of the source too)
     steps = len(labels) // 2
     for epoch in (labels[:steps], labels[steps:]):
         assert sorted(np.concatenate(epoch).tolist()) == list(range(fns.N))

@@ -46,6 +46,23 @@ def test_a_cache_reads_each_shard_from_the_store_once(server, tmp_path):
     assert len(list((tmp_path / "cache").iterdir())) == 8
 
 
+def test_loader_stats_count_the_requests_and_the_cache_hits_of_a_url(server, tmp_path):
+    url = _write(server, "counted")
+    source = meshfeed.open_source(
+        url, storage_options=server.storage_options, cache_dir=tmp_path / "cache"
+    )
+    opened = (source.requests, source.bytes_fetched)
+    loader = _loader(source, num_epochs=2)
+    steps = len(list(loader))
+    stats = loader.stats()["source"]
+    assert stats["records"] == steps * 64 and stats["reads"] == steps
+    fetched = stats["url"]
+    assert fetched["requests"] == source.requests - opened[0] == 8  # 4 shards x 2 fields
+    assert fetched["bytes"] == source.bytes_fetched - opened[1]
+    assert fetched["cache_downloads"] == 8 and fetched["retries"] == 0
+    assert fetched["cache_hits"] >= steps  # each step reads from the local copies
+
+
 def test_a_cache_stays_within_its_bound_and_still_reads_right(server, tmp_path):
     url = _write(server, "bounded")
     bound = 500 * 16 * 4 + 500 * 8 + 256  # one shard's two files, headers included

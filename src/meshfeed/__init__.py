@@ -75,6 +75,7 @@ from meshfeed.formats._tfrecord import parse_example as parse_example
 from meshfeed.inspect._plot import plot_sharding as plot_sharding
 from meshfeed.inspect._plot_mixture import plot_mixture as plot_mixture
 from meshfeed.inspect._plot_packing import plot_packing as plot_packing
+from meshfeed.inspect._plot_pipeline import plot_pipeline as plot_pipeline
 from meshfeed.inspect._show import show_sharding as show_sharding
 from meshfeed.inspect._show_plan import show_plan as show_plan
 from meshfeed.prepare._prepare import PrepareExecutor as PrepareExecutor
@@ -187,6 +188,7 @@ __all__ = [
     "plan",
     "plot_mixture",
     "plot_packing",
+    "plot_pipeline",
     "plot_sharding",
     "prepare",
     "prepare_status",

@@ -13,6 +13,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _mesh          make_mesh, batch_sharding; which batch rows each device and process holds
     _permutation   Permutation: a keyed bijection on [0, n), evaluated position by position; hash64
     _stages        Stages: a setting that changes at given steps; BatchSizes: steps <-> positions
+    _tally         Tally: counts and seconds that several threads add to
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.
 """

@@ -24,6 +24,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _replicas      check_replicas: a collective comparing replicas across processes
     _state         LoaderState: steps consumed and the fingerprint, to and from JSON
     _stream        Stream: the position, the steps read ahead, placed and handed out in order
+    _stats         PipelineStats: what each stage did, for loader.stats()
     _assembly      assemble: a loader's parts wired from its options
     _loader        Loader: the façade over all of the above
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from meshfeed.core._mesh import check_sharding
+from meshfeed.core._tally import Tally
 from meshfeed.data._bad_records import Skip, find_bad, skippable
 from meshfeed.data._ragged import Ragged, empty
 from meshfeed.data._sources import FieldSpec, Source, thread_safe
@@ -50,6 +52,8 @@ class SourceRows:
         self._source, self._fields, self._schedule = source, fields, schedule
         self._one_at_a_time = None if thread_safe(source) else threading.Lock()
         self._skip = skip
+        self.tally = Tally("reads", "records", "bytes", "seconds", "skipped")
+        """What this process read from the source (``loader.stats()``)."""
 
     @property
     def source(self) -> Source:
@@ -68,9 +72,21 @@ class SourceRows:
         """The values of batch rows ``rows`` of ``step``, their example ids, and the
         examples skipped."""
         if self._one_at_a_time is None:
-            return self._read(step, rows)
+            return self._counted(step, rows)
         with self._one_at_a_time:
-            return self._read(step, rows)
+            return self._counted(step, rows)
+
+    def _counted(self, step: int, rows: np.ndarray) -> Rows:
+        began = time.perf_counter()
+        read = self._read(step, rows)
+        self.tally.add(  # reads, records, bytes, seconds, skipped
+            1,
+            int((read.ids >= 0).sum()),
+            sum(int(getattr(v, "nbytes", 0)) for v in read.data.values()),
+            time.perf_counter() - began,
+            len(read.skipped),
+        )
+        return read
 
     def _read(self, step: int, rows: np.ndarray) -> Rows:
         ids = self.ids(step, rows)
@@ -178,6 +194,8 @@ class StepReader:
         self._source_rows, self._lane = source_rows, lane
         self._transform, self._records, self._mask = transform, records, mask
         self._checked: set[int] = set()  # the batch sizes whose output has been checked
+        self.tally = Tally("calls", "seconds")
+        """The batch ``transform``'s calls and seconds (``loader.stats()``)."""
 
     def read(self, step: int) -> HostStep | PendingStep:
         """The host rows of ``step``, or with record workers a ``PendingStep``."""
@@ -204,7 +222,9 @@ class StepReader:
     def _finish_rows(self, rows: Rows, lane: Lane) -> dict[str, np.ndarray]:
         data, ids, _ = rows
         if self._transform is not None:
+            began = time.perf_counter()
             data = self._transform(data)
+            self.tally.add(1, time.perf_counter() - began)  # calls, seconds
         if lane.size not in self._checked:
             self._check_output(data, len(ids), lane.target)
             self._checked.add(lane.size)
@@ -250,6 +270,16 @@ class StepReader:
                 global_batch_size=target.global_batch_size,
                 shape=array.shape[1:],
             )
+
+    @property
+    def has_transform(self) -> bool:
+        """Whether there is a batch ``transform``."""
+        return self._transform is not None
+
+    @property
+    def records(self) -> RecordStage | None:
+        """The record stage, if there is a ``record_transform``."""
+        return self._records
 
     def steps_ahead(self) -> int | None:
         """The most steps the read-ahead may hold for the record workers' shared memory

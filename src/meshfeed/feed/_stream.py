@@ -14,18 +14,24 @@ print.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 
 from meshfeed.cluster._watch import doing
-from meshfeed.feed._pipeline import Inline, Prefetcher
+from meshfeed.core._tally import Tally
+from meshfeed.feed._pipeline import ASKS, Inline, Prefetcher
 from meshfeed.feed._reader import HostStep
 from meshfeed.feed._replicas import check_replicas
 from meshfeed.feed._skips import SkipLog
 
 GlobalBatch = dict[str, jax.Array]
+CONSUMER = ("steps", "records", "wait_seconds", "next_seconds")
+"""The consumer's counts (``Stream.tally``): steps handed out, their records (this
+process's, padding aside), seconds ``next()`` waited for the read-ahead, seconds in
+``next()``."""
 
 
 class Stream:
@@ -45,6 +51,10 @@ class Stream:
         steps_ahead: Callable[[], int | None] | None = None,
     ) -> None:
         self._read, self._place = read, place  # place also collects rows from record workers
+        self.tally = Tally(*CONSUMER)
+        """The consumer's side: steps handed out, seconds waited and spent in ``next()``."""
+        self.asks = Tally(*ASKS)
+        """At each ask of the read-ahead, whether its step was ready (``Prefetcher``)."""
         self.skips = skips
         self._step_bytes = step_bytes  # a step's host bytes, when known before reading
         self._steps_ahead = steps_ahead  # a bound on the depth, known after the first step
@@ -62,12 +72,15 @@ class Stream:
                         ahead.close()
                     ahead = self._read_ahead()
                 doing(f"loading step {self.step}")
+                began = time.perf_counter()
                 step, host = next(ahead)
+                waited = time.perf_counter() - began
                 batch, done = self._place(step, host)
                 self.skips.add(step, done.read, done.skipped)  # raises past max_skipped
                 if self._check_every and step % self._check_every == 0:
                     check_replicas(batch)
                 self.step = step + 1
+                self.tally.add(1, done.read, waited, time.perf_counter() - began)  # CONSUMER
                 doing(f"running step {step} (its batch loaded)")
                 yield batch
         finally:
@@ -90,6 +103,7 @@ class Stream:
                 budget_bytes=self._budget,
                 step_bytes=self._step_bytes,
                 steps_ahead=self._steps_ahead,
+                tally=self.asks,
             )
         return self._ahead
 

@@ -26,6 +26,7 @@ from typing import IO, Any, TypeVar
 from meshfeed.storage._cache import ShardCache
 from meshfeed.storage._clock import clock_for
 from meshfeed.storage._remote import (
+    FETCHES,
     RETRY_S,
     Counter,
     bound_inner_retries,
@@ -127,6 +128,7 @@ class Blob:
         if self._fs is not None and self.cache is not None:
             fd = self._copy_fd()
             if fd is not None:
+                FETCHES.add(cache_hits=1)
                 try:
                     return _pread_into(fd, views, starts, self.path)
                 finally:

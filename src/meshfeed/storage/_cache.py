@@ -22,6 +22,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from meshfeed.storage._remote import FETCHES
+
 CACHE_BYTES = 16 << 30  # the bound of open_source's cache by default
 CHUNK = 16 << 20  # bytes per request of a download
 _TMP = ".part-"
@@ -69,6 +71,7 @@ class ShardCache:
             with self._guard:  # downloads in flight here count against the bound too
                 self._make_room(size + self._reserved)
                 self._reserved += size
+            FETCHES.add(cache_downloads=1)
             tmp = f"{local}{_TMP}{os.getpid()}-{threading.get_ident()}"
             try:
                 with open(tmp, "wb") as out:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from meshfeed.core._tally import Tally
 from meshfeed.storage._clock import StoreClock, clock_for
 
 REMOTE_READS = 16  # reads in flight at once, per process, for files behind URLs
@@ -46,6 +47,9 @@ READ_TIMEOUT_S = 20  # and for the next bytes of an answer
 _S3 = ("s3", "s3a")
 _PERMANENT = (PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
 T = TypeVar("T")
+FETCHES = Tally("requests", "retries", "bytes", "cache_hits", "cache_downloads")
+"""This process's reads behind URLs: ranged requests (retries among them), bytes
+fetched, reads served by the cache's local copies, objects the cache downloaded."""
 
 
 def reader_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -159,9 +163,11 @@ def _fetch(
 ) -> list[bytes]:
     out: list[bytes] = [b""] * len(starts)
     todo = list(range(len(starts)))
+    again = 0  # requests asked again after a passing fault
     while todo:
         with clock.attempt(url, retry_s) as attempt:
             counter.requests += len(todo)
+            FETCHES.add(requests=len(todo), retries=again)
             try:
                 got = fs.cat_ranges(
                     [fs_path] * len(todo), [starts[i] for i in todo], [ends[i] for i in todo]
@@ -176,11 +182,13 @@ def _fetch(
                 else:
                     out[i] = bytes(data)
                     counter.bytes += len(data)
+            FETCHES.add(bytes=sum(len(out[i]) for i in todo))
             if len(failed) < len(todo):
                 attempt.succeeded()
             if failed:
                 attempt.failed(failed[0][1])
         todo = [i for i, _ in failed]
+        again = len(todo)
     return out
 
 

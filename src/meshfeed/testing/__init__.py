@@ -5,10 +5,12 @@ collectives, CPU devices), the way ``meshfeed launch`` runs a script, and return
 each returned. ``assert_resumes_identically`` restores a loader at every step of a
 short stream and compares the rest with the uninterrupted stream. ``S3Server`` runs an
 S3-compatible server on 127.0.0.1 (moto, from the ``dev`` extra), and ``Proxy`` takes it
-away and brings it back.
+away and brings it back. ``counter_price`` times one add to the counters behind
+``loader.stats()``.
 """
 
 from meshfeed.cluster._launch import free_port as free_port
+from meshfeed.testing._counting import counter_price as counter_price
 from meshfeed.testing._processes import ProcessFailedError as ProcessFailedError
 from meshfeed.testing._processes import cluster_env as cluster_env
 from meshfeed.testing._processes import run_in_processes as run_in_processes
@@ -23,6 +25,7 @@ __all__ = [
     "S3Server",
     "assert_resumes_identically",
     "cluster_env",
+    "counter_price",
     "free_port",
     "local_shards",
     "run_in_processes",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import time
 import traceback
 from collections.abc import Mapping
 from typing import Any
@@ -27,9 +28,12 @@ from meshfeed.data._bad_records import find_bad, skippable
 from meshfeed.data._sources import FieldSpec
 from meshfeed.workers._record_rows import EXAMPLE_ID, RecordFn, transform_rows
 
-Reply = tuple[dict[str, np.ndarray] | None, list[tuple[int, int, str]], tuple[int, str] | None]
-"""A chunk's rows, the records skipped ``(row, id, error line)``, and an error
-``(example, traceback)`` instead of rows when the transform or the read raised."""
+Reply = tuple[
+    dict[str, np.ndarray] | None, list[tuple[int, int, str]], tuple[int, str] | None, float
+]
+"""A chunk's rows, the records skipped ``(row, id, error line)``, an error
+``(example, traceback)`` instead of rows when the transform or the read raised, and the
+seconds the chunk took (its read and transform)."""
 
 
 def read_and_transform(
@@ -89,14 +93,16 @@ class RecordServer:
 
     def run(self, ids: np.ndarray, spec: Mapping[str, FieldSpec], seed: int, epoch: int) -> Reply:
         """One chunk (``read_and_transform``); an error comes back as a value."""
+        began = time.perf_counter()
         try:
             out, skipped = read_and_transform(
                 self.fn, self.source, ids, spec, seed, epoch, self.skip
             )
         except Exception as error:
             first = next((int(i) for i in ids if i >= 0), -1)
-            return None, [], (getattr(error, EXAMPLE_ID, first), traceback.format_exc())
-        return out, skipped, None
+            error_at = (getattr(error, EXAMPLE_ID, first), traceback.format_exc())
+            return None, [], error_at, time.perf_counter() - began
+        return out, skipped, None, time.perf_counter() - began
 
 
 def actor_class() -> type:

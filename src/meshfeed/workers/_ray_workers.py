@@ -80,6 +80,8 @@ class RayWorkers:
             num_cpus=options.cpus, resources=dict(options.resources) or None, max_restarts=0
         )
         self._lock = threading.Lock()
+        self.busy_s = 0.0
+        """Seconds the workers spent on the chunks collected (reads and transforms)."""
         self._crew = Crew(ray, ray_class, init, options)
         self._token = 0
         say_if_too_small(ray, options, num_workers)
@@ -121,7 +123,9 @@ class RayWorkers:
         done = np.zeros(ticket.rows, bool)
         skipped: list[tuple[int, int, str]] = []
         for chunk, reply in zip(ticket.chunks, self._replies(ticket.chunks), strict=True):
-            data, chunk_skipped, error = reply
+            data, chunk_skipped, error, seconds = reply
+            with self._lock:
+                self.busy_s += seconds
             if error is not None:
                 raise RuntimeError(
                     f"record_transform raised on example {error[0]} in a Ray record worker:\n"

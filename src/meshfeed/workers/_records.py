@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
+from meshfeed.core._tally import Tally
 from meshfeed.data._bad_records import Skip
 from meshfeed.data._sources import FieldSpec
 from meshfeed.workers._ray_connect import RayOptions
@@ -126,9 +128,11 @@ class _Handed(NamedTuple):
     ticket: Any
     read: Rows  # what the workers were given
     nbytes: int
+    tally: Tally  # the stage's: records and skipped, counted as they come back
 
     def result(self) -> Rows:
         out, skipped = self.pool.collect(self.ticket)
+        self.tally.add(int((self.read.ids >= 0).sum()), 0, len(skipped))  # records, s, skipped
         return _skipping(out, self.read, skipped)
 
 
@@ -171,6 +175,9 @@ class RecordStage:
         self.spec: dict[str, FieldSpec] | None = None
         self._pool: Workers | None = None
         self._lock = threading.Lock()
+        self.tally = Tally("records", "seconds", "skipped")
+        """Records transformed (skipped ones among them) and seconds in this process."""
+        self._busy_before = 0.0  # seconds of pools closed (restarted) before this one
         if num_workers and (worker_type == "ray" or isinstance(worker_type, RayOptions)):
             self._pool = self._start_pool()  # now, on the loader's thread (_ray_connect)
 
@@ -211,12 +218,15 @@ class RecordStage:
         if pool is None:
             out = {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
             skipped: list[tuple[int, int, str]] | None = [] if self.skip else None
+            began = time.perf_counter()
             transform_rows(self.fn, data, ids, out, 0, self.seed, epoch, skipped=skipped)
+            seconds = time.perf_counter() - began
+            self.tally.add(int(real.sum()), seconds, len(skipped or []))
             return _skipping(out, read, skipped or [])
         if isinstance(pool, RayWorkers):  # the first rows, read here to learn the output
             return self._hand_ids(pool, Rows({}, ids, read.skipped), epoch)
         ticket = pool.submit(data, ids, spec, self.seed, epoch)
-        return _Handed(pool, ticket, read, len(ids) * self._row_bytes())
+        return _Handed(pool, ticket, read, len(ids) * self._row_bytes(), self.tally)
 
     def _hand_ids(self, pool: RayWorkers, read: Rows, epoch: int) -> Rows | _Handed:
         assert self.spec is not None
@@ -224,7 +234,7 @@ class RecordStage:
             out = {k: np.zeros((len(read.ids), *s.shape), s.dtype) for k, s in self.spec.items()}
             return Rows(out, read.ids, read.skipped)
         ticket = pool.submit_ids(read.ids, self.spec, self.seed, epoch)
-        return _Handed(pool, ticket, read, len(read.ids) * self._row_bytes())
+        return _Handed(pool, ticket, read, len(read.ids) * self._row_bytes(), self.tally)
 
     def _row_bytes(self) -> int:
         assert self.spec is not None
@@ -246,8 +256,16 @@ class RecordStage:
         no bound of theirs)."""
         return getattr(self._pool, "steps_ahead", None)
 
+    def counts(self) -> dict[str, float]:
+        """Records transformed, records skipped, and seconds spent on them: in this
+        process, plus what the workers report (with Ray, their reads of the source too)."""
+        counts = self.tally.values()
+        counts["seconds"] += self._busy_before + getattr(self._pool, "busy_s", 0.0)
+        return counts
+
     def close(self) -> None:
         with self._lock:
             if self._pool is not None:
+                self._busy_before += getattr(self._pool, "busy_s", 0.0)
                 self._pool.close()
                 self._pool = None

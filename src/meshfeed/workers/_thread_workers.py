@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import threading
+import time
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +35,9 @@ class ThreadWorkers:
 
     def __init__(self, fn: RecordFn, num_workers: int, *, skip: bool = False) -> None:
         self.fn, self.num_workers, self.skip = fn, num_workers, skip
+        self.busy_s = 0.0
+        """Seconds the threads spent on chunks."""
+        self._lock = threading.Lock()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             num_workers, thread_name_prefix="meshfeed-record"
         )
@@ -44,11 +50,20 @@ class ThreadWorkers:
         for lo, hi in chunks(len(ids), 2 * self.num_workers):
             part = {k: v[lo:hi] for k, v in batch.items()}
             future = self._executor.submit(
-                transform_rows, self.fn, part, ids[lo:hi], out, lo, seed, epoch, None,
+                self._timed, self.fn, part, ids[lo:hi], out, lo, seed, epoch, None,
                 ticket.skipped,
             )  # fmt: skip
             ticket.futures.append((future, ids[lo:hi]))
         return ticket
+
+    def _timed(self, *args: Any) -> None:
+        began = time.perf_counter()
+        try:
+            transform_rows(*args)
+        finally:
+            seconds = time.perf_counter() - began
+            with self._lock:
+                self.busy_s += seconds
 
     def collect(
         self, ticket: ThreadTicket

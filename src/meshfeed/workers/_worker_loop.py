@@ -18,6 +18,7 @@ import faulthandler
 import pickle
 import signal
 import sys
+import time
 import traceback
 import types
 from multiprocessing.connection import Connection
@@ -73,7 +74,7 @@ def _serve(
     index: int,
 ) -> None:
     """Transforms chunks until the parent says stop (``EOFError`` or ``OSError`` when it
-    is gone); each reply is ``(token, error or None, records skipped)``."""
+    is gone); each reply is ``(token, error or None, records skipped, seconds)``."""
     attached[status]
     status_map, _ = attach(status)  # kept apart: ``current`` lives as long as the worker
     current = memoryview(status_map)[STATUS_STRIDE * index :][:8].cast("q")
@@ -84,13 +85,14 @@ def _serve(
         token, inputs, layout, slot, rows, spec, start, seed, epoch = task
         ids = np.empty(0, np.int64)
         skipped: list[tuple[int, int, str]] | None = [] if skip else None
+        began = time.perf_counter()
         try:
             part = get_rows(attached[inputs], layout)
             ids = part.pop(IDS)
             outputs = views(attached[slot], spec, rows)
             transform_rows(fn, part, ids, outputs, start, seed, epoch, current, skipped)
             del outputs, part
-            reply: Any = (token, None, skipped or [])
+            reply: Any = (token, None, skipped or [], time.perf_counter() - began)
         except Exception as error:
             first = next((int(i) for i in ids if i >= 0), -1)
             reply = (token, (getattr(error, EXAMPLE_ID, first), traceback.format_exc()), [])

@@ -185,7 +185,7 @@ class WorkerPool:
         self._failure: str | None = None
         self._receiving = False
         self._heard = time.monotonic()
-        self._token = 0
+        self._token, self.busy_s = 0, 0.0  # busy_s: seconds on chunks, as replies say
 
     def submit(
         self, batch: Mapping[str, np.ndarray], ids: np.ndarray, spec: Spec, seed: int, epoch: int
@@ -294,7 +294,7 @@ class WorkerPool:
             self._fail(f"record_transform workers sent nothing for {self.timeout_s} s.")
 
     def _handle(self, worker: _Worker, reply: tuple[Any, ...]) -> None:
-        token, error, *skipped = reply
+        token, error, *rest = reply  # then the records skipped, the seconds
         if token == "start":
             line = error.strip().splitlines()[-1]
             self._fail(f"record_transform worker {worker.index} could not start: {line}\n{error}")
@@ -302,12 +302,11 @@ class WorkerPool:
         worker.in_hand.pop(token, None)
         if error is not None:
             example_id, trace = error
-            self._fail(
-                f"record_transform raised on example {example_id} in a worker process:\n{trace}"
-            )
-            return
+            return self._fail(f"record_transform raised on example {example_id} in a worker "
+                              f"process:\n{trace}")  # fmt: skip
         with self._cond:
-            self._done[token] = skipped[0]
+            self._done[token] = rest[0]
+            self.busy_s += rest[1]
             if self._released:
                 self._give_back_released()
 

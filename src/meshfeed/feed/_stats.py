@@ -1,0 +1,116 @@
+"""What a loader did, stage by stage: ``loader.stats()``.
+
+Each stage counts as it goes, in a ``Tally`` of its own -- the source's reads
+(``SourceRows``), the record transform (``RecordStage``, with the seconds its workers
+report), the batch ``transform`` (``StepReader``), placing on the devices, the consumer's
+``next()`` and the read-ahead's fill at each ask (``Stream``), and this process's reads
+behind URLs (``storage``'s ``FETCHES``, shared by every source of the process) -- and
+``PipelineStats`` reads them all and reports what happened since the loader was built
+or since the last ``stats(reset=True)``, as a JSON-able dict.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from meshfeed.core._tally import Tally, since
+from meshfeed.feed._reader import StepReader
+from meshfeed.feed._stream import Stream
+from meshfeed.storage._remote import FETCHES
+
+_Raw = dict[str, dict[str, float]]
+
+
+class PipelineStats:
+    """The counts of a loader's stages, from a baseline (``report``)."""
+
+    def __init__(
+        self,
+        reader: StepReader,
+        source: Tally,
+        place: Tally,
+        stream: Stream,
+        workers: tuple[int, str],
+    ) -> None:
+        self._reader, self._source, self._place, self._stream = reader, source, place, stream
+        self._workers = workers
+        self._base, self._began = self._raw(), time.perf_counter()
+
+    def _raw(self) -> _Raw:
+        records = self._reader.records
+        raw = {
+            "source": self._source.values(),
+            "url": FETCHES.values(),
+            "transform": self._reader.tally.values(),
+            "place": self._place.values(),
+            "consumer": self._stream.tally.values(),
+            "asks": self._stream.asks.values(),
+        }
+        if records is not None:
+            raw["record_transform"] = records.counts()
+        return raw
+
+    def updates(self) -> int:
+        """Adds to the counters so far (what counting costs is per add)."""
+        stream = self._stream
+        tallies = [self._source, self._reader.tally, self._place, stream.tally, stream.asks]
+        records = self._reader.records
+        if records is not None:
+            tallies.append(records.tally)
+        return sum(t.updates for t in tallies)
+
+    def report(self, reset: bool = False) -> dict[str, Any]:
+        """Since the baseline: see ``Loader.stats``."""
+        now, ended = self._raw(), time.perf_counter()
+        d = {name: since(values, self._base.get(name, {})) for name, values in now.items()}
+        seconds = ended - self._began
+        if reset:
+            self._base, self._began = now, ended
+        source, consumer, asks = d["source"], d["consumer"], d["asks"]
+        asked = asks["asked"]
+        out: dict[str, Any] = {
+            "seconds": seconds,
+            "steps": int(consumer["steps"]),
+            "records_per_s": consumer["records"] / seconds if seconds > 0 else 0.0,
+            "source": {
+                "reads": int(source["reads"]),
+                "records": int(source["records"]),
+                "bytes": int(source["bytes"]),
+                "seconds": source["seconds"],
+                "skipped": int(source["skipped"]),
+                "url": {k: int(v) for k, v in d["url"].items()},
+            },
+            "record_transform": None,
+            "transform": None,
+            "place": {"steps": int(d["place"]["steps"]), "seconds": d["place"]["seconds"]},
+            "consumer": {
+                "steps": int(consumer["steps"]),
+                "records": int(consumer["records"]),
+                "wait_seconds": consumer["wait_seconds"] + d["place"]["collect_seconds"],
+                "wait_read_ahead_seconds": consumer["wait_seconds"],
+                "wait_workers_seconds": d["place"]["collect_seconds"],
+                "next_seconds": consumer["next_seconds"],
+                "read_ahead": {
+                    "depth": self._stream.depth,
+                    "ready_share": asks["ready"] / asked if asked else None,
+                    "steps_ready": asks["steps_ready"] / asked if asked else None,
+                    "fill": asks["fill"] / asked if asked else None,
+                    "peak_bytes": self._stream.peak_bytes,
+                },
+            },
+            "counter_updates": self.updates(),
+        }
+        if "record_transform" in d:
+            records = d["record_transform"]
+            out["record_transform"] = {
+                "records": int(records["records"]),
+                "seconds": records["seconds"],
+                "skipped": int(records["skipped"]),
+                "workers": self._workers[0],
+                "worker_type": self._workers[1],
+            }
+        if self._reader.has_transform:
+            calls, spent = d["transform"]["calls"], d["transform"]["seconds"]
+            out["transform"] = {"calls": int(calls), "seconds": spent}
+        return out
