@@ -3,10 +3,11 @@
 The counters are always on, so their cost is estimated from their count and their price
 rather than against a build without them: each stage adds to its counters once per call
 (a step, a chunk), never per record. ``loader.stats()["counter_updates"]`` says how many
-adds a run made; one add, with the two clock reads that time a stage around it, is timed
-alone (``meshfeed.testing.counter_price``: meshfeed's own counter, a million adds, best
-of five). The share is
-``updates a step x price of one / the step's time``, on the cheapest steps meshfeed makes
+adds a run made; one add, as wide as the widest a stage makes (the consumer's, ten
+amounts), with the two clock reads that time a stage around it, is timed alone
+(``meshfeed.testing.counter_price``: meshfeed's own counter, a million adds, best of
+five). The share is ``updates a step x price of one / the step's time``, on the
+cheapest steps meshfeed makes
 (an in-memory source, 8 CPU devices, no training: whatever a step does besides, the
 share only falls): ``plain`` (no transform), ``record`` (a record transform in the
 loading threads) and ``threads`` (a record transform on 2 worker threads, and a batch

@@ -3,6 +3,8 @@ typing; on several processes, process 0 writes every process's input wait."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import writer_fns
 
@@ -81,3 +83,11 @@ def test_the_log_line_names_the_slowest_process_only_when_it_waits_clearly_more(
     assert slowest_text(waits(0.003, 0.004, 0.005)) == ""  # within half a point
     assert slowest_text(waits(0.30, 0.31, 0.36)) == ""  # not half again the median
     assert slowest_text({}) == ""
+
+
+def test_a_fit_that_raises_writes_what_it_had_and_ends_the_writers_thread():
+    writer = writer_fns.CluLike()
+    with pytest.raises(RuntimeError, match="the input broke"):
+        writer_fns.fit(writer, log_every=2, fail_at=6)
+    assert [step for step, _ in writer.calls] == [2, 4]  # handed over before, all written
+    assert not [t for t in threading.enumerate() if t.name == "meshfeed-writer"]

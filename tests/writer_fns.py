@@ -33,7 +33,22 @@ class WandbLike:
         self.calls.append((step, dict(data)))
 
 
-def fit(writer: Any, *, steps: int = 12, log_every: int = 4, evaluate: bool = False) -> Any:
+def _failing(batches: Any, at: int) -> Any:
+    """The batches, until the ``at``-th raises (a source gone bad mid-run)."""
+    for i, batch in enumerate(batches):
+        if i + 1 == at:
+            raise RuntimeError("the input broke")
+        yield batch
+
+
+def fit(
+    writer: Any,
+    *,
+    steps: int = 12,
+    log_every: int = 4,
+    evaluate: bool = False,
+    fail_at: int | None = None,
+) -> Any:
     mesh = meshfeed.make_mesh(data=jax.device_count())
     state = meshfeed.TrainState.create(train_fns.init_params(), train_fns.OPTIMIZER, mesh=mesh)
     step = meshfeed.make_train_step(train_fns.loss_fn, train_fns.OPTIMIZER, mesh=mesh)
@@ -52,7 +67,7 @@ def fit(writer: Any, *, steps: int = 12, log_every: int = 4, evaluate: bool = Fa
     return meshfeed.fit(
         step,
         state,
-        train_fns.loader(mesh),
+        train_fns.loader(mesh) if fail_at is None else _failing(train_fns.loader(mesh), fail_at),
         num_steps=steps,
         log_every=log_every,
         progress=False,

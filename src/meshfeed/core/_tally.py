@@ -26,13 +26,14 @@ class Tally:
         self._index = {name: i for i, name in enumerate(names)}
         self._mine = threading.local()
         self._lock = threading.Lock()  # guards the list of every thread's cells
-        self._cells: list[list[float]] = []
+        self._cells: list[tuple[threading.Thread, list[float]]] = []
+        self._ended: list[float] = [0] * (len(names) + 1)  # threads gone, folded in
 
     def _new_cells(self) -> list[float]:
         cells: list[float] = [0] * (len(self.names) + 1)  # the last: the adds
         self._mine.cells = cells
         with self._lock:
-            self._cells.append(cells)
+            self._cells.append((threading.current_thread(), cells))
         return cells
 
     def add(self, *amounts: float, **named: float) -> None:
@@ -50,8 +51,13 @@ class Tally:
         cells[-1] += 1
 
     def _sums(self) -> list[float]:
+        """Every thread's cells summed; the cells of threads that ended are folded into
+        one list (a long run starts reader threads again at each restore)."""
         with self._lock:
-            every = list(self._cells)
+            for thread, cells in [c for c in self._cells if not c[0].is_alive()]:
+                self._ended = [a + b for a, b in zip(self._ended, cells, strict=True)]
+                self._cells.remove((thread, cells))
+            every = [self._ended, *(cells for _, cells in self._cells)]
         return [sum(cells[i] for cells in every) for i in range(len(self.names) + 1)]
 
     def values(self) -> dict[str, float]:

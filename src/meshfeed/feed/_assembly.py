@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed.core._tally import Tally
 from meshfeed.data._sources import FieldSpec, Source
 from meshfeed.feed._options import LoaderOptions
 from meshfeed.feed._pipeline import MAX_DEPTH
@@ -187,15 +186,13 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
     rows = SourceRows(source, fields, schedule, skip=options.on_error == "skip")
     reader = make_reader(rows, options, lane, max_depth=MAX_DEPTH)
 
-    placing = Tally("steps", "seconds", "collect_seconds")
-
     def place_step(step: int, host: HostStep | PendingStep) -> tuple[GlobalBatch, HostStep]:
         began = time.perf_counter()
         done = reader.finish(host)  # waits for record workers' rows, if any
         collected = time.perf_counter()
         batch = place(done.rows, lane(step).target)
         placed = time.perf_counter()
-        placing.add(1, placed - collected, collected - began)  # steps, seconds, collect_seconds
+        done.collect_seconds, done.place_seconds = collected - began, placed - collected
         return batch, done
 
     stream = Stream(
@@ -213,7 +210,7 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
     kind = options.worker_type
     kind = (kind if isinstance(kind, str) else "ray") if options.num_workers else "inline"
     workers = (options.num_workers, kind)
-    stats = PipelineStats(reader, rows.tally, placing, stream, workers)
+    stats = PipelineStats(reader, rows.tally, stream, workers)
     return Assembly(schedule, end, lanes, plans, reader, stream, timeline, stats)
 
 

@@ -53,15 +53,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from meshfeed.core._tally import Tally
 from meshfeed.feed._climb import Climb
 
 MAX_THREADS = 32
 MAX_DEPTH = 4 * MAX_THREADS  # steps ahead, at most
 _SPECULATE_DEPTH = 16  # read beside the first step, before knowing the source is slow
-ASKS = ("asked", "ready", "steps_ready", "fill")
-"""What a ``Prefetcher``'s ``tally`` counts at each ask of the consumer: the asks, those
-that found the step ready, the steps ready, and that over the depth (at most 1)."""
 
 
 def nbytes(item: Any) -> int:
@@ -78,17 +74,12 @@ class _Failed:
         self.error = error
 
 
-def _count_ask(tally: Tally | None, ready: bool, steps_ready: int, depth: int) -> None:
-    """One ask of the consumer: whether its step was ready, and how full the read-ahead."""
-    if tally is not None:
-        tally.add(1, ready, steps_ready, min(1.0, steps_ready / depth))  # in ASKS' order
-
-
 class Inline:
     """Yields ``(step, produce(step))`` for ``step`` from ``start`` on, each on demand."""
 
     depth = 0
     peak_bytes = 0
+    ask = None
 
     def __init__(self, produce: Callable[[int], Any], *, start: int) -> None:
         self._produce = produce
@@ -113,7 +104,7 @@ class Prefetcher:
     ``depth``: steps ahead, each read by its own thread; ``None`` adapts it (see above).
     ``produce`` must be safe to call from several threads at once for different steps.
     ``steps_ahead``, if given, bounds the depth once the first step is read (the record
-    workers' shared memory: ``None`` for no bound). ``tally`` counts the asks' fill.
+    workers' shared memory: ``None`` for no bound). ``ask``: the last ``next``'s find.
     """
 
     def __init__(
@@ -126,12 +117,12 @@ class Prefetcher:
         budget_bytes: int,
         step_bytes: int | None = None,
         steps_ahead: Callable[[], int | None] | None = None,
-        tally: Tally | None = None,
     ) -> None:
         if depth is not None and depth < 1:
             raise ValueError(f"prefetch depth={depth} must be >= 1.")
         self.next_step = start
-        self._produce, self._end, self._tally = produce, end, tally
+        self._produce, self._end = produce, end
+        self.ask: tuple[bool, int, int] | None = None
         self._auto = depth is None
         self._lock = threading.Lock()
         self._consumer = threading.Condition(self._lock)
@@ -268,7 +259,7 @@ class Prefetcher:
             step = self.next_step
             if self._stop_at is not None and step >= self._stop_at:  # the end, or past an error
                 raise StopIteration
-            _count_ask(self._tally, step in self._ready, len(self._ready), self._depth)
+            self.ask = (step in self._ready, len(self._ready), self._depth)
             if step not in self._ready:
                 self._deepen()
             elif self._auto and self._climb.short_of_a_read(step, self._depth):

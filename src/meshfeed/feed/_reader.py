@@ -72,23 +72,20 @@ class SourceRows:
         """The values of batch rows ``rows`` of ``step``, their example ids, and the
         examples skipped."""
         if self._one_at_a_time is None:
-            return self._counted(step, rows)
+            return self._read(step, rows)
         with self._one_at_a_time:
-            return self._counted(step, rows)
+            return self._read(step, rows)
 
-    def _counted(self, step: int, rows: np.ndarray) -> Rows:
-        began = time.perf_counter()
-        read = self._read(step, rows)
-        self.tally.add(  # reads, records, bytes, seconds, skipped
-            1,
-            int((read.ids >= 0).sum()),
-            sum(int(getattr(v, "nbytes", 0)) for v in read.data.values()),
-            time.perf_counter() - began,
-            len(read.skipped),
-        )
+    def _counted(self, read: Rows, records: int, began: float) -> Rows:
+        nbytes = 0
+        for values in read.data.values():
+            nbytes += getattr(values, "nbytes", 0)
+        seconds = time.perf_counter() - began  # reads, records, bytes, seconds, skipped:
+        self.tally.add(1, records, nbytes, seconds, len(read.skipped))
         return read
 
     def _read(self, step: int, rows: np.ndarray) -> Rows:
+        began = time.perf_counter()
         ids = self.ids(step, rows)
         valid = ids >= 0
         skipped: list[Skip] = []
@@ -111,7 +108,7 @@ class SourceRows:
             valid = ids >= 0
             real = self._source[ids[valid]] if valid.any() else {}
         if valid.all():
-            return Rows(dict(real), ids, skipped)
+            return self._counted(Rows(dict(real), ids, skipped), len(ids), began)
         data: dict[str, Any] = {}
         for name, spec in self._fields.items():
             if spec.ragged:  # padding rows are empty documents
@@ -124,7 +121,7 @@ class SourceRows:
                 data[name] = np.zeros((len(ids), *spec.shape), spec.dtype)
                 if real:
                     data[name][valid] = real[name]
-        return Rows(data, ids, skipped)
+        return self._counted(Rows(data, ids, skipped), int(np.count_nonzero(valid)), began)
 
 
 class Lane(NamedTuple):
@@ -145,6 +142,8 @@ class HostStep:
     rows: list[dict[str, np.ndarray]]
     read: int
     skipped: list[Skip]
+    collect_seconds: float = 0.0  # waiting for the record workers' rows (``loader.stats()``)
+    place_seconds: float = 0.0  # placing the rows on the devices
 
     @property
     def nbytes(self) -> int:

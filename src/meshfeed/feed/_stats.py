@@ -29,11 +29,10 @@ class PipelineStats:
         self,
         reader: StepReader,
         source: Tally,
-        place: Tally,
         stream: Stream,
         workers: tuple[int, str],
     ) -> None:
-        self._reader, self._source, self._place, self._stream = reader, source, place, stream
+        self._reader, self._source, self._stream = reader, source, stream
         self._workers = workers
         self._base, self._began = self._raw(), time.perf_counter()
 
@@ -43,9 +42,7 @@ class PipelineStats:
             "source": self._source.values(),
             "url": FETCHES.values(),
             "transform": self._reader.tally.values(),
-            "place": self._place.values(),
             "consumer": self._stream.tally.values(),
-            "asks": self._stream.asks.values(),
         }
         if records is not None:
             raw["record_transform"] = records.counts()
@@ -53,8 +50,7 @@ class PipelineStats:
 
     def updates(self) -> int:
         """Adds to the counters so far (what counting costs is per add)."""
-        stream = self._stream
-        tallies = [self._source, self._reader.tally, self._place, stream.tally, stream.asks]
+        tallies = [self._source, self._reader.tally, self._stream.tally]
         records = self._reader.records
         if records is not None:
             tallies.append(records.tally)
@@ -67,8 +63,8 @@ class PipelineStats:
         seconds = ended - self._began
         if reset:
             self._base, self._began = now, ended
-        source, consumer, asks = d["source"], d["consumer"], d["asks"]
-        asked = asks["asked"]
+        source, consumer = d["source"], d["consumer"]
+        asked = consumer["asked"]
         out: dict[str, Any] = {
             "seconds": seconds,
             "steps": int(consumer["steps"]),
@@ -83,19 +79,19 @@ class PipelineStats:
             },
             "record_transform": None,
             "transform": None,
-            "place": {"steps": int(d["place"]["steps"]), "seconds": d["place"]["seconds"]},
+            "place": {"steps": int(consumer["steps"]), "seconds": consumer["place_seconds"]},
             "consumer": {
                 "steps": int(consumer["steps"]),
                 "records": int(consumer["records"]),
-                "wait_seconds": consumer["wait_seconds"] + d["place"]["collect_seconds"],
+                "wait_seconds": consumer["wait_seconds"] + consumer["collect_seconds"],
                 "wait_read_ahead_seconds": consumer["wait_seconds"],
-                "wait_workers_seconds": d["place"]["collect_seconds"],
+                "wait_workers_seconds": consumer["collect_seconds"],
                 "next_seconds": consumer["next_seconds"],
                 "read_ahead": {
                     "depth": self._stream.depth,
-                    "ready_share": asks["ready"] / asked if asked else None,
-                    "steps_ready": asks["steps_ready"] / asked if asked else None,
-                    "fill": asks["fill"] / asked if asked else None,
+                    "ready_share": consumer["ready"] / asked if asked else None,
+                    "steps_ready": consumer["steps_ready"] / asked if asked else None,
+                    "fill": consumer["fill"] / asked if asked else None,
                     "peak_bytes": self._stream.peak_bytes,
                 },
             },

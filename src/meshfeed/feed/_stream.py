@@ -22,16 +22,21 @@ import jax
 
 from meshfeed.cluster._watch import doing
 from meshfeed.core._tally import Tally
-from meshfeed.feed._pipeline import ASKS, Inline, Prefetcher
+from meshfeed.feed._pipeline import Inline, Prefetcher
 from meshfeed.feed._reader import HostStep
 from meshfeed.feed._replicas import check_replicas
 from meshfeed.feed._skips import SkipLog
 
 GlobalBatch = dict[str, jax.Array]
-CONSUMER = ("steps", "records", "wait_seconds", "next_seconds")
-"""The consumer's counts (``Stream.tally``): steps handed out, their records (this
-process's, padding aside), seconds ``next()`` waited for the read-ahead, seconds in
-``next()``."""
+CONSUMER = (
+    "steps", "records", "wait_seconds", "next_seconds", "collect_seconds", "place_seconds",
+    "asked", "ready", "steps_ready", "fill",
+)  # fmt: skip
+"""The consumer's counts (``Stream.tally``), one add a step: steps handed out, their
+records (this process's, padding aside), seconds ``next()`` waited for the read-ahead,
+seconds in ``next()``, seconds it waited for record workers' rows and placed them; the
+asks of the read-ahead, those that found the step ready, the steps ready, and that over
+the depth (at most 1)."""
 
 
 class Stream:
@@ -52,9 +57,7 @@ class Stream:
     ) -> None:
         self._read, self._place = read, place  # place also collects rows from record workers
         self.tally = Tally(*CONSUMER)
-        """The consumer's side: steps handed out, seconds waited and spent in ``next()``."""
-        self.asks = Tally(*ASKS)
-        """At each ask of the read-ahead, whether its step was ready (``Prefetcher``)."""
+        """The consumer's side (``CONSUMER``), for ``loader.stats()``."""
         self.skips = skips
         self._step_bytes = step_bytes  # a step's host bytes, when known before reading
         self._steps_ahead = steps_ahead  # a bound on the depth, known after the first step
@@ -80,12 +83,20 @@ class Stream:
                 if self._check_every and step % self._check_every == 0:
                     check_replicas(batch)
                 self.step = step + 1
-                self.tally.add(1, done.read, waited, time.perf_counter() - began)  # CONSUMER
+                self._count(ahead.ask, done, waited, time.perf_counter() - began)
                 doing(f"running step {step} (its batch loaded)")
                 yield batch
         finally:
             if ahead is not None:
                 ahead.close()
+
+    def _count(self, ask: Any, done: HostStep, waited: float, spent: float) -> None:
+        """One step handed out, in ``CONSUMER``'s order: one add a step."""
+        ready, steps_ready, depth = ask or (False, 0, 0)
+        fill = min(1.0, steps_ready / depth) if depth else 0.0
+        asked = ask is not None
+        self.tally.add(1, done.read, waited, spent, done.collect_seconds, done.place_seconds,
+                       asked, ready, steps_ready, fill)  # fmt: skip
 
     def batch(self, step: int) -> GlobalBatch:
         """The placed batch of ``step``, read now, without moving the position."""
@@ -103,7 +114,6 @@ class Stream:
                 budget_bytes=self._budget,
                 step_bytes=self._step_bytes,
                 steps_ahead=self._steps_ahead,
-                tally=self.asks,
             )
         return self._ahead
 

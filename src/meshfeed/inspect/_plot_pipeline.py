@@ -128,14 +128,14 @@ def plot_pipeline(stats: Mapping[str, Any], path: str | Path, *, dpi: int = 100)
     axes.set_xlabel("ms per step (stages beside the loop: summed over their threads/workers)",
                     fontsize=8)  # fmt: skip
     ahead = consumer["read_ahead"]
-    ready = ahead.get("ready_share")
-    figure.text(
-        0.2, 0.04,
-        f"read-ahead: depth {ahead['depth']}"
-        + (f", the step read (or with the workers) at {100 * ready:.0f}% of asks, {ahead['steps_ready']:.1f} steps "
-           f"ready on average ({100 * ahead['fill']:.0f}% full)" if ready is not None else ""),
-        fontsize=8,
-    )  # fmt: skip
+    footer = f"read-ahead: depth {ahead['depth']}"
+    if ahead.get("ready_share") is not None:
+        footer += (
+            f", the step read (or with the workers) at {100 * ahead['ready_share']:.0f}% of "
+            f"asks, {ahead['steps_ready']:.1f} steps ready on average "
+            f"({100 * ahead['fill']:.0f}% full)"
+        )
+    figure.text(0.2, 0.04, footer, fontsize=8)
     figure.suptitle(
         f"Where a step's time goes: {step_ms:.2f} ms a step over {steps:,} steps; the loop "
         f"waited for input {100 * wait / step_ms if step_ms else 0:.1f}% of it",

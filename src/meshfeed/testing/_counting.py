@@ -7,16 +7,20 @@ import time
 
 from meshfeed.core._tally import Tally
 
+WIDEST = 10  # amounts in the widest add a stage makes (the consumer's, once a step)
 
-def counter_price(times: int = 1_000_000, repeats: int = 5) -> float:
-    """Seconds of one add to a stage's counter, with the two clock reads that time the
-    stage around it: the best of ``repeats`` runs of ``times`` adds on one thread."""
-    counter = Tally("calls", "records", "bytes", "seconds", "skipped")
+
+def counter_price(times: int = 1_000_000, repeats: int = 5, amounts: int = WIDEST) -> float:
+    """Seconds of one add of ``amounts`` amounts to a stage's counter, with the two clock
+    reads that time the stage around it: the best of ``repeats`` runs of ``times`` adds
+    on one thread. By default as wide as the widest add (an upper bound for the others)."""
+    counter = Tally(*(f"amount{i}" for i in range(amounts)))
+    values = (1.0,) * (amounts - 1)
     best = float("inf")
     for _ in range(repeats):
         began = time.perf_counter()
         for _ in range(times):
             t = time.perf_counter()
-            counter.add(1, 256, 1024, time.perf_counter() - t)
+            counter.add(time.perf_counter() - t, *values)
         best = min(best, (time.perf_counter() - began) / times)
     return best

@@ -35,6 +35,7 @@ from meshfeed.train._writers import (
     Background,
     as_writer,
     slowest_text,
+    stopped_on_error,
     train_tags,
     waits_across,
 )
@@ -183,7 +184,7 @@ def fit(
     start = time.perf_counter()
     metrics: Mapping[str, jax.Array] = {}
     rows = 0
-    with bar:
+    with bar, stopped_on_error(write):  # a run that raises ends the writer's thread too
         task = bar.add_task("train", total=total, completed=done, info="")
         for k in range(done + 1, total + 1):
             t = time.perf_counter()

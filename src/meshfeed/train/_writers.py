@@ -15,9 +15,10 @@ process waited most.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -84,14 +85,31 @@ class Background:
                 except BaseException as error:  # said on the loop's next write, or at close
                     self._error = error
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Writes what was handed over and ends the thread, raising nothing (the run is
+        ending with an error of its own)."""
         self._queue.put(None)
         self._thread.join()
+
+    def close(self) -> None:
+        self.stop()
         if self._error is not None:
             raise RuntimeError(f"the writer failed: {self._error!r}") from self._error
         done = getattr(self._obj, "flush", None)
         if callable(done):
             done()
+
+
+@contextlib.contextmanager
+def stopped_on_error(write: Background | None) -> Iterator[None]:
+    """Stops ``write``'s thread if the block raises (a thread left waiting would outlive
+    the run), then lets the error go on."""
+    try:
+        yield
+    except BaseException:
+        if write is not None:
+            write.stop()
+        raise
 
 
 def train_tags(logged: Mapping[str, float]) -> dict[str, float]:

@@ -129,10 +129,11 @@ class _Handed(NamedTuple):
     read: Rows  # what the workers were given
     nbytes: int
     tally: Tally  # the stage's: records and skipped, counted as they come back
+    records: int  # the examples handed over (padding aside)
 
     def result(self) -> Rows:
         out, skipped = self.pool.collect(self.ticket)
-        self.tally.add(int((self.read.ids >= 0).sum()), 0, len(skipped))  # records, s, skipped
+        self.tally.add(self.records, 0, len(skipped))  # records, seconds, skipped
         return _skipping(out, self.read, skipped)
 
 
@@ -221,12 +222,13 @@ class RecordStage:
             began = time.perf_counter()
             transform_rows(self.fn, data, ids, out, 0, self.seed, epoch, skipped=skipped)
             seconds = time.perf_counter() - began
-            self.tally.add(int(real.sum()), seconds, len(skipped or []))
+            self.tally.add(int(np.count_nonzero(real)), seconds, len(skipped or []))
             return _skipping(out, read, skipped or [])
         if isinstance(pool, RayWorkers):  # the first rows, read here to learn the output
             return self._hand_ids(pool, Rows({}, ids, read.skipped), epoch)
         ticket = pool.submit(data, ids, spec, self.seed, epoch)
-        return _Handed(pool, ticket, read, len(ids) * self._row_bytes(), self.tally)
+        nbytes, records = len(ids) * self._row_bytes(), int(np.count_nonzero(real))
+        return _Handed(pool, ticket, read, nbytes, self.tally, records)
 
     def _hand_ids(self, pool: RayWorkers, read: Rows, epoch: int) -> Rows | _Handed:
         assert self.spec is not None
@@ -234,7 +236,8 @@ class RecordStage:
             out = {k: np.zeros((len(read.ids), *s.shape), s.dtype) for k, s in self.spec.items()}
             return Rows(out, read.ids, read.skipped)
         ticket = pool.submit_ids(read.ids, self.spec, self.seed, epoch)
-        return _Handed(pool, ticket, read, len(read.ids) * self._row_bytes(), self.tally)
+        nbytes, records = len(read.ids) * self._row_bytes(), int(np.count_nonzero(read.ids >= 0))
+        return _Handed(pool, ticket, read, nbytes, self.tally, records)
 
     def _row_bytes(self) -> int:
         assert self.spec is not None
