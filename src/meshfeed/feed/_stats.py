@@ -1,12 +1,13 @@
 """What a loader did, stage by stage: ``loader.stats()``.
 
-Each stage counts as it goes, in a ``Tally`` of its own -- the source's reads
-(``SourceRows``), the record transform (``RecordStage``, with the seconds its workers
-report), the batch ``transform`` (``StepReader``), placing on the devices, the consumer's
-``next()`` and the read-ahead's fill at each ask (``Stream``), and this process's reads
-behind URLs (``storage``'s ``FETCHES``, shared by every source of the process) -- and
-``PipelineStats`` reads them all and reports what happened since the loader was built
-or since the last ``stats(reset=True)``, as a JSON-able dict.
+Each stage counts as it goes -- the source's reads (``SourceRows``), the record
+transform (``RecordStage``, with the seconds its workers report) and the batch
+``transform`` (``StepReader``) in a ``Tally`` each, the consumer in a list of its own
+(``Stream.counts``: its ``next()``, the placing on the devices, the read-ahead's fill at
+each ask), this process's reads behind URLs in ``storage``'s ``FETCHES`` (shared by
+every source of the process) -- and ``PipelineStats`` reads them all and reports what
+happened since the loader was built or since the last ``stats(reset=True)``, as a
+JSON-able dict.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class PipelineStats:
             "source": self._source.values(),
             "url": FETCHES.values(),
             "transform": self._reader.tally.values(),
-            "consumer": self._stream.tally.values(),
+            "consumer": self._stream.counts(),
         }
         if records is not None:
             raw["record_transform"] = records.counts()
@@ -50,11 +51,11 @@ class PipelineStats:
 
     def updates(self) -> int:
         """Adds to the counters so far (what counting costs is per add)."""
-        tallies = [self._source, self._reader.tally, self._stream.tally]
+        tallies = [self._source, self._reader.tally]
         records = self._reader.records
         if records is not None:
             tallies.append(records.tally)
-        return sum(t.updates for t in tallies)
+        return sum(t.updates for t in tallies) + int(self._stream.counts()["steps"])
 
     def report(self, reset: bool = False) -> dict[str, Any]:
         """Since the baseline: see ``Loader.stats``."""

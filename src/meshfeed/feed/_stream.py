@@ -21,7 +21,6 @@ from typing import Any
 import jax
 
 from meshfeed.cluster._watch import doing
-from meshfeed.core._tally import Tally
 from meshfeed.feed._pipeline import Inline, Prefetcher
 from meshfeed.feed._reader import HostStep
 from meshfeed.feed._replicas import check_replicas
@@ -32,7 +31,7 @@ CONSUMER = (
     "steps", "records", "wait_seconds", "next_seconds", "collect_seconds", "place_seconds",
     "asked", "ready", "steps_ready", "fill",
 )  # fmt: skip
-"""The consumer's counts (``Stream.tally``), one add a step: steps handed out, their
+"""The consumer's counts (``Stream.counts``), once a step: steps handed out, their
 records (this process's, padding aside), seconds ``next()`` waited for the read-ahead,
 seconds in ``next()``, seconds it waited for record workers' rows and placed them; the
 asks of the read-ahead, those that found the step ready, the steps ready, and that over
@@ -56,8 +55,7 @@ class Stream:
         steps_ahead: Callable[[], int | None] | None = None,
     ) -> None:
         self._read, self._place = read, place  # place also collects rows from record workers
-        self.tally = Tally(*CONSUMER)
-        """The consumer's side (``CONSUMER``), for ``loader.stats()``."""
+        self._counts: list[float] = [0] * len(CONSUMER)  # the consumer's side, for stats()
         self.skips = skips
         self._step_bytes = step_bytes  # a step's host bytes, when known before reading
         self._steps_ahead = steps_ahead  # a bound on the depth, known after the first step
@@ -83,20 +81,34 @@ class Stream:
                 if self._check_every and step % self._check_every == 0:
                     check_replicas(batch)
                 self.step = step + 1
-                self._count(ahead.ask, done, waited, time.perf_counter() - began)
+                self._count(ahead.ask, done, waited, began)
                 doing(f"running step {step} (its batch loaded)")
                 yield batch
         finally:
             if ahead is not None:
                 ahead.close()
 
-    def _count(self, ask: Any, done: HostStep, waited: float, spent: float) -> None:
-        """One step handed out, in ``CONSUMER``'s order: one add a step."""
-        ready, steps_ready, depth = ask or (False, 0, 0)
-        fill = min(1.0, steps_ready / depth) if depth else 0.0
-        asked = ask is not None
-        self.tally.add(1, done.read, waited, spent, done.collect_seconds, done.place_seconds,
-                       asked, ready, steps_ready, fill)  # fmt: skip
+    def _count(self, ask: Any, done: HostStep, waited: float, began: float) -> None:
+        """One step handed out, in ``CONSUMER``'s order. Only the consuming thread writes
+        these, so plain adds to a list do (a reader from another thread sees each
+        amount whole): the cheapest counting there is, on the loop's own thread."""
+        counts = self._counts
+        counts[0] += 1
+        counts[1] += done.read
+        counts[2] += waited
+        counts[3] += time.perf_counter() - began
+        counts[4] += done.collect_seconds
+        counts[5] += done.place_seconds
+        if ask is not None:
+            ready, steps_ready, depth = ask
+            counts[6] += 1
+            counts[7] += ready
+            counts[8] += steps_ready
+            counts[9] += min(1.0, steps_ready / depth)
+
+    def counts(self) -> dict[str, float]:
+        """The consumer's counts (``CONSUMER``) since the stream was made."""
+        return dict(zip(CONSUMER, self._counts, strict=True))
 
     def batch(self, step: int) -> GlobalBatch:
         """The placed batch of ``step``, read now, without moving the position."""
