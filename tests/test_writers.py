@@ -26,8 +26,11 @@ def test_a_tensorboardx_writer_gets_event_files_tensorboard_reads_back(tmp_path)
     events.Reload()
     tags = set(events.Tags()["scalars"])
     for tag in ("train/loss", "train/accuracy", "input/wait_share", "input/records_per_s",
-                "input/prefetch_depth", "eval/accuracy"):  # fmt: skip
+                "input/prefetch_depth", "input/source_ms_per_step", "input/place_ms_per_step",
+                "input/read_ahead_fill", "eval/accuracy"):  # fmt: skip
         assert tag in tags, tags
+    placing = [e.value for e in events.Scalars("input/place_ms_per_step")]
+    assert len(placing) == len(LOG_STEPS) and all(ms > 0 for ms in placing)  # loader.stats
     loss = events.Scalars("train/loss")
     assert [e.step for e in loss] == LOG_STEPS
     want = [row["loss"] for row in history.train]

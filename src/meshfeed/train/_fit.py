@@ -35,6 +35,7 @@ from meshfeed.train._writers import (
     Background,
     as_writer,
     slowest_text,
+    stage_figures,
     stopped_on_error,
     train_tags,
     waits_across,
@@ -115,8 +116,10 @@ def fit(
         object with ``write_scalars(step, scalars)`` (CLU), ``add_scalar(tag, value,
         step)`` (a tensorboardX or PyTorch ``SummaryWriter``) or ``log(data, step=)`` (a
         W&B run). Tags: ``train/loss`` and the step's other metrics, ``input/wait_share``,
-        ``input/records_per_s``, ``input/prefetch_depth``, ``input/skipped``, with
-        several processes ``input/wait_share_min``, ``_median``, ``_max`` and
+        ``input/records_per_s``, ``input/prefetch_depth``, ``input/skipped``, from a
+        ``Loader``'s ``stats()`` ``input/source_ms_per_step`` (and ``record_transform_``,
+        ``transform_``, ``place_``) and ``input/read_ahead_fill``, with several processes
+        ``input/wait_share_min``, ``_median``, ``_max`` and
         ``input/slowest_process``, and ``eval/<name>``. Several processes always gather
         their input waits at log steps (the log line names the slowest).
 
@@ -178,6 +181,8 @@ def fit(
         disable=not (show and console.is_terminal),
     )
     iterator = iter(loader)
+    stats_of: Callable[[], dict[str, Any]] | None = getattr(loader, "stats", None)
+    stats_before = stats_of() if callable(stats_of) else {}  # a Loader's, stage by stage
     wait = in_loader = 0.0
     previous: Any = None  # an output of the last step (is_ready is on concrete arrays)
     in_flight: Any = None  # an output of the step before it
@@ -233,6 +238,10 @@ def fit(
                 if depth is not None:
                     logged["prefetch_depth"] = float(depth)
                     info += f"  read-ahead {depth}"
+                if callable(stats_of):
+                    stats_now = stats_of()
+                    logged.update(stage_figures(stats_now, stats_before))
+                    stats_before = stats_now
                 skipped = getattr(loader, "skipped", None)  # on_error="skip"
                 if isinstance(skipped, list) and skipped:
                     logged["skipped"] = float(len(skipped))

@@ -35,6 +35,11 @@ TAGS = {
     "input_wait_median": "input/wait_share_median",
     "input_wait_max": "input/wait_share_max",
     "slowest_process": "input/slowest_process",
+    "source_ms_per_step": "input/source_ms_per_step",
+    "record_transform_ms_per_step": "input/record_transform_ms_per_step",
+    "transform_ms_per_step": "input/transform_ms_per_step",
+    "place_ms_per_step": "input/place_ms_per_step",
+    "read_ahead_fill": "input/read_ahead_fill",
 }
 """``History.train``'s names -> their tags; every other figure of a log step (``loss``,
 the step's metrics, ``batch_size``, ``mix_stage``) is ``train/<name>``."""
@@ -110,6 +115,24 @@ def stopped_on_error(write: Background | None) -> Iterator[None]:
         if write is not None:
             write.stop()
         raise
+
+
+def stage_figures(now: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, float]:
+    """Each stage's milliseconds a step between two of a loader's ``stats()`` (the
+    source's, the record transform's and the batch transform's summed over their threads
+    or workers; the placing), and the read-ahead's fill so far."""
+    steps = now["steps"] - before.get("steps", 0)
+    if steps <= 0:
+        return {}
+    out: dict[str, float] = {}
+    for stage in ("source", "record_transform", "transform", "place"):
+        if now.get(stage):
+            spent = now[stage]["seconds"] - (before.get(stage) or {}).get("seconds", 0.0)
+            out[f"{stage}_ms_per_step"] = 1000.0 * spent / steps
+    fill = now["consumer"]["read_ahead"]["fill"]
+    if fill is not None:
+        out["read_ahead_fill"] = float(fill)
+    return out
 
 
 def train_tags(logged: Mapping[str, float]) -> dict[str, float]:
