@@ -70,3 +70,47 @@ def test_memmap_reads_do_not_map_the_file_into_the_process(tmp_path):
     )
     grown_kib = int(subprocess.check_output([sys.executable, "-c", code], timeout=120))
     assert grown_kib < 64 * 1024, grown_kib  # 128 MiB read, far less resident
+
+
+@pytest.mark.parametrize("row", [(4,), (64, 64)])  # 16 B rows gathered; 16 KiB rows one by one
+@pytest.mark.parametrize("kind", ["memory", "memmap", "memmap-no-pread"])
+def test_read_into_fills_the_rows_read_would_give(tmp_path, row, kind):
+    data = np.arange(50 * int(np.prod(row)), dtype=np.float32).reshape(50, *row)
+    if kind != "memory":
+        np.save(tmp_path / "x.npy", data)
+        data = np.load(tmp_path / "x.npy", mmap_mode="r")
+    source = meshfeed.ArraySource(
+        {"x": data, "label": np.arange(50, dtype=np.int32)}, pread=kind != "memmap-no-pread"
+    )
+    ids = np.array([7, 3, 3, 49, 0, 12])  # any order, repeats
+    out = {"x": np.full((6, *row), -1, np.float32), "label": np.full(6, -1, np.int32)}
+    source.read_into(ids, out)
+    for name, rows in source[ids].items():
+        np.testing.assert_array_equal(out[name], rows)
+
+
+def test_rows_read_into_the_workers_input_block_are_the_rows_read_here(tmp_path):
+    import record_fns
+
+    big = np.arange(40 * 64 * 64, dtype=np.float32).reshape(40, 64, 64)  # 16 KiB rows
+    np.save(tmp_path / "big.npy", big)
+    mesh = meshfeed.make_mesh(data=8)
+
+    def batches(workers, array):
+        loader = meshfeed.Loader(
+            meshfeed.ArraySource({"x": array, "label": np.arange(40, dtype=np.int32)}),
+            global_batch_size=8, sharding=meshfeed.batch_sharding(mesh), seed=4,
+            record_transform=record_fns.copy_rows, num_workers=workers, last_batch="pad",
+        )  # fmt: skip
+        try:
+            return [{k: np.asarray(v) for k, v in b.items()} for b in loader]
+        finally:
+            loader.close()
+
+    want = batches(0, big)
+    for array in (big, np.load(tmp_path / "big.npy", mmap_mode="r")):
+        got = batches(2, array)
+        assert len(got) == len(want) == 5
+        for g, w in zip(got, want, strict=True):
+            for name in w:
+                np.testing.assert_array_equal(g[name], w[name])

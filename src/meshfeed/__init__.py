@@ -45,6 +45,7 @@ from meshfeed.data._tokenizer import TokenizerFunction as TokenizerFunction
 from meshfeed.data._writer import write_source as write_source
 from meshfeed.feed._loader import Loader as Loader
 from meshfeed.feed._options import LoaderOptions as LoaderOptions
+from meshfeed.feed._options import PlaceThreads as PlaceThreads
 from meshfeed.feed._options import Prefetch as Prefetch
 from meshfeed.feed._options import Transform as Transform
 from meshfeed.feed._plan import STRATEGIES as STRATEGIES
@@ -141,6 +142,7 @@ __all__ = [
     "Packed",
     "ParquetSource",
     "Permutation",
+    "PlaceThreads",
     "Plan",
     "Prefetch",
     "PrepareExecutor",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import mmap
 from collections.abc import Mapping
 from typing import Any, TypeGuard
@@ -11,6 +12,8 @@ import numpy as np
 from meshfeed.data._files import Blob, RowFile
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._sources import FieldSpec, fields_text
+
+_ROW_BY_ROW = 16 << 10  # rows this large are copied one by one (a call a row is then cheap)
 
 
 def _whole_file_memmap(array: object) -> TypeGuard[np.memmap]:
@@ -86,10 +89,14 @@ class ArraySource:
                 f"fields have different lengths {lengths}; every field needs one row per example."
             )
         self._ragged = {name: a for name, a in data.items() if isinstance(a, Ragged)}
+        self._files = {
+            name: _pread_rows(a) for name, a in data.items() if pread and _whole_file_memmap(a)
+        }
         self._gathers: dict[str, Any] = {
-            name: _pread_rows(a).read if pread and _whole_file_memmap(a) else a.__getitem__
+            name: self._files[name].read if name in self._files else a.__getitem__
             for name, a in data.items()
         }
+        self._arrays = data
         self._len = next(iter(lengths.values()))
         self._fields = {
             name: FieldSpec(tuple(a.shape[1:]), np.dtype(a.dtype)) for name, a in data.items()
@@ -107,6 +114,23 @@ class ArraySource:
     def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
         """The examples ``ids`` (a 1-D int array): one array per field, a row per id."""
         return {name: gather(ids) for name, gather in self._gathers.items()}
+
+    def read_into(self, ids: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
+        """The examples ``ids`` of every field straight into ``out`` (an array of
+        ``len(ids)`` rows per field, C-contiguous; no ragged fields), with no array in
+        between where a row is large: what the record workers' shared memory is filled
+        with, one copy instead of two."""
+        for name, rows in out.items():
+            if name in self._files:
+                self._files[name].read_into(ids, rows)
+                continue
+            array = self._arrays[name]
+            assert not isinstance(array, Ragged), "read_into takes fixed-size fields only"
+            if array.itemsize * math.prod(array.shape[1:]) < _ROW_BY_ROW:
+                rows[...] = array[ids]
+                continue
+            for at, example in enumerate(ids.tolist()):  # a memcpy a row, no gather buffer
+                rows[at] = array[example]
 
     def lengths(self, field: str) -> np.ndarray:
         """Every document's length in the ragged ``field``."""

@@ -21,6 +21,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _reader        one step's host rows: source, padding, records, transform, checks, mask
     _climb         how deep "auto" reads ahead: where it starts, when and how far it climbs
     _pipeline      steps read ahead on threads, depth adapting (Prefetcher), or on demand
+    _placer        steps collected and placed on a few threads of their own (Placer)
     _replicas      check_replicas: a collective comparing replicas across processes
     _state         LoaderState: steps consumed and the fingerprint, to and from JSON
     _stream        Stream: the position, the steps read ahead, placed and handed out in order

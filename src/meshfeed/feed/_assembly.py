@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from meshfeed.data._sources import FieldSpec, Source
-from meshfeed.feed._options import LoaderOptions
+from meshfeed.feed._options import AUTO_PLACE_THREADS, LoaderOptions
 from meshfeed.feed._pipeline import MAX_DEPTH
 from meshfeed.feed._plan import Fetches, Field, Plan, make_plan
 from meshfeed.feed._reader import (
@@ -145,7 +145,9 @@ class AssemblyViews:
           served by a local copy) and ``cache_downloads`` -- every source's in the process;
         - ``record_transform`` (``None`` without one): ``records``, ``seconds`` (summed over
           the workers; with Ray, their reads of the source too, as the workers read it
-          themselves), ``skipped``, ``workers``, ``worker_type``;
+          themselves), ``skipped``, ``workers``, ``worker_type``, ``lent`` (steps whose
+          rows are out now in memory lent to arrays, the workers' slots or reused host
+          buffers: a level, not a count);
         - ``transform`` (``None`` without one): ``calls``, ``seconds``;
         - ``place``: ``steps``, ``seconds`` putting rows on the devices;
         - ``consumer``: ``steps``, ``records`` (this process's, padding aside),
@@ -205,6 +207,8 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
         check_every=options.check_every,
         step_bytes=_step_bytes(fields, options, lanes.values()),
         steps_ahead=reader.steps_ahead,
+        place_threads=_place_threads(options, lanes.values()),
+        starved=reader.records.starved if reader.records is not None else None,
     )
     timeline = Timeline(options.batch_sizes, source, end)
     kind = options.worker_type
@@ -225,6 +229,15 @@ def _step_bytes(
         return None
     row = sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize for spec in fields.values())
     return max(sum(len(rows) for rows in lane.row_sets) for lane in lanes) * (row + 1)
+
+
+def _place_threads(options: LoaderOptions, lanes: Iterable[Lane]) -> int:
+    """``place_threads``, with ``"auto"`` resolved: none where every device this
+    process places on is a CPU (rows reach XLA:CPU without a copy), else a few."""
+    if options.place_threads != "auto":
+        return int(options.place_threads)
+    devices = {d for lane in lanes for d in lane.target.devices}
+    return 0 if all(d.platform == "cpu" for d in devices) else AUTO_PLACE_THREADS
 
 
 def _schedule(n: int, options: LoaderOptions) -> tuple[Schedule | RampSchedule, int | None]:

@@ -27,6 +27,7 @@ START_DEPTH = 2
 START_DEPTH_WAITING = 8  # a source whose first read spent most of its time waiting
 _MAX_FIRST_STEP = 4  # the first step up multiplies the depth by at most this
 _MIN_WINDOW_S = 0.03  # the shortest stretch a doubling is judged on
+FEED_DEPTH = 16  # the most steps "auto" reads ahead to keep record workers busy
 
 
 class Climb:
@@ -42,6 +43,7 @@ class Climb:
         self._best: tuple[float, int] | None = None  # the best steps per second, at a depth
         self._frozen = False
         self._strikes = 0
+        self._fed_at = start  # the step the depth last grew to feed record workers at
 
     def begin(self) -> None:
         """A read starts (called under the read-ahead's lock, as ``read`` is)."""
@@ -84,6 +86,17 @@ class Climb:
             return False  # no step of the consumer timed yet
         per_step = max(time.perf_counter() - self.handed, 1e-4)
         return 2 * self.wall_s / self.reads > depth * per_step
+
+    def fed(self, depth: int, cap: int, next_step: int) -> int:
+        """The depth to read at now that the consumer waited on record workers while
+        some had nothing in hand: twice the depth (at most ``FEED_DEPTH``, within
+        ``cap``), at most once per depth's worth of steps, so that each doubling is seen
+        at work before the next. Steps in the workers' hands cost shared memory only,
+        so there is no going back."""
+        if next_step < self._fed_at + depth:
+            return depth
+        self._fed_at = next_step
+        return max(depth, min(2 * depth, cap, FEED_DEPTH))
 
     def deeper(self, depth: int, cap: int, next_step: int, threads: int) -> int:
         """The depth to read at now that the consumer waits (or is about to).

@@ -27,6 +27,7 @@ from meshfeed.feed._options import (
     PREFETCH_BYTES,
     LoaderOptions,
     OptionAttributes,
+    PlaceThreads,
     Prefetch,
     Transform,
     bound,
@@ -76,6 +77,11 @@ class Loader(OptionAttributes, AssemblyViews):
         int fixes it; 0 reads each step on demand (record workers hold the steps read
         ahead). ``state()`` counts only the batches handed out.
       prefetch_bytes: the most bytes of batches read ahead (default 256 MiB).
+      place_threads: threads that collect steps from the record workers and place them
+        on the devices ahead of the loop, so the loop's thread only takes finished
+        steps (host-to-device copies on a GPU scale with threads). ``"auto"``
+        (default): none on CPU devices, where rows reach XLA without a copy, 4
+        elsewhere; an int fixes it (0: on the loop's thread).
       check_every: run ``meshfeed.check_replicas`` on every N-th batch (a collective that
         compares replicas across processes; raises ``ValueError`` if they differ).
       record_transform: ``fn(record, rng) -> record`` run on every example a process
@@ -124,6 +130,7 @@ class Loader(OptionAttributes, AssemblyViews):
         transform: Transform | None = None,
         prefetch: Prefetch = "auto",
         prefetch_bytes: int = PREFETCH_BYTES,
+        place_threads: PlaceThreads = "auto",
         check_every: int | None = None,
         record_transform: RecordFn | None = None,
         num_workers: int = 0,
@@ -137,7 +144,7 @@ class Loader(OptionAttributes, AssemblyViews):
             shuffle=shuffle, shuffle_block=shuffle_block, shuffle_window=shuffle_window,
             seed=seed, num_epochs=num_epochs, last_batch=last_batch,
             transform=transform, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
-            check_every=check_every, record_transform=record_transform,
+            place_threads=place_threads, check_every=check_every, record_transform=record_transform,
             num_workers=num_workers, worker_type=worker_type, on_error=on_error,
             max_skipped=max_skipped,
         )  # fmt: skip

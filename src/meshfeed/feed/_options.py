@@ -26,16 +26,20 @@ from meshfeed.feed._plan import STRATEGIES, Strategy
 from meshfeed.feed._schedule import LAST_BATCH, MASK, LastBatch
 from meshfeed.feed._shardings import ShardingArg
 from meshfeed.feed._skips import DEFAULT_MAX_SKIPPED
+from meshfeed.workers._processes import send_by_value
 from meshfeed.workers._ray_connect import RayOptions
 from meshfeed.workers._record_rows import RecordFn
 from meshfeed.workers._records import WORKER_TYPES, WorkerType
-from meshfeed.workers._workers import send_by_value
 
 Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 """A vectorised function on the numpy rows a process loads for a step: fields in,
 fields out, the same row count."""
 Prefetch = int | Literal["auto"]
 """Steps the loader reads ahead: a number (0: on demand), or ``"auto"`` to adapt."""
+PlaceThreads = int | Literal["auto"]
+"""Threads that place steps on the devices off the loop's thread: a number (0: on the
+loop's thread), or ``"auto"``: none on CPU devices, ``AUTO_PLACE_THREADS`` elsewhere."""
+AUTO_PLACE_THREADS = 4  # device_put of numpy batches scaled to ~4 threads on an H200 host
 PREFETCH_BYTES = 256 << 20
 SHUFFLE_WINDOW = 16  # blocks mixed together by default with shuffle_block
 T = TypeVar("T")
@@ -62,6 +66,7 @@ class LoaderOptions:
     transform: Transform | None = None
     prefetch: Prefetch = "auto"
     prefetch_bytes: int = PREFETCH_BYTES
+    place_threads: PlaceThreads = "auto"
     check_every: int | None = None
     record_transform: RecordFn | None = None
     num_workers: int = 0
@@ -103,6 +108,13 @@ class LoaderOptions:
             raise ValueError(
                 f"prefetch_bytes={self.prefetch_bytes!r} must be an int >= 1 (the most bytes "
                 "of batches read ahead)."
+            )
+        threads = self.place_threads
+        if threads != "auto" and (not _count(threads) or threads < 0):  # type: ignore[operator]
+            raise ValueError(
+                f"place_threads={threads!r} must be 'auto' (none on CPU devices, "
+                f"{AUTO_PLACE_THREADS} elsewhere) or an int >= 0 (threads that place steps on "
+                "the devices; 0 places them on the loop's thread)."
             )
         self._check_records()
         self._check_errors()
@@ -329,6 +341,7 @@ class OptionAttributes:
     transform: Option[Transform | None] = Option()
     prefetch: Option[Prefetch] = Option()
     prefetch_bytes: Option[int] = Option()
+    place_threads: Option[PlaceThreads] = Option()
     check_every: Option[int | None] = Option()
     record_transform: Option[RecordFn | None] = Option()
     num_workers: Option[int] = Option()

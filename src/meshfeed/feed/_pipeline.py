@@ -69,6 +69,13 @@ def nbytes(item: Any) -> int:
     return int(getattr(item, "nbytes", 0))
 
 
+def _drop(item: Any) -> None:
+    """Lets go of an item read ahead and never handed out (rows in workers' hands)."""
+    release = getattr(item, "release", None)
+    if callable(release):
+        release()
+
+
 class _Failed:
     def __init__(self, error: BaseException) -> None:
         self.error = error
@@ -94,11 +101,14 @@ class Inline:
         self.next_step = step + 1
         return item
 
+    def feed_workers(self) -> None:
+        """No read-ahead to deepen (``prefetch=0``)."""
+
     def close(self) -> None:
         """Nothing to stop."""
 
 
-class Prefetcher:
+class Prefetcher(Iterator[tuple[int, Any]]):
     """Yields ``(step, produce(step))`` for ``step`` in ``[start, end)``, produced ahead.
 
     ``depth``: steps ahead, each read by its own thread; ``None`` adapts it (see above).
@@ -188,8 +198,7 @@ class Prefetcher:
         self.peak_bytes = max(self.peak_bytes, self.held_bytes)
 
     def _grow(self) -> None:
-        """Starts reader threads up to the depth's, on a thread of its own: a start waits
-        for the new thread to run (~0.1 ms on a busy host), which the consumer should not."""
+        """Starts readers up to the depth's on a thread of its own (a start waits ~0.1 ms)."""
         grower = threading.Thread(target=self._start_threads, name="meshfeed-prefetch", daemon=True)
         self._growers.append(grower)
         grower.start()
@@ -203,15 +212,13 @@ class Prefetcher:
                 self._threads.append(thread)
             thread.start()
 
-    def _can_claim(self) -> bool:
-        return (self._stop_at is None or self._claim < self._stop_at) and (
-            self._claim - self.next_step < self._depth
-        )
-
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._stopped and not self._can_claim():
+                while not self._stopped and (
+                    (self._stop_at is not None and self._claim >= self._stop_at)
+                    or self._claim - self.next_step >= self._depth
+                ):
                     if len(self._threads) > max(1, self._threads_wanted()):
                         self._threads.remove(threading.current_thread())
                         return  # more threads than the depth needs (it started deeper)
@@ -231,7 +238,7 @@ class Prefetcher:
             with self._lock:
                 self._climb.read(time.perf_counter() - wall, time.thread_time() - busy)
                 if self._stopped:
-                    self._drop(item)
+                    _drop(item)
                     return
                 self._store(step, item)
                 if isinstance(item, _Failed) and (self._stop_at is None or step < self._stop_at):
@@ -241,9 +248,12 @@ class Prefetcher:
 
     def _deepen(self) -> None:
         """The consumer waits, or is about to: "auto" reads deeper if that may help."""
-        if not self._auto:
-            return
-        depth = self._climb.deeper(self._depth, self._cap, self.next_step, len(self._threads))
+        if self._auto:
+            threads = len(self._threads)
+            self._set_depth(self._climb.deeper(self._depth, self._cap, self.next_step, threads))
+
+    def _set_depth(self, depth: int) -> None:
+        """Reads ``depth`` steps ahead from now on, with the threads that takes."""
         if depth != self._depth:
             self._depth = depth
             if len(self._threads) < self._threads_wanted():
@@ -251,8 +261,12 @@ class Prefetcher:
             if self._idle:
                 self._readers.notify(self._idle)
 
-    def __iter__(self) -> Iterator[tuple[int, Any]]:
-        return self
+    def feed_workers(self) -> None:
+        """The loop waited on record workers while some had nothing in hand: "auto"
+        reads deeper (``Climb.fed``)."""
+        with self._lock:
+            if self._auto:
+                self._set_depth(self._climb.fed(self._depth, self._cap, self.next_step))
 
     def __next__(self) -> tuple[int, Any]:
         with self._lock:
@@ -267,6 +281,8 @@ class Prefetcher:
             if step not in self._ready:
                 self._waiting = True
                 while step not in self._ready:
+                    if self._stopped:  # closed from another thread (a Placer's close)
+                        raise StopIteration
                     self._consumer.wait()
                 self._waiting = False
             item, size = self._ready.pop(step)
@@ -279,22 +295,16 @@ class Prefetcher:
             raise item.error
         return step, item
 
-    @staticmethod
-    def _drop(item: Any) -> None:
-        """Lets go of an item read ahead and never handed out (rows in workers' hands)."""
-        release = getattr(item, "release", None)
-        if callable(release):
-            release()
-
     def close(self) -> None:
         """Stops the threads and drops the batches they read ahead."""
         with self._lock:
             self._stopped = True
             for item, _ in self._ready.values():
-                self._drop(item)
+                _drop(item)
             self._ready.clear()
             self.held_bytes = 0
             self._readers.notify_all()
+            self._consumer.notify_all()
         for group in (self._growers, self._threads):  # growers first: no reader starts after
             for thread in list(group):
                 thread.join(timeout=10.0)

@@ -106,6 +106,7 @@ class PipelineStats:
                 "skipped": int(records["skipped"]),
                 "workers": self._workers[0],
                 "worker_type": self._workers[1],
+                "lent": self._reader.records.lent() if self._reader.records else 0,
             }
         if self._reader.has_transform:
             calls, spent = d["transform"]["calls"], d["transform"]["seconds"]

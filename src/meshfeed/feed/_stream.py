@@ -22,6 +22,7 @@ import jax
 
 from meshfeed.cluster._watch import doing
 from meshfeed.feed._pipeline import Inline, Prefetcher
+from meshfeed.feed._placer import Placer
 from meshfeed.feed._reader import HostStep
 from meshfeed.feed._replicas import check_replicas
 from meshfeed.feed._skips import SkipLog
@@ -53,8 +54,12 @@ class Stream:
         check_every: int | None,
         step_bytes: int | None = None,
         steps_ahead: Callable[[], int | None] | None = None,
+        place_threads: int = 0,
+        starved: Callable[[], bool] | None = None,
     ) -> None:
         self._read, self._place = read, place  # place also collects rows from record workers
+        self._place_threads = place_threads  # > 0: a Placer places steps on its threads
+        self._starved = starved  # record workers idled while rows were waited for
         self._counts: list[float] = [0] * len(CONSUMER)  # the consumer's side, for stats()
         self.skips = skips
         self._step_bytes = step_bytes  # a step's host bytes, when known before reading
@@ -65,39 +70,48 @@ class Stream:
         self._ahead: Inline | Prefetcher | None = None
 
     def __iter__(self) -> Iterator[GlobalBatch]:
-        ahead: Inline | Prefetcher | None = None
+        ahead: Inline | Prefetcher | Placer | None = None
         try:
             while self.end is None or self.step < self.end:
                 if ahead is None or ahead.next_step != self.step:  # or restore()/reset()
                     if ahead is not None:
                         ahead.close()
                     ahead = self._read_ahead()
+                    if self._place_threads:
+                        ahead = Placer(ahead, self._place, threads=self._place_threads)
                 doing(f"loading step {self.step}")
                 began = time.perf_counter()
-                step, host = next(ahead)
+                step, got = next(ahead)
                 waited = time.perf_counter() - began
-                batch, done = self._place(step, host)
+                if isinstance(ahead, Placer):  # placed on its threads, rows collected there
+                    batch, done = got[0], got[1]
+                else:
+                    batch, done = self._place(step, got)
                 self.skips.add(step, done.read, done.skipped)  # raises past max_skipped
                 if self._check_every and step % self._check_every == 0:
                     check_replicas(batch)
                 self.step = step + 1
-                self._count(ahead.ask, done, waited, began)
+                self._count(ahead.ask, done, waited, began, isinstance(ahead, Placer))
+                if self._starved is not None and self._starved() and self._ahead is not None:
+                    self._ahead.feed_workers()
                 doing(f"running step {step} (its batch loaded)")
                 yield batch
         finally:
             if ahead is not None:
                 ahead.close()
 
-    def _count(self, ask: Any, done: HostStep, waited: float, began: float) -> None:
+    def _count(self, ask: Any, done: HostStep, waited: float, began: float, placed: bool) -> None:
         """One step handed out, in ``CONSUMER``'s order. Only the consuming thread writes
         these, so plain adds to a list do (a reader from another thread sees each
-        amount whole): the cheapest counting there is, on the loop's own thread."""
+        amount whole): the cheapest counting there is, on the loop's own thread. With
+        ``placed`` (a ``Placer``'s threads collected and placed the step) the loop
+        waited only for the placed step: ``waited`` is all of its wait."""
         counts = self._counts
         counts[0] += 1
         counts[1] += done.read
         counts[2] += waited
         counts[3] += time.perf_counter() - began
-        counts[4] += done.collect_seconds
+        counts[4] += 0.0 if placed else done.collect_seconds
         counts[5] += done.place_seconds
         if ask is not None:
             ready, steps_ready, depth = ask

@@ -15,7 +15,7 @@ from meshfeed.cluster._env import ENV_PROCESS_ID
 from meshfeed.cluster._initialize import initialize
 from meshfeed.cluster._launch import process_env, python_argv, start_processes, supervise
 from meshfeed.cluster._watch import watching
-from meshfeed.workers._workers import send_by_value
+from meshfeed.workers._processes import send_by_value
 
 
 def cluster_env(

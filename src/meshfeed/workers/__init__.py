@@ -21,6 +21,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _record_rows     a record transform over rows, with its per-example rng (no JAX)
     _worker_loop     what a worker process runs: bootstrap without JAX or __main__, serve chunks
     _thread_workers  worker_type="threads": record transforms on a thread pool
+    _processes       worker processes: started bare, stderr copied, deaths told; send_by_value
     _workers         the pool of worker processes: start, chunks in and out, deaths, shutdown
     _ray_connect     RayOptions, and reaching a Ray cluster (RAY_ADDRESS, or a local one)
     _ray_actor       what a Ray record worker runs: ids in, the source read there, rows out

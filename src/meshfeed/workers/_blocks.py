@@ -52,7 +52,8 @@ REMEDIES = (
 
 
 class Block(Protocol):
-    """A block of memory shared with the workers (a ``SharedMemory`` or a ``FileBlock``)."""
+    """A block of memory shared with the workers (a ``MappedBlock``, or a ``SharedMemory``
+    where there is no /dev/shm folder)."""
 
     @property
     def name(self) -> str: ...
@@ -74,63 +75,83 @@ def _reserve(fd: int, size: int) -> None:
         os.posix_fallocate(fd, 0, size)
 
 
-def shm_block(size: int) -> shared_memory.SharedMemory:
+def shm_block(size: int) -> Block:
     """A block in /dev/shm with its pages reserved (``OSError`` if they do not fit).
 
-    Its name goes to Python's resource tracker before the block exists (``SharedMemory``
-    tells it only after creating it, so a process killed in between leaked the block).
+    Its name goes to Python's resource tracker before the block exists, so a process
+    killed in between leaks nothing. Where /dev/shm is a folder (Linux) the block is a
+    file there, mapped (``MappedBlock``); elsewhere a ``SharedMemory``.
     """
+    if not os.path.isdir(SHM):
+        return shared_memory.SharedMemory(create=True, size=max(1, size))
     while True:
         name = f"psm_mf_{secrets.token_hex(8)}"
         resource_tracker.register(f"/{name}", "shared_memory")
         try:
-            shm = shared_memory.SharedMemory(name=name, create=True, size=max(1, size))
+            fd = os.open(os.path.join(SHM, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             break
         except FileExistsError:
             continue
         except OSError:
             resource_tracker.unregister(f"/{name}", "shared_memory")
             raise
-    path = os.path.join(SHM, shm.name.lstrip("/"))
     try:
-        if os.path.exists(path):  # Linux; elsewhere shared memory has no path to reserve
-            fd = os.open(path, os.O_RDWR)
-            try:
-                _reserve(fd, shm.size)
-            finally:
-                os.close(fd)
+        return MappedBlock(fd, os.path.join(SHM, name), size, name=name, tracked=True)
     except OSError:
-        shm.unlink()
-        shm.close()
+        resource_tracker.unregister(f"/{name}", "shared_memory")
         raise
-    return shm
 
 
-class FileBlock:
-    """A block backed by a file in ``folder``, mapped; its name is the file's path."""
+class MappedBlock:
+    """A block backed by a file, mapped: in /dev/shm (a tmpfs: shared memory), or in a
+    folder on disk. Its name is what a worker maps it by: the /dev/shm name, or the
+    file's path.
 
-    def __init__(self, folder: str, size: int) -> None:
-        fd, self.name = tempfile.mkstemp(dir=folder, prefix="block-")
-        self.size = max(1, size)
+    Rows in it may be lent to arrays (``meshfeed.core._held.lend``), which hold the
+    mapping: ``close`` while some are out leaves the mapping to them (it is unmapped
+    when the last is gone) instead of unmapping memory an array still reads.
+    """
+
+    def __init__(
+        self, fd: int, path: str, size: int, *, name: str | None = None, tracked: bool = False
+    ) -> None:
+        self.path, self.name, self.size, self._tracked = path, name or path, max(1, size), tracked
         try:
             os.ftruncate(fd, self.size)
             _reserve(fd, self.size)
-            self._map = mmap.mmap(fd, self.size)
+            self._map: mmap.mmap | None = mmap.mmap(fd, self.size)
         except OSError:
-            os.close(fd)
-            os.unlink(self.name)
+            os.unlink(path)
             raise
-        os.close(fd)
+        finally:
+            os.close(fd)  # the mapping needs no descriptor: none is held per block
         self.buf: memoryview | None = memoryview(self._map)
 
     def unlink(self) -> None:
-        os.unlink(self.name)
+        """Removes the block's name (its memory stays while it is mapped)."""
+        try:
+            os.unlink(self.path)
+        finally:
+            if self._tracked:
+                self._tracked = False
+                resource_tracker.unregister(f"/{self.name}", "shared_memory")
 
     def close(self) -> None:
-        if self.buf is not None:
-            self.buf.release()  # BufferError while an array still uses it
-            self.buf = None  # as a closed SharedMemory's
-        self._map.close()
+        """Unmaps the block, or leaves that to the arrays its rows are lent to."""
+        if self.buf is None or self._map is None:
+            return
+        try:
+            self.buf.release()  # BufferError while rows of it are lent
+            self._map.close()
+        except BufferError:
+            pass  # the lent rows hold the map; it goes with the last of them
+        self.buf = self._map = None
+
+
+def file_block(folder: str, size: int) -> MappedBlock:
+    """A block backed by a new file in ``folder``, its pages reserved."""
+    fd, path = tempfile.mkstemp(dir=folder, prefix="block-")
+    return MappedBlock(fd, path, size)
 
 
 def attach(name: str) -> tuple[Any, Any]:
@@ -191,29 +212,35 @@ class Transport:
         """``"shm"`` or ``"files"``."""
         return "shm" if self.folder is None else "files"
 
-    def plan(self, step_bytes: int, wanted: int) -> int | None:
+    def plan(self, step_bytes: int, wanted: int, lent: int = 0) -> tuple[int | None, int]:
         """The most steps the read-ahead may hold for blocks of ``step_bytes`` a step
-        (``wanted`` is what it could hold otherwise), or ``None`` for no bound; moves
-        every block to files when not even one step ahead fits in /dev/shm."""
+        (``wanted`` is what it could hold otherwise; ``None``: no bound), and how many
+        more slots may be out lent (of ``lent`` asked for: lending gives way first,
+        down to two steps ahead); moves every block to files when not even one step
+        ahead fits in /dev/shm."""
         free = shm_free()
         if free is None or self.folder is not None:
-            return None
-        fit = int(free * SHM_SHARE) // max(1, step_bytes)  # steps, the one collected included
-        if fit - 1 >= wanted:
-            return None
-        if fit >= 2:
-            _say(
-                f"/dev/shm has {_mib(free)} free, and a step of rows in the record workers' "
-                f"hands takes {_mib(step_bytes)} there: the read-ahead is cut to {fit - 1} "
-                f"step(s) (from up to {wanted}) to fit in half of it. To read further "
-                f"ahead, {REMEDIES}."
+            return None, lent
+        room = int(free * SHM_SHARE) // max(1, step_bytes) - 1  # the one collected aside
+        if room >= wanted + lent:
+            return None, lent
+        if room < 1:
+            self._to_files(
+                f"/dev/shm has {_mib(free)} free, too little for two steps of rows in the "
+                f"record workers' hands ({_mib(step_bytes)} each, kept within half of it)"
             )
-            return fit - 1
-        self._to_files(
-            f"/dev/shm has {_mib(free)} free, too little for two steps of rows in the "
-            f"record workers' hands ({_mib(step_bytes)} each, kept within half of it)"
+            return None, lent
+        spare = min(lent, max(0, room - min(wanted, 2)))
+        ahead = room - spare
+        if ahead >= wanted:
+            return None, spare
+        _say(
+            f"/dev/shm has {_mib(free)} free, and a step of rows in the record workers' "
+            f"hands takes {_mib(step_bytes)} there: the read-ahead is cut to {ahead} "
+            f"step(s) (from up to {wanted}) to fit in half of it. To read further ahead, "
+            f"{REMEDIES}."
         )
-        return None
+        return ahead, spare
 
     def create(self, size: int) -> Block:
         """A new block of ``size`` bytes, its pages reserved."""
@@ -228,7 +255,7 @@ class Transport:
                 )
         assert self.folder is not None
         try:
-            return FileBlock(self.folder, size)
+            return file_block(self.folder, size)
         except OSError as error:
             raise OSError(
                 error.errno,

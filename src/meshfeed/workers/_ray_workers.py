@@ -11,13 +11,13 @@ Work is keyed by ``(step, chunk)``: a step's ids are cut into chunks, each chunk
 token, and only ids go out (the actor reads the source itself); finished rows come back
 in the call's reply (up to ``_ray_connect.INLINE_BYTES`` on a Ray started with it) or
 through Ray's object store, mapped rather than copied, and are copied once, into the
-step's rows. A chunk's rows depend on its ids, the seed and the epoch alone, so when a
-worker is lost -- its process killed, its node gone -- every chunk it had in hand is
-sent again to the workers left, a new worker is started in its place (``_ray_crew``),
-and a reply that still comes from the old call is never read: each chunk is counted
-once, whichever call computed it. One line on stderr says which worker was lost. With
-no worker left for ``RayOptions.replace_s`` seconds (the cluster has no room for a new
-one), the loader raises.
+step's rows (reused host memory, ``core._held``). A chunk's rows depend on its ids, the
+seed and the epoch alone, so when a worker is lost -- its process killed, its node gone
+-- every chunk it had in hand is sent again to the workers left, a new worker is started
+in its place (``_ray_crew``), and a reply that still comes from the old call is never
+read: each chunk is counted once, whichever call computed it. One line on stderr says
+which worker was lost. With no worker left for ``RayOptions.replace_s`` seconds (the
+cluster has no room for a new one), the loader raises.
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ from typing import Any
 
 import numpy as np
 
+from meshfeed.core._held import HostBuffers
+from meshfeed.workers._processes import send_by_value
 from meshfeed.workers._ray_actor import Reply, actor_class
 from meshfeed.workers._ray_connect import RayOptions, connect
 from meshfeed.workers._ray_crew import Chunk, Crew, say_if_too_small
 from meshfeed.workers._record_rows import RecordFn, chunks
 from meshfeed.workers._shm import Spec
-from meshfeed.workers._workers import send_by_value
 
 _POLL_S = 0.2
 _MIN_ROWS = 32  # a chunk's least rows: a call costs ~1 ms of CPU either side
@@ -53,7 +54,8 @@ class RayTicket:
 
 
 class RayWorkers:
-    """W Ray actors that read ``source`` and run ``fn`` on chunks of example ids."""
+    """W Ray actors that read ``source`` and run ``fn`` on chunks of example ids; the
+    rows come back into arrays from ``buffers``."""
 
     def __init__(
         self,
@@ -62,10 +64,12 @@ class RayWorkers:
         source: Any,
         *,
         options: RayOptions,
+        buffers: HostBuffers,
         skip: bool = False,
         timeout_s: float = 600.0,
     ) -> None:
         self.num_workers, self.options, self.timeout_s = num_workers, options, timeout_s
+        self._buffers = buffers
         self._ray = ray = connect(options)
         try:
             source_ref = ray.put(source)
@@ -119,7 +123,7 @@ class RayWorkers:
         self, ticket: RayTicket
     ) -> tuple[dict[str, np.ndarray], list[tuple[int, int, str]]]:
         """Waits for ``ticket``'s rows; returns them, and the records skipped."""
-        out = {k: np.empty((ticket.rows, *s.shape), s.dtype) for k, s in ticket.spec.items()}
+        out = self._buffers.take(ticket.spec, ticket.rows)
         done = np.zeros(ticket.rows, bool)
         skipped: list[tuple[int, int, str]] = []
         for chunk, reply in zip(ticket.chunks, self._replies(ticket.chunks), strict=True):

@@ -20,6 +20,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
+from meshfeed.core._held import HostBuffers
 from meshfeed.core._tally import Tally
 from meshfeed.data._bad_records import Skip
 from meshfeed.data._sources import FieldSpec
@@ -63,6 +64,19 @@ class StepRows(Protocol):
 
     def epochs(self, step: int, rows: np.ndarray) -> np.ndarray:
         """The epoch of each of these rows (a step may straddle two)."""
+        ...
+
+    @property
+    def fields(self) -> Mapping[str, FieldSpec]:
+        """The source's fields."""
+        ...
+
+    def can_read_into(self) -> bool:
+        """Whether ``read_into`` may work for this source."""
+        ...
+
+    def read_into(self, step: int, rows: np.ndarray, out: Mapping[str, np.ndarray]) -> Rows | None:
+        """These rows read straight into ``out``, or ``None`` (then ``read``)."""
         ...
 
 
@@ -179,6 +193,8 @@ class RecordStage:
         self.tally = Tally("records", "seconds", "skipped")
         """Records transformed (skipped ones among them) and seconds in this process."""
         self._busy_before = 0.0  # seconds of pools closed (restarted) before this one
+        self._buffers = HostBuffers()  # the rows of threads, Ray and this thread, reused
+        self._read_into = source_rows.can_read_into()
         if num_workers and (worker_type == "ray" or isinstance(worker_type, RayOptions)):
             self._pool = self._start_pool()  # now, on the loader's thread (_ray_connect)
 
@@ -201,6 +217,10 @@ class RecordStage:
         pool = self._pool
         if isinstance(pool, RayWorkers) and self.spec is not None:  # only ids go out
             return self._hand_ids(pool, Rows({}, self._rows.ids(step, rows), []), epoch)
+        if isinstance(pool, WorkerPool) and self.spec is not None and self._read_into:
+            handed = self._hand_staged(pool, step, rows, epoch)
+            if handed is not None:
+                return handed
         read = self._rows.read(step, rows)
         data, ids = read.data, read.ids
         real = ids >= 0
@@ -217,7 +237,7 @@ class RecordStage:
             out = {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
             return Rows(out, ids, read.skipped)
         if pool is None:
-            out = {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
+            out = self._buffers.take(spec, len(ids))  # padding rows zeroed by _skipping
             skipped: list[tuple[int, int, str]] | None = [] if self.skip else None
             began = time.perf_counter()
             transform_rows(self.fn, data, ids, out, 0, self.seed, epoch, skipped=skipped)
@@ -229,6 +249,21 @@ class RecordStage:
         ticket = pool.submit(data, ids, spec, self.seed, epoch)
         nbytes, records = len(ids) * self._row_bytes(), int(np.count_nonzero(real))
         return _Handed(pool, ticket, read, nbytes, self.tally, records)
+
+    def _hand_staged(
+        self, pool: WorkerPool, step: int, rows: np.ndarray, epoch: int
+    ) -> _Handed | None:
+        """The rows read straight into the workers' input block (one copy, not two), or
+        ``None`` where the source could not (padding, a failed read: ``read`` then)."""
+        assert self.spec is not None
+        staged = pool.stage(self._rows.fields, len(rows))
+        read = self._rows.read_into(step, rows, staged.rows)
+        if read is None:
+            pool.unstage(staged)
+            return None
+        ticket = pool.submit_staged(staged, read.ids, self.spec, self.seed, epoch)
+        read = Rows({}, read.ids, [])  # the rows are the workers' now: no view of them kept
+        return _Handed(pool, ticket, read, len(rows) * self._row_bytes(), self.tally, len(rows))
 
     def _hand_ids(self, pool: RayWorkers, read: Rows, epoch: int) -> Rows | _Handed:
         assert self.spec is not None
@@ -246,18 +281,34 @@ class RecordStage:
     def _start_pool(self) -> Workers:
         kind = self.worker_type
         if kind == "threads":
-            return ThreadWorkers(self.fn, self.num_workers, skip=self.skip)
+            return ThreadWorkers(self.fn, self.num_workers, skip=self.skip, buffers=self._buffers)
         if kind == "ray" or isinstance(kind, RayOptions):
             options = kind if isinstance(kind, RayOptions) else RayOptions()
             return RayWorkers(  # type: ignore[return-value]  # submit_ids, not submit
-                self.fn, self.num_workers, self._rows.source, options=options, skip=self.skip
-            )
+                self.fn, self.num_workers, self._rows.source, options=options,
+                buffers=self._buffers, skip=self.skip,
+            )  # fmt: skip
         return WorkerPool(self.fn, self.num_workers, read_ahead=self._read_ahead, skip=self.skip)
 
     def steps_ahead(self) -> int | None:
         """The most steps the workers' shared memory lets the read-ahead hold (``None``:
         no bound of theirs)."""
         return getattr(self._pool, "steps_ahead", None)
+
+    def starved(self) -> bool:
+        """Whether, since the last call, rows were waited for while some worker had
+        nothing in hand (more steps ahead would have kept it busy)."""
+        pool = self._pool
+        if not getattr(pool, "starved", False):
+            return False
+        pool.starved = False  # type: ignore[union-attr]
+        return True
+
+    def lent(self) -> int:
+        """Steps' rows out now in memory lent to arrays (a slot of the workers', or a
+        host buffer of this stage's), not yet given back."""
+        slots = getattr(self._pool, "lent_slots", 0)
+        return int(slots) + self._buffers.lent
 
     def counts(self) -> dict[str, float]:
         """Records transformed, records skipped, and seconds spent on them: in this

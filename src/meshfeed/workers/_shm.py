@@ -4,19 +4,22 @@
 field's block 64-byte aligned. ``Inputs`` hold the rows the workers read, in blocks
 reused by size, written by ``put_rows`` and read by ``get_rows`` without pickle where it
 can be helped: numeric fields as their bytes, fields of ``bytes`` (encoded images,
-records) as one run of bytes plus their lengths, anything else pickled. The main
-process creates every block (where ``_blocks`` says: /dev/shm, or files), hands their
-names to the workers, copies finished rows out before a slot is reused (JAX may keep
-referencing host memory it was handed), and unlinks every block on close, on error and
-at exit. Workers map a block by name without registering it for cleanup (``Attached``),
-so only the process that created it ever unlinks it; if that process is killed,
-Python's resource tracker unlinks its /dev/shm blocks and the workers its files.
+records) as one run of bytes plus their lengths, anything else pickled. The main process
+creates every block (where ``_blocks`` says: /dev/shm, or files), hands their names to
+the workers, lends finished rows out of their slot (``Slots.lend``: the arrays handed to
+JAX are the slot's memory, and the slot is reused only once no array points at it), and
+unlinks every block on close, on error and at exit. ``stage`` gives arrays over an input
+block for a source to read a step's rows straight into. Workers map a block by name
+without registering it for cleanup (``Attached``), so only the process that created it
+ever unlinks it; if that process is killed, Python's resource tracker unlinks its
+/dev/shm blocks and the workers its files.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import math
 import os
 import pickle
@@ -26,33 +29,35 @@ from typing import Any
 
 import numpy as np
 
+from meshfeed.core._held import layout, lend
 from meshfeed.data._sources import FieldSpec
-from meshfeed.workers._blocks import Block, Transport, attach, is_file_block
+from meshfeed.workers._blocks import Block, MappedBlock, Transport, attach, is_file_block
 
 Spec = Mapping[str, FieldSpec]
+IDS = "__meshfeed_ids__"  # a chunk's example ids, beside its fields in the input block
+MOST_LENT = 4
+"""Slots whose rows may be out at once: the batch in the loop, those the devices still
+read (a training loop dispatches a step or two ahead), and one spare."""
 
 
 def offsets(spec: Spec, rows: int) -> dict[str, tuple[int, int]]:
     """Byte offset and size of each field's block in a slot of ``rows`` rows."""
-    out, at = {}, 0
-    for name, s in spec.items():
-        size = rows * math.prod(s.shape) * np.dtype(s.dtype).itemsize
-        out[name] = (at, size)
-        at += -(-size // 64) * 64  # keep every field 64-byte aligned
-    return out
+    fields, _ = layout(spec, rows)
+    return {name: (at, math.prod(shape) * dtype.itemsize) for name, shape, dtype, at in fields}
 
 
 def views(buffer: Any, spec: Spec, rows: int) -> dict[str, np.ndarray]:
     """Each field's rows, as arrays over ``buffer`` (no copy)."""
-    at = offsets(spec, rows)
+    fields, _ = layout(spec, rows)
     return {
-        name: np.ndarray((rows, *s.shape), s.dtype, buffer=buffer, offset=at[name][0])
-        for name, s in spec.items()
+        name: np.ndarray(shape, dtype, buffer=buffer, offset=at)
+        for name, shape, dtype, at in fields
     }
 
 
 def unlink_all(blocks: list[Block]) -> None:
-    """Unlinks and closes ``blocks`` (safe on blocks already gone)."""
+    """Unlinks and closes ``blocks`` (safe on blocks already gone; a block whose rows
+    are lent stays mapped until they are all gone)."""
     for shm in list(blocks):
         # Unlink first: it frees the name even if a view still pins the mapping.
         with contextlib.suppress(FileNotFoundError):
@@ -66,25 +71,67 @@ class Slots:
     """Shared-memory slots for batches, created as needed (by ``create``) and reused for
     the same shape.
 
-    ``blocks`` is the list of blocks this process created; whoever owns the slots
-    passes it to its finaliser, so they are unlinked even if ``close`` never runs.
+    A slot's rows leave it lent (``lend``): the arrays handed out are the slot's memory,
+    and the slot is reused only once no array points at it any more (``core._held``):
+    not the loader's, not JAX's (on the CPU a placed array *is* that memory; a GPU
+    reads it until its copy is done), not a user's view. At most ``most_lent`` slots
+    are out at once; past that (a caller that keeps its batches) rows are copied out,
+    and the slot is free at once. ``blocks`` is the list of blocks this process
+    created; whoever owns the slots passes it to its finaliser, so they are unlinked
+    even if ``close`` never runs.
     """
 
-    def __init__(self, create: Callable[[int], Block]) -> None:
+    def __init__(self, create: Callable[[int], Block], most_lent: int = 0) -> None:
         self._create = create
+        self.most_lent = most_lent
         self.blocks: list[Block] = []
         self._free: dict[tuple[Any, ...], list[int]] = {}
+        self._back: collections.deque[tuple[tuple[Any, ...], int]] = collections.deque()
+        self._lent = 0  # slots lent, some perhaps back in ``_back`` already
 
     def take(self, spec: Spec, rows: int) -> int:
         """A free slot for ``rows`` rows of ``spec`` (a new block if none is free)."""
+        self._take_back()
         free = self._free.setdefault((tuple(spec.items()), rows), [])
         if free:
             return free.pop()
         self.blocks.append(self._create(slot_bytes(spec, rows)))
         return len(self.blocks) - 1
 
+    def _take_back(self) -> None:
+        while self._back:
+            key, slot = self._back.popleft()
+            self._lent -= 1
+            self._free[key].append(slot)
+
     def name(self, slot: int) -> str:
         return self.blocks[slot].name
+
+    def may_lend(self, slot: int) -> bool:
+        """Whether the rows in ``slot`` may be lent (counted as lent if so): a block
+        that ``lend`` can hold (a ``MappedBlock``), and fewer than ``most_lent`` out."""
+        self._take_back()
+        if not isinstance(self.blocks[slot], MappedBlock) or self._lent >= self.most_lent:
+            return False
+        self._lent += 1
+        return True
+
+    @property
+    def lent(self) -> int:
+        """Slots whose rows are out now."""
+        return self._lent - len(self._back)
+
+    def lend(self, slot: int, spec: Spec, rows: int) -> dict[str, np.ndarray]:
+        """The rows in ``slot``, as arrays over it: the slot is reused once no array
+        (nor any view of one) is left. Only after ``may_lend`` said yes."""
+        key, back = (tuple(spec.items()), rows), self._back
+
+        def on_free() -> None:  # any thread, perhaps one that holds the pool's lock
+            back.append((key, slot))
+
+        buffer = self.blocks[slot].buf
+        assert buffer is not None
+        return lend(buffer, layout(spec, rows)[0], on_free)
 
     def copy_out(self, slot: int, spec: Spec, rows: int) -> dict[str, np.ndarray]:
         """Copies of the rows in ``slot`` (before the slot can be reused)."""
@@ -97,7 +144,7 @@ class Slots:
         self._free[(tuple(spec.items()), rows)].append(slot)
 
     def close(self) -> None:
-        """Unlinks every block."""
+        """Unlinks every block (those with rows lent stay mapped until they come back)."""
         unlink_all(self.blocks)
         self._free.clear()
 
@@ -141,8 +188,7 @@ def input_block_bytes(size: int) -> int:
 
 def slot_bytes(spec: Spec, rows: int) -> int:
     """The size of the slot of ``rows`` output rows of ``spec``."""
-    at, size = list(offsets(spec, rows).values())[-1]
-    return at + size
+    return layout(spec, rows)[1]
 
 
 class PoolBlocks:
@@ -150,8 +196,9 @@ class PoolBlocks:
     blocks, made where the ``Transport`` says (/dev/shm, or files).
 
     ``plan`` runs once, with the first rows: ``read_ahead`` is the most steps and bytes
-    the loader's read-ahead may hold, and ``steps_ahead`` what /dev/shm allows of it
-    (``None``: all).
+    the loader's read-ahead may hold, ``steps_ahead`` what /dev/shm allows of it
+    (``None``: all), and ``slots.most_lent`` how many slots' rows may be out lent
+    beside it (``MOST_LENT``, fewer where /dev/shm is short).
     """
 
     def __init__(self, status_bytes: int, read_ahead: tuple[int, int]) -> None:
@@ -170,7 +217,8 @@ class PoolBlocks:
         self._read_ahead = None
         out = slot_bytes(spec, rows)
         wanted = min(steps, max(1, most // max(1, out)))
-        self.steps_ahead = self.transport.plan(out + input_block_bytes(input_bytes), wanted)
+        step_bytes = out + input_block_bytes(input_bytes)
+        self.steps_ahead, self.slots.most_lent = self.transport.plan(step_bytes, wanted, MOST_LENT)
 
     def example_in_hand(self, worker: int, stride: int) -> int:
         """The example a worker's status cell names (-1: none, or the blocks are closed)."""
@@ -289,3 +337,37 @@ def get_rows(buffer: Any, layout: Layout) -> dict[str, np.ndarray]:
             size, at = rest
             out[name] = pickle.loads(buffer[at : at + size])
     return out
+
+
+@dataclasses.dataclass
+class Staged:
+    """An input block a step's rows are read straight into (``stage``): each field's
+    rows as arrays over it, the ids' place, and where each field starts."""
+
+    block: int
+    rows: dict[str, np.ndarray]
+    ids: np.ndarray
+    starts: list[tuple[str, np.dtype, tuple[int, ...], int]]  # name, dtype, row shape, at
+
+    def chunk(self, lo: int, hi: int) -> Layout:
+        """The layout of rows ``[lo, hi)`` in the block (``get_rows`` reads it)."""
+        rows = hi - lo
+        return [
+            ("array", name, dtype.str, (rows, *shape), at + lo * math.prod(shape) * dtype.itemsize)
+            for name, dtype, shape, at in self.starts
+        ]
+
+
+def staged_spec(fields: Spec) -> dict[str, FieldSpec]:
+    """The fields of a staged block: the source's, and the ids."""
+    return {**fields, IDS: FieldSpec((), np.dtype(np.int64))}
+
+
+def stage(buffer: Any, block: int, fields: Spec, rows: int) -> Staged:
+    """Arrays over ``buffer`` (input block ``block``) for ``rows`` rows of ``fields`` and
+    their ids. They hold the block's mapping (``core._held.lend``): a pool closed while
+    a read into them is under way leaves the memory to them instead of unmapping it."""
+    at, _ = layout(staged_spec(fields), rows)
+    arrays = lend(buffer, at, lambda: None)
+    ids = arrays.pop(IDS)
+    return Staged(block, arrays, ids, [(name, dtype, shape[1:], o) for name, shape, dtype, o in at])

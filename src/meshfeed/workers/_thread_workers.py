@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from meshfeed.core._held import HostBuffers
 from meshfeed.workers._record_rows import EXAMPLE_ID, RecordFn, chunks, transform_rows
 from meshfeed.workers._shm import Spec
 
@@ -30,13 +31,19 @@ class ThreadTicket:
 
 
 class ThreadWorkers:
-    """``num_workers`` threads that run ``fn`` on chunks of rows (``skip``: records that
-    raise become zero rows, listed; ``on_error="skip"``)."""
+    """``num_workers`` threads that run ``fn`` on chunks of rows into arrays from
+    ``buffers`` (``skip``: records that raise become zero rows, listed;
+    ``on_error="skip"``)."""
 
-    def __init__(self, fn: RecordFn, num_workers: int, *, skip: bool = False) -> None:
-        self.fn, self.num_workers, self.skip = fn, num_workers, skip
+    def __init__(
+        self, fn: RecordFn, num_workers: int, *, skip: bool = False, buffers: HostBuffers
+    ) -> None:
+        self.fn, self.num_workers, self.skip, self._buffers = fn, num_workers, skip, buffers
         self.busy_s = 0.0
         """Seconds the threads spent on chunks."""
+        self.starved = False
+        """Rows were waited for while a thread had no chunk to run."""
+        self._in_flight = 0  # chunks submitted and not yet finished
         self._lock = threading.Lock()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             num_workers, thread_name_prefix="meshfeed-record"
@@ -45,7 +52,7 @@ class ThreadWorkers:
     def submit(
         self, batch: Mapping[str, np.ndarray], ids: np.ndarray, spec: Spec, seed: int, epoch: int
     ) -> ThreadTicket:
-        out = {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
+        out = self._buffers.take(spec, len(ids))  # padding rows are zeroed when collected
         ticket = ThreadTicket(out, [], [] if self.skip else None)
         for lo, hi in chunks(len(ids), 2 * self.num_workers):
             part = {k: v[lo:hi] for k, v in batch.items()}
@@ -54,6 +61,8 @@ class ThreadWorkers:
                 ticket.skipped,
             )  # fmt: skip
             ticket.futures.append((future, ids[lo:hi]))
+            with self._lock:
+                self._in_flight += 1
         return ticket
 
     def _timed(self, *args: Any) -> None:
@@ -64,10 +73,13 @@ class ThreadWorkers:
             seconds = time.perf_counter() - began
             with self._lock:
                 self.busy_s += seconds
+                self._in_flight -= 1
 
     def collect(
         self, ticket: ThreadTicket
     ) -> tuple[dict[str, np.ndarray], list[tuple[int, int, str]]]:
+        if self._in_flight < self.num_workers and not all(f.done() for f, _ in ticket.futures):
+            self.starved = True  # about to wait while a thread has nothing to run
         for future, ids in ticket.futures:
             error = future.exception()
             if error is not None:
@@ -82,7 +94,9 @@ class ThreadWorkers:
     def release(self, ticket: ThreadTicket) -> None:
         """Drops a batch never to be collected: its chunks not yet started never run."""
         for future, _ in ticket.futures:
-            future.cancel()
+            if future.cancel():
+                with self._lock:
+                    self._in_flight -= 1
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

@@ -29,9 +29,8 @@ import numpy as np
 from meshfeed.workers._bare import load_on_use
 from meshfeed.workers._blocks import attach, remove_folder
 from meshfeed.workers._record_rows import EXAMPLE_ID, transform_rows
-from meshfeed.workers._shm import Attached, get_rows, views
+from meshfeed.workers._shm import IDS, Attached, get_rows, views
 
-IDS = "__meshfeed_ids__"  # the chunk's example ids, beside its fields in the input block
 STATUS_STRIDE = 64  # bytes between two workers' cells: a cache line, not shared between cores
 
 

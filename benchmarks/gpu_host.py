@@ -1,0 +1,534 @@
+"""A GPU host at the speed of its cores: what the loading process costs, what a host feeds.
+
+ImageNet-size rows (224x224x3 uint8) into global ``jax.Array`` batches on every device
+of the host, sharded by the batch. Each contender runs in a fresh process, once per
+round, the order rotating from round to round; every figure is the median over rounds,
+every ratio the median of the per-round ratios (a window of at least 0.3 s each).
+
+- ``place``: rows in memory, shuffled, onto the devices, no workers. ``meshfeed``: a
+  ``Loader``; ``device_put``: ``jax.device_put`` of batches gathered beforehand (the
+  same shape and sharding), the most a loader can hope for. GB/s.
+- ``ceiling``: the same rows through ``W`` record workers whose transform copies the
+  row: the pipeline's own cost. Images/s, and the loading process's CPU a step (every
+  thread of it, ``time.process_time``) against one memcpy of the batch into a reused
+  buffer timed in the same process (``cpu_per_memcpy``).
+- ``decode``: JPEG 256x256 -> random 224 crop + flip. ``meshfeed:W`` (``W`` worker
+  processes) vs ``loops:L`` (``L`` processes running the plain decode loop at once, one
+  per core: what the cores give) vs ``torch:W`` (the PyTorch ``DataLoader`` with ``W``
+  workers, numpy collate, then ``make_array_from_process_local_data``). Images/s.
+- ``model``: a small convnet. ``synthetic``: its train step on a batch already on the
+  devices; ``fit``: ``meshfeed.fit`` fed by ``decode:meshfeed:W``. Images/s, input wait.
+
+``--platform cpu`` (the default) runs on 8 simulated CPU devices (batch 64: the figures
+of this 2-core machine; its decode is CPU-bound long before any funnel); ``--platform
+gpu`` on the host's GPUs (batch 256, 15 decode workers, 16 loops), run through the
+device tool when a session is lent one. Prints one JSON line per entry, with the device
+and the core count; ``--smoke`` for CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROW = (224, 224, 3)
+ROW_BYTES = 224 * 224 * 3
+
+SIZES = {  # batch, rows in memory, JPEGs, ceiling workers, decode workers, loops, window
+    "cpu": {
+        "batch": 64,
+        "rows": 512,
+        "jpegs": 512,
+        "ceiling": [1, 2],
+        "workers": 2,
+        "loops": 2,
+        "seconds": 2.0,
+        "model": "tiny",
+    },
+    "gpu": {
+        "batch": 256,
+        "rows": 2048,
+        "jpegs": 2048,
+        "ceiling": [15, 2],
+        "workers": 15,
+        "loops": 16,
+        "seconds": 3.0,
+        "model": "convnet",
+    },
+    "smoke": {
+        "batch": 16,
+        "rows": 64,
+        "jpegs": 48,
+        "ceiling": [1],
+        "workers": 1,
+        "loops": 1,
+        "seconds": 0.3,
+        "model": "tiny",
+    },
+}
+
+
+# ----------------------------------------------------------------------------- children
+
+
+def _env(platform_name: str) -> dict[str, str]:
+    env = dict(os.environ)
+    if platform_name == "cpu":
+        flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
+        env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=8"])
+        env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _timed(batches: Iterator[Any], seconds: float, warmup: int = 5) -> dict[str, float]:
+    """Steps a second over ``seconds`` of steady state, and this process's CPU a step."""
+    import jax
+
+    for _ in range(warmup):
+        jax.block_until_ready(next(batches))
+    steps, cpu, start = 0, time.process_time(), time.perf_counter()
+    while True:
+        jax.block_until_ready(next(batches))
+        steps += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and steps >= 3:
+            break
+    cpu_ms = 1e3 * (time.process_time() - cpu) / steps
+    return {"steps_per_s": steps / elapsed, "cpu_ms_per_step": cpu_ms}
+
+
+def _memcpy_ms(batch: int) -> float:
+    """One memcpy of a batch of rows into a reused buffer (best of 20), milliseconds."""
+    import numpy as np
+
+    src = np.ones((batch, *ROW), np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(20):
+        began = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - began)
+    return 1e3 * best
+
+
+def _rows(n: int) -> Any:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return {
+        "image": rng.integers(0, 256, (n, *ROW), np.uint8),
+        "label": np.arange(n, dtype=np.int32),
+    }
+
+
+def _sharding() -> Any:
+    import jax
+
+    import meshfeed
+
+    return meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
+
+
+def _loader(source: dict[str, Any], batch: int, **options: Any) -> Any:
+    import meshfeed
+
+    return meshfeed.Loader(
+        meshfeed.ArraySource(source),
+        global_batch_size=batch,
+        sharding=_sharding(),
+        num_epochs=None,
+        **options,
+    )
+
+
+def _place_meshfeed(cfg: dict[str, Any]) -> dict[str, float]:
+    loader = _loader(_rows(cfg["rows"]), cfg["batch"])
+    return _timed(iter(loader), cfg["seconds"])
+
+
+def _place_device_put(cfg: dict[str, Any]) -> dict[str, float]:
+    import jax
+    import numpy as np
+
+    rows, sharding, rng = _rows(cfg["rows"]), _sharding(), np.random.default_rng(1)
+    ready = []
+    for _ in range(8):
+        ids = rng.choice(cfg["rows"], cfg["batch"], replace=False)
+        ready.append({k: v[ids] for k, v in rows.items()})
+
+    def batches() -> Iterator[Any]:
+        while True:
+            for b in ready:
+                yield {k: jax.device_put(v, sharding) for k, v in b.items()}
+
+    return _timed(batches(), cfg["seconds"])
+
+
+def _ceiling(cfg: dict[str, Any], workers: int) -> dict[str, float]:
+    from gpu_fns import copy_row
+
+    loader = _loader(
+        _rows(cfg["rows"]), cfg["batch"], record_transform=copy_row, num_workers=workers
+    )
+    try:
+        got = _timed(iter(loader), cfg["seconds"])
+    finally:
+        loader.close()
+    got["memcpy_ms"] = _memcpy_ms(cfg["batch"])
+    return got
+
+
+def _jpegs(cfg: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+
+    with open(cfg["jpeg_file"], "rb") as f:
+        jpegs = pickle.load(f)
+    column = np.empty(len(jpegs), object)
+    column[:] = jpegs
+    return {"jpeg": column, "label": np.arange(len(jpegs), dtype=np.int32) % 1000}
+
+
+def _decode_meshfeed(cfg: dict[str, Any]) -> dict[str, float]:
+    from gpu_fns import decode_crop_flip
+
+    loader = _loader(
+        _jpegs(cfg), cfg["batch"], record_transform=decode_crop_flip, num_workers=cfg["workers"]
+    )
+    try:
+        return _timed(iter(loader), cfg["seconds"])
+    finally:
+        loader.close()
+
+
+class _Images:
+    """A map-style dataset for the DataLoader (decodes in its workers)."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data["label"])
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        from gpu_fns import decode_index
+
+        return decode_index(self.data["jpeg"][i], int(self.data["label"][i]), i)
+
+
+def _collate(records: list[dict[str, Any]]) -> dict[str, Any]:
+    import numpy as np
+
+    return {k: np.stack([r[k] for r in records]) for k in records[0]}
+
+
+def _decode_torch(cfg: dict[str, Any]) -> dict[str, float]:
+    import torch
+    from torch.utils.data import DataLoader
+
+    from common import to_global
+
+    loader = DataLoader(
+        _Images(_jpegs(cfg)),
+        batch_size=cfg["batch"],
+        shuffle=True,
+        drop_last=True,  # type: ignore[arg-type]
+        collate_fn=_collate,
+        num_workers=cfg["workers"],
+        persistent_workers=True,
+        generator=torch.Generator().manual_seed(0),
+    )
+
+    def batches() -> Iterator[Any]:
+        while True:
+            yield from to_global(iter(loader), cfg["batch"])
+
+    return _timed(batches(), cfg["seconds"])
+
+
+_LOOP = """
+import pickle, sys, time
+sys.path.insert(0, {here!r})
+import numpy as np
+from gpu_fns import decode_crop_flip
+jpegs = pickle.load(open({file!r}, "rb"))
+print("ready", flush=True)
+sys.stdin.readline()
+rng, done, start = np.random.default_rng(0), 0, time.perf_counter()
+while time.perf_counter() - start < {seconds}:
+    for i, jpeg in enumerate(jpegs):
+        decode_crop_flip({{"jpeg": jpeg, "label": i}}, rng)
+    done += len(jpegs)
+print(done / (time.perf_counter() - start), flush=True)
+"""
+
+
+def _decode_loops(cfg: dict[str, Any]) -> dict[str, float]:
+    script = _LOOP.format(here=str(HERE), file=cfg["jpeg_file"], seconds=cfg["seconds"])
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(cfg["loops"])
+    ]
+    for run in runs:
+        assert run.stdout is not None and run.stdout.readline().strip() == "ready"
+    for run in runs:
+        assert run.stdin is not None
+        run.stdin.write("go\n")
+        run.stdin.flush()
+    images = sum(float(run.communicate()[0]) for run in runs)
+    return {"steps_per_s": images / cfg["batch"]}
+
+
+def _model(kind: str) -> tuple[Any, Callable[..., Any]]:
+    """Parameters and loss of a small convnet on 224x224x3 uint8 images, 1000 classes."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    import meshfeed
+
+    rng = np.random.default_rng(0)
+    convs = [(8, 8, 3, 16, 8)]  # height, width, in, out, stride
+    if kind != "tiny":
+        convs = [(7, 7, 3, 64, 4), (3, 3, 64, 128, 2), (3, 3, 128, 256, 2)]
+    params = {
+        f"conv{i}": (rng.normal(size=s[:4]) * np.sqrt(2 / np.prod(s[:3]))).astype(np.float32)
+        for i, s in enumerate(convs)
+    }
+    params["dense"] = (rng.normal(size=(convs[-1][3], 1000)) * 0.01).astype(np.float32)
+
+    def loss(p: Any, batch: Any) -> Any:
+        x = batch["image"].astype(jnp.bfloat16 if kind != "tiny" else jnp.float32) / 255.0
+        for i, s in enumerate(convs):
+            w = p[f"conv{i}"].astype(x.dtype)
+            x = jax.nn.relu(
+                jax.lax.conv_general_dilated(
+                    x, w, (s[4], s[4]), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+                )
+            )
+        logits = x.mean(axis=(1, 2)).astype(jnp.float32) @ p["dense"]
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
+        return meshfeed.masked_mean(losses, batch), {}
+
+    return params, loss
+
+
+def _train(cfg: dict[str, Any], fed: bool) -> dict[str, float]:
+    import jax
+    import optax
+    from gpu_fns import decode_crop_flip
+
+    import meshfeed
+
+    params, loss = _model(cfg["model"])
+    loader = _loader(
+        _jpegs(cfg), cfg["batch"], record_transform=decode_crop_flip, num_workers=cfg["workers"]
+    )
+    mesh = _sharding().mesh
+    optimizer = optax.sgd(1e-3)
+    state = meshfeed.TrainState.create(params, optimizer, mesh=mesh)
+    step = meshfeed.make_train_step(loss, optimizer, mesh=mesh)
+    first = loader.batch(0)
+    state, _ = step(state, first)  # compiled outside the timed part
+    jax.block_until_ready(state)
+    try:
+        if not fed:
+
+            def batches() -> Iterator[Any]:
+                nonlocal state
+                while True:
+                    state, _ = step(state, first)
+                    yield state
+
+            return _timed(batches(), cfg["seconds"], warmup=2)
+        steps = max(10, int(cfg["seconds"] * 4))
+        history = meshfeed.fit(
+            step, state, loader, num_steps=steps, log_every=steps, progress=False
+        )
+        for _ in range(3):  # the window grows until it is long enough
+            if history.seconds >= cfg["seconds"]:
+                break
+            steps = int(steps * cfg["seconds"] / max(history.seconds, 1e-3) * 1.2) + 1
+            history = meshfeed.fit(
+                step, history.state, loader, num_steps=steps, log_every=steps, progress=False
+            )
+        return {
+            "steps_per_s": history.steps / history.seconds,
+            "input_wait": history.input_wait_share,
+        }
+    finally:
+        loader.close()
+
+
+def _child(name: str, cfg: dict[str, Any]) -> None:
+    sys.path.insert(0, str(HERE))
+    import jax
+
+    runs: dict[str, Callable[[], dict[str, float]]] = {
+        "place:meshfeed": lambda: _place_meshfeed(cfg),
+        "place:device_put": lambda: _place_device_put(cfg),
+        "decode:meshfeed": lambda: _decode_meshfeed(cfg),
+        "decode:torch": lambda: _decode_torch(cfg),
+        "decode:loops": lambda: _decode_loops(cfg),
+        "model:synthetic": lambda: _train(cfg, fed=False),
+        "model:fit": lambda: _train(cfg, fed=True),
+    }
+    for workers in cfg["ceiling"]:
+        runs[f"ceiling:{workers}"] = lambda workers=workers: _ceiling(cfg, workers)
+    got = runs[name]()
+    device = jax.devices()[0]
+    got.update(device=f"{jax.device_count()} x {device.device_kind}", platform=device.platform)
+    print(json.dumps(got), flush=True)
+
+
+# ------------------------------------------------------------------------------- parent
+
+
+def _names(cfg: dict[str, Any], torch: bool) -> list[str]:
+    names = [
+        "place:meshfeed",
+        "place:device_put",
+        *(f"ceiling:{w}" for w in cfg["ceiling"]),
+        "decode:meshfeed",
+        "decode:loops",
+        "model:synthetic",
+        "model:fit",
+    ]
+    return names + (["decode:torch"] if torch else [])
+
+
+def _run_child(name: str, cfg_file: str, env: dict[str, str]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", name, "--config", cfg_file],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
+    parser.add_argument("--platform", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", default="", help="comma-separated workloads (place, ...)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        with open(args.config) as f:
+            _child(args.child, json.load(f))
+        return
+    cfg = dict(SIZES["smoke" if args.smoke else args.platform])
+    rounds = 1 if args.smoke else args.rounds
+    env = _env(args.platform)
+    sys.path.insert(0, str(HERE))
+    from gpu_fns import make_jpegs
+
+    folder = tempfile.mkdtemp(prefix="meshfeed-gpu-host-")
+    cfg["jpeg_file"] = os.path.join(folder, "jpegs.pkl")
+    with open(cfg["jpeg_file"], "wb") as f:
+        pickle.dump(make_jpegs(cfg["jpegs"]), f)
+    cfg_file = os.path.join(folder, "config.json")
+    with open(cfg_file, "w") as f:
+        json.dump(cfg, f)
+    try:
+        import torch  # noqa: F401
+
+        has_torch = True
+    except ImportError:
+        has_torch = False
+    names = _names(cfg, has_torch)
+    if args.only:
+        wanted = set(args.only.split(","))
+        names = [n for n in names if n.split(":")[0] in wanted]
+    per_round: list[dict[str, dict[str, Any]]] = []
+    for r in range(rounds):
+        got = {}
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            got[name] = _run_child(name, cfg_file, env)
+        per_round.append(got)
+    _report(per_round, names, cfg, args, rounds)
+
+
+def _report(
+    per_round: list[dict[str, dict[str, Any]]],
+    names: list[str],
+    cfg: dict[str, Any],
+    args: argparse.Namespace,
+    rounds: int,
+) -> None:
+    batch = cfg["batch"]
+
+    def median(fn: Callable[[dict[str, dict[str, Any]]], float]) -> float:
+        return round(statistics.median(fn(r) for r in per_round), 4)
+
+    def rate(r: dict[str, dict[str, Any]], name: str) -> float:
+        return r[name]["steps_per_s"] * batch
+
+    first = per_round[0][names[0]]
+    common = {
+        "benchmark": "gpu_host",
+        "device": first["device"],
+        "platform": first["platform"],
+        "cores": os.cpu_count(),
+        "global_batch_size": batch,
+        "rounds": rounds,
+        "window_s": cfg["seconds"],
+        "smoke": args.smoke,
+        "python": platform.python_version(),
+    }
+    for name in names:
+        workload, entry = name.split(":", 1)
+        line: dict[str, Any] = {**common, "workload": workload, "name": entry}
+        line["images_per_s"] = round(median(lambda r, n=name: rate(r, n)))
+        if workload in ("place", "ceiling"):
+            line["gb_per_s"] = round(median(lambda r, n=name: rate(r, n) * ROW_BYTES / 1e9), 3)
+            line["loader_cpu_ms_per_step"] = median(lambda r, n=name: r[n]["cpu_ms_per_step"])
+        if name == "place:meshfeed" and "place:device_put" in names:
+            line["ratio_to_device_put"] = median(
+                lambda r: rate(r, "place:meshfeed") / rate(r, "place:device_put")
+            )
+        if workload == "ceiling":
+            line["workers"] = int(entry)
+            line["memcpy_ms"] = median(lambda r, n=name: r[n]["memcpy_ms"])
+            line["cpu_per_memcpy"] = median(
+                lambda r, n=name: r[n]["cpu_ms_per_step"] / r[n]["memcpy_ms"]
+            )
+        if workload == "decode":
+            line["workers"] = cfg["loops"] if entry == "loops" else cfg["workers"]
+            for peer in ("loops", "torch"):
+                if entry != peer and f"decode:{peer}" in names:
+                    line[f"ratio_to_{peer}"] = median(
+                        lambda r, n=name, p=peer: rate(r, n) / rate(r, f"decode:{p}")
+                    )
+        if name == "model:fit":
+            line["input_wait_share"] = median(lambda r: r["model:fit"]["input_wait"])
+            line["workers"] = cfg["workers"]
+            if "model:synthetic" in names:
+                line["ratio_to_synthetic"] = median(
+                    lambda r: rate(r, "model:fit") / rate(r, "model:synthetic")
+                )
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
