@@ -52,6 +52,7 @@ SIZES = {  # batch, rows in memory, JPEGs, ceiling workers, decode workers, loop
         "rows": 512,
         "jpegs": 512,
         "ceiling": [1, 2],
+        "place_threads": [1, 2],
         "workers": 2,
         "loops": 2,
         "seconds": 2.0,
@@ -62,6 +63,7 @@ SIZES = {  # batch, rows in memory, JPEGs, ceiling workers, decode workers, loop
         "rows": 2048,
         "jpegs": 2048,
         "ceiling": [15, 2],
+        "place_threads": [0, 2, 4, 8],
         "workers": 15,
         "loops": 16,
         "seconds": 3.0,
@@ -72,6 +74,7 @@ SIZES = {  # batch, rows in memory, JPEGs, ceiling workers, decode workers, loop
         "rows": 64,
         "jpegs": 48,
         "ceiling": [1],
+        "place_threads": [2],
         "workers": 1,
         "loops": 1,
         "seconds": 0.3,
@@ -176,11 +179,12 @@ def _place_device_put(cfg: dict[str, Any]) -> dict[str, float]:
     return _timed(batches(), cfg["seconds"])
 
 
-def _ceiling(cfg: dict[str, Any], workers: int) -> dict[str, float]:
+def _ceiling(cfg: dict[str, Any], workers: int, threads: int | None = None) -> dict[str, float]:
     from gpu_fns import copy_row
 
+    options: dict[str, Any] = {} if threads is None else {"place_threads": threads}
     loader = _loader(
-        _rows(cfg["rows"]), cfg["batch"], record_transform=copy_row, num_workers=workers
+        _rows(cfg["rows"]), cfg["batch"], record_transform=copy_row, num_workers=workers, **options
     )
     try:
         got = _timed(iter(loader), cfg["seconds"])
@@ -389,6 +393,9 @@ def _child(name: str, cfg: dict[str, Any]) -> None:
     }
     for workers in cfg["ceiling"]:
         runs[f"ceiling:{workers}"] = lambda workers=workers: _ceiling(cfg, workers)
+    first = cfg["ceiling"][0]
+    for threads in cfg["place_threads"]:
+        runs[f"ceiling:{first}:t{threads}"] = lambda t=threads: _ceiling(cfg, first, t)
     got = runs[name]()
     device = jax.devices()[0]
     got.update(device=f"{jax.device_count()} x {device.device_kind}", platform=device.platform)
@@ -403,6 +410,7 @@ def _names(cfg: dict[str, Any], torch: bool) -> list[str]:
         "place:meshfeed",
         "place:device_put",
         *(f"ceiling:{w}" for w in cfg["ceiling"]),
+        *(f"ceiling:{cfg['ceiling'][0]}:t{t}" for t in cfg["place_threads"]),
         "decode:meshfeed",
         "decode:loops",
         "model:synthetic",
@@ -429,7 +437,12 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
     parser.add_argument("--platform", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", default="", help="comma-separated workloads (place, ...)")
+    parser.add_argument(
+        "--only", default="", help="comma-separated workloads or entries (place, ceiling:1)"
+    )
+    parser.add_argument(
+        "--src", default="", help="a meshfeed checkout's src/ to time instead (a build before)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -440,6 +453,8 @@ def main() -> None:
     cfg = dict(SIZES["smoke" if args.smoke else args.platform])
     rounds = 1 if args.smoke else args.rounds
     env = _env(args.platform)
+    if args.src:  # the children import that meshfeed (the benchmark's helpers stay these)
+        env["PYTHONPATH"] = os.pathsep.join([args.src, env.get("PYTHONPATH", "")]).strip(os.pathsep)
     sys.path.insert(0, str(HERE))
     from gpu_fns import make_jpegs
 
@@ -459,7 +474,7 @@ def main() -> None:
     names = _names(cfg, has_torch)
     if args.only:
         wanted = set(args.only.split(","))
-        names = [n for n in names if n.split(":")[0] in wanted]
+        names = [n for n in names if n in wanted or n.split(":")[0] in wanted]
     per_round: list[dict[str, dict[str, Any]]] = []
     for r in range(rounds):
         got = {}
@@ -493,6 +508,7 @@ def _report(
         "global_batch_size": batch,
         "rounds": rounds,
         "window_s": cfg["seconds"],
+        "build": args.src or "this",
         "smoke": args.smoke,
         "python": platform.python_version(),
     }
@@ -508,7 +524,11 @@ def _report(
                 lambda r: rate(r, "place:meshfeed") / rate(r, "place:device_put")
             )
         if workload == "ceiling":
-            line["workers"] = int(entry)
+            line["workers"] = int(entry.split(":")[0])
+            line["place_threads"] = entry.split(":t")[1] if ":t" in entry else "auto"
+            if ":t" in entry:
+                auto = f"ceiling:{line['workers']}"
+                line["ratio_to_auto"] = median(lambda r, n=name, a=auto: rate(r, n) / rate(r, a))
             line["memcpy_ms"] = median(lambda r, n=name: r[n]["memcpy_ms"])
             line["cpu_per_memcpy"] = median(
                 lambda r, n=name: r[n]["cpu_ms_per_step"] / r[n]["memcpy_ms"]

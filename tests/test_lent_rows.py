@@ -26,22 +26,25 @@ from meshfeed.core._held import HostBuffers
 
 SHM = Path("/dev/shm")
 N, ROWS = 96, 16
+SIDE = {"none": 64}  # without record workers only rows of 16 KiB or more are read into
+# reused memory (64 x 64 int32); 8 x 8 elsewhere
 
 
-def _source() -> meshfeed.ArraySource:
+def _source(side: int) -> meshfeed.ArraySource:
     ids = np.arange(N, dtype=np.int32)
-    return meshfeed.ArraySource({"image": np.repeat(ids, 64).reshape(N, 8, 8), "label": ids})
+    return meshfeed.ArraySource({"image": np.repeat(ids, side * side).reshape(N, side, side),
+                                 "label": ids})  # fmt: skip
 
 
 def _loader(workers: int, kind: str, **options) -> meshfeed.Loader:
     mesh = meshfeed.make_mesh(data=8)
+    if kind != "none":
+        options.update(record_transform=record_fns.copy_rows, num_workers=workers,
+                       worker_type=kind)  # fmt: skip
     return meshfeed.Loader(
-        _source(),
+        _source(SIDE.get(kind, 8)),
         global_batch_size=ROWS,
         sharding=NamedSharding(mesh, P("data")),
-        record_transform=record_fns.copy_rows,
-        num_workers=workers,
-        worker_type=kind,  # type: ignore[arg-type]
         seed=3,
         num_epochs=None,
         **options,
@@ -49,7 +52,8 @@ def _loader(workers: int, kind: str, **options) -> meshfeed.Loader:
 
 
 def _want(loader: meshfeed.Loader, step: int) -> np.ndarray:
-    return np.repeat(loader.ids(step), 64).reshape(ROWS, 8, 8)
+    side = loader.source.fields["image"].shape[0]
+    return np.repeat(loader.ids(step), side * side).reshape(ROWS, side, side)
 
 
 def _kept_rows_change(workers: int, kind: str) -> bool:
@@ -77,7 +81,7 @@ def _broken_lend(buffer, fields, on_free):
             for name, shape, dtype, at in fields}  # fmt: skip
 
 
-CASES = [(1, "processes", shm), (2, "threads", held), (0, "processes", held)]
+CASES = [(1, "processes", shm), (2, "threads", held), (0, "processes", held), (0, "none", held)]
 
 
 @pytest.mark.parametrize(("workers", "kind", "module"), CASES)

@@ -138,9 +138,9 @@ class Prefetcher(Iterator[tuple[int, Any]]):
         self._consumer = threading.Condition(self._lock)
         self._readers = threading.Condition(self._lock)
         self._ready: dict[int, tuple[Any, int]] = {}  # step -> (item, its bytes)
-        self._waiting = False  # the consumer sleeps
-        self._idle = 0  # readers asleep
+        self._waiting, self._idle = False, 0  # the consumer sleeps; readers asleep
         self._stopped = False
+        self._release = _drop  # held here: close() may run as the interpreter shuts down
         self._climb = Climb(start)
         self._threads: list[threading.Thread] = []
         self._growers: list[threading.Thread] = []  # threads that start readers
@@ -238,7 +238,7 @@ class Prefetcher(Iterator[tuple[int, Any]]):
             with self._lock:
                 self._climb.read(time.perf_counter() - wall, time.thread_time() - busy)
                 if self._stopped:
-                    _drop(item)
+                    self._release(item)
                     return
                 self._store(step, item)
                 if isinstance(item, _Failed) and (self._stop_at is None or step < self._stop_at):
@@ -300,7 +300,7 @@ class Prefetcher(Iterator[tuple[int, Any]]):
         with self._lock:
             self._stopped = True
             for item, _ in self._ready.values():
-                _drop(item)
+                self._release(item)
             self._ready.clear()
             self.held_bytes = 0
             self._readers.notify_all()
