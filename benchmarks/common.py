@@ -5,6 +5,8 @@ Benchmarks use meshfeed's public API only; anything two of them need lives here.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -43,6 +45,25 @@ def measure(
         elapsed = time.perf_counter() - start
         if (steps is None and elapsed >= seconds) or (steps is not None and done >= steps):
             return done * batch / elapsed
+
+
+def loops_at_once(script: str, count: int) -> float:
+    """The sum of what ``count`` processes running ``script`` at once print: each prints
+    ``ready`` when set up, waits for a line on stdin (so all start together), runs, and
+    prints its rate."""
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(count)
+    ]
+    for run in runs:
+        assert run.stdout is not None and run.stdout.readline().strip() == "ready"
+    for run in runs:
+        assert run.stdin is not None
+        run.stdin.write("go\n")
+        run.stdin.flush()
+    return sum(float(run.communicate()[0]) for run in runs)
 
 
 def to_global(batches: Iterator[dict[str, np.ndarray]], global_batch_size: int) -> Iterator[Any]:

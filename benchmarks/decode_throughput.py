@@ -40,7 +40,6 @@ import gc
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -54,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_fns import CROP, decode_crop, decode_crop_seeded, encode_all
 
 import meshfeed
-from common import measure, to_global
+from common import loops_at_once, measure, to_global
 
 BATCH = 256
 
@@ -96,20 +95,7 @@ def _loops_at_once(count: int, seconds: float, n: int = 2048, loop: str = _LOOP_
     one) together: ``loop`` is a script that prints ``ready``, waits for a line, loops
     for ``{seconds}`` over ``encode_all({n})`` and prints its records per second."""
     script = loop.format(here=str(Path(__file__).parent), n=n, seconds=seconds)
-    runs = [
-        subprocess.Popen(
-            [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        for _ in range(count)
-    ]
-    for run in runs:
-        assert run.stdout is not None and run.stdout.readline().strip() == "ready"
-    for run in runs:
-        assert run.stdin is not None
-        run.stdin.write("go\n")
-        run.stdin.flush()
-    rates = [float(run.communicate()[0]) for run in runs]
-    return sum(rates)
+    return loops_at_once(script, count)
 
 
 def _meshfeed(

@@ -279,21 +279,10 @@ print(done / (time.perf_counter() - start), flush=True)
 
 
 def _decode_loops(cfg: dict[str, Any]) -> dict[str, float]:
+    from common import loops_at_once
+
     script = _LOOP.format(here=str(HERE), file=cfg["jpeg_file"], seconds=cfg["seconds"])
-    runs = [
-        subprocess.Popen(
-            [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        for _ in range(cfg["loops"])
-    ]
-    for run in runs:
-        assert run.stdout is not None and run.stdout.readline().strip() == "ready"
-    for run in runs:
-        assert run.stdin is not None
-        run.stdin.write("go\n")
-        run.stdin.flush()
-    images = sum(float(run.communicate()[0]) for run in runs)
-    return {"steps_per_s": images / cfg["batch"]}
+    return {"steps_per_s": loops_at_once(script, cfg["loops"]) / cfg["batch"]}
 
 
 def _model(kind: str) -> tuple[Any, Callable[..., Any]]:

@@ -43,8 +43,9 @@ def test_breaking_out_drops_what_was_built_ahead_and_stops_the_thread():
     assert _ids(loader) == _ids(_loader(prefetch=0))[2:]
 
 
-def test_restore_while_iterating_continues_from_the_restored_step():
-    loader = _loader(prefetch=2)
+@pytest.mark.parametrize("place_threads", [0, 2])  # placed on the loop's thread, or ahead
+def test_restore_while_iterating_continues_from_the_restored_step(place_threads):
+    loader = _loader(prefetch=2, place_threads=place_threads)
     reference = _ids(_loader(prefetch=0))
     it = iter(loader)
     next(it)
@@ -55,13 +56,14 @@ def test_restore_while_iterating_continues_from_the_restored_step():
     assert _ids(it) == reference[1:]
 
 
-def test_an_error_while_prefetching_reaches_the_consumer():
+@pytest.mark.parametrize("place_threads", [0, 2])
+def test_an_error_while_prefetching_reaches_the_consumer(place_threads):
     def transform(batch):
         if batch["id"].max() > 150:
             raise RuntimeError("bad record")
         return batch
 
-    loader = _loader(prefetch=2, shuffle=False, transform=transform)
+    loader = _loader(prefetch=2, shuffle=False, transform=transform, place_threads=place_threads)
     with pytest.raises(RuntimeError, match="bad record"):
         list(loader)
     assert loader.step == 9  # the 9 batches of ids < 150 were handed out

@@ -1,4 +1,7 @@
-"""Steps placed on threads of their own (``place_threads``): the same stream, in order."""
+"""Steps placed on threads of their own (``place_threads``): the same stream, in order.
+
+Restoring while steps are placed ahead, and an error raised at its step, are
+``test_pipeline``'s tests, run with placing threads too."""
 
 from __future__ import annotations
 
@@ -56,30 +59,6 @@ def test_auto_places_on_the_loops_thread_on_cpu_devices():
     next(it)
     assert loader.options.place_threads == "auto" and not _placers()
     del it
-
-
-def test_restore_while_placing_ahead_continues_from_the_restored_step():
-    reference = _values(_loader(place_threads=0))
-    loader = _loader(place_threads=2, prefetch=3)
-    it = iter(loader)
-    next(it)
-    state = loader.state()
-    next(it)
-    next(it)
-    loader.restore(state)
-    assert _values(it) == reference[1:]
-
-
-def test_an_error_in_placing_ahead_is_raised_at_its_step():
-    def transform(batch):
-        if batch["id"].max() > 150:
-            raise RuntimeError("bad record")
-        return batch
-
-    loader = _loader(place_threads=2, shuffle=False, transform=transform)
-    with pytest.raises(RuntimeError, match="bad record"):
-        list(loader)
-    assert loader.step == 9  # the 9 batches of ids < 150 were handed out
 
 
 def test_breaking_out_stops_the_placing_threads():
