@@ -114,3 +114,14 @@ def test_rows_read_into_the_workers_input_block_are_the_rows_read_here(tmp_path)
         for g, w in zip(got, want, strict=True):
             for name in w:
                 np.testing.assert_array_equal(g[name], w[name])
+
+
+def test_a_memmap_source_pickles_as_its_path_not_its_rows(tmp_path):
+    import pickle
+
+    np.save(tmp_path / "x.npy", np.arange(250_000, dtype=np.float32).reshape(2500, 100))
+    source = meshfeed.ArraySource({"x": np.load(tmp_path / "x.npy", mmap_mode="r")})
+    sent = pickle.dumps(source)  # what a Ray worker that reads the source itself gets
+    assert len(sent) < 4096
+    ids = np.array([5, 2499, 0])
+    np.testing.assert_array_equal(pickle.loads(sent)[ids]["x"], source[ids]["x"])

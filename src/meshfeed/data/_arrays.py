@@ -96,7 +96,9 @@ class ArraySource:
             name: self._files[name].read if name in self._files else a.__getitem__
             for name, a in data.items()
         }
-        self._arrays = data
+        # The arrays read_into gathers from (a memmap read with pread is its file's: it
+        # pickles as its path, for the workers that open the source themselves).
+        self._arrays = {name: a for name, a in data.items() if name not in self._files}
         self._len = next(iter(lengths.values()))
         self._fields = {
             name: FieldSpec(tuple(a.shape[1:]), np.dtype(a.dtype)) for name, a in data.items()
