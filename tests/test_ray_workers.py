@@ -298,3 +298,18 @@ def test_bad_ray_options_are_named(kwargs, error, message):
 def test_an_unknown_worker_type_names_ray_too():
     with pytest.raises(ValueError, match=r"pass 'processes', 'threads', 'ray' or meshfeed\.Ray"):
         fns.loader(num_workers=2, worker_type="cluster")
+
+
+def test_records_dropped_by_a_transform_are_the_rows_dropped_without_workers(cluster):
+    import filter_fns
+
+    def dropping(**kwargs: Any) -> list[dict[str, np.ndarray]]:
+        feed = fns.loader(filter_fns.drop_thirds, data=filter_fns.source(120), **kwargs)
+        try:
+            batches = _batches(feed)
+            assert feed.filtered == 2 * 40  # two epochs of ids 0, 3, .., 117
+            return batches
+        finally:
+            feed.close()
+
+    _assert_same(dropping(num_workers=3, worker_type=fns.ON_WORKER_NODES), dropping())

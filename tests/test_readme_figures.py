@@ -168,12 +168,27 @@ def _ceiling() -> list[str]:
     ]
 
 
+def _select() -> list[str]:
+    def ratio(predicate: str) -> float:
+        return _one("filters.jsonl", "ratio_to_loop", predicate=predicate, name="select:2")
+
+    return [f"{ratio('embedding'):.2f}{TIMES}", f"{ratio('threshold'):.2f}{TIMES} for"]
+
+
+def _selection() -> list[str]:
+    ratio = _one("filters.jsonl", "ratio_to_copied", workload="loader", name="selection")
+    size = _one("filters.jsonl", "bytes_per_example", workload="bytes")
+    return [f"{ratio:.2f}{TIMES}", f"{size:.1f} bytes an example"]
+
+
 Checks = dict[str, Callable[[], list[str]]]
 
 BOTH: Checks = {  # rows both pages show, by a start of the first cell common to both
     "arrays into global `jax.Array`s": _arrays,
     "PNG decode + crop in 2 workers": _decode,
     "the loading process's CPU a step, 224² rows from a copying worker": _ceiling,
+    "`meshfeed.select` on 2 workers": _select,
+    "a loader over a selection": _selection,
     "input wait behind 20 ms per read": _wait,
     "text to tokens, `meshfeed.prepare` with 2 workers": _prepare,
     "WebDataset shards read by index": _tar_loading,

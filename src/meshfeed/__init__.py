@@ -36,6 +36,7 @@ from meshfeed.data._pack_plan import Algorithm as Algorithm
 from meshfeed.data._pack_plan import LongDocs as LongDocs
 from meshfeed.data._pack_plan import PackPlan as PackPlan
 from meshfeed.data._ragged import Ragged as Ragged
+from meshfeed.data._selection import Selection as Selection
 from meshfeed.data._sources import Column as Column
 from meshfeed.data._sources import FieldSpec as FieldSpec
 from meshfeed.data._sources import Source as Source
@@ -84,6 +85,8 @@ from meshfeed.prepare._prepare import PrepareStatus as PrepareStatus
 from meshfeed.prepare._prepare import TxtMode as TxtMode
 from meshfeed.prepare._prepare import prepare as prepare
 from meshfeed.prepare._prepare import prepare_status as prepare_status
+from meshfeed.prepare._select import SelectExecutor as SelectExecutor
+from meshfeed.prepare._select import select as select
 from meshfeed.train._attention import segment_mask as segment_mask
 from meshfeed.train._checkpoint import restore_checkpoint as restore_checkpoint
 from meshfeed.train._checkpoint import save_checkpoint as save_checkpoint
@@ -151,6 +154,8 @@ __all__ = [
     "RayOptions",
     "RecordFn",
     "Schedule",
+    "SelectExecutor",
+    "Selection",
     "ShardedSource",
     "ShardingArg",
     "Skipped",
@@ -198,6 +203,7 @@ __all__ = [
     "restore_checkpoint",
     "save_checkpoint",
     "segment_mask",
+    "select",
     "show_plan",
     "show_sharding",
     "shutdown",

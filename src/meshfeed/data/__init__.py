@@ -23,6 +23,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _writer        write_source: one writer, or one part per worker
     _adapters      sources over records: Grain, PyTorch, ArrayRecord
     _arrow         sources over Arrow: Parquet, Hugging Face datasets
+    _selection     Selection: the examples of a source a predicate kept, as a source
     _mix_order     which source and which of its examples fill each position, by stage
     _mix           mix: sources in proportions fixed or by stage, addressed by index
     _pack_plan     the packing plan: which piece of which document goes in which row

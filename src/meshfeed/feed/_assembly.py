@@ -131,6 +131,12 @@ class AssemblyViews:
         out since the loader was built, restored or reset: ``(step, example, error)``."""
         return list(self._parts.stream.skips.entries)
 
+    @property
+    def filtered(self) -> int:
+        """Examples the record transform dropped (returned ``None`` for) in the steps
+        handed out since the loader was built: rows masked, not errors."""
+        return int(self._parts.stream.counts()["filtered"])
+
     def stats(self, reset: bool = False) -> dict[str, Any]:
         """What this process's loader did, stage by stage, as a JSON-able dict.
 
@@ -145,7 +151,8 @@ class AssemblyViews:
           served by a local copy) and ``cache_downloads`` -- every source's in the process;
         - ``record_transform`` (``None`` without one): ``records``, ``seconds`` (summed over
           the workers; with Ray, their reads of the source too, as the workers read it
-          themselves), ``skipped``, ``workers``, ``worker_type``, ``lent`` (steps whose
+          themselves), ``skipped``, ``filtered`` (examples it dropped by returning
+          ``None``), ``workers``, ``worker_type``, ``lent`` (steps whose
           rows are out now in memory lent to arrays, the workers' slots or reused host
           buffers: a level, not a count);
         - ``transform`` (``None`` without one): ``calls``, ``seconds``;

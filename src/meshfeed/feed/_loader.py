@@ -87,7 +87,10 @@ class Loader(OptionAttributes, AssemblyViews):
       record_transform: ``fn(record, rng) -> record`` run on every example a process
         loads (decode, augment), before ``transform``; ``record`` maps field -> that
         example's value, ``rng`` a generator seeded from ``(seed, epoch, example_id)``.
-        Every output record must have the same fields, shapes and dtypes.
+        Every output record must have the same fields, shapes and dtypes. Returning
+        ``None`` drops the example: its row is zeros with ``mask`` False (with a record
+        transform the batches carry the ``mask`` field), the schedule unchanged, not an
+        error; ``loader.filtered`` and ``stats()`` count them.
       num_workers: workers for ``record_transform`` (0: in the loading thread). The
         output does not depend on it, nor on ``worker_type``.
       worker_type: ``"processes"`` (default): ``fn`` is sent to worker processes by

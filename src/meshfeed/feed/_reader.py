@@ -178,11 +178,13 @@ class Lane(NamedTuple):
 @dataclasses.dataclass
 class HostStep:
     """A step's host rows, one dict per row set, with the examples this process read
-    for it (padding aside, skipped ones included) and those it skipped."""
+    for it (padding aside, skipped and filtered ones included), those it skipped, and
+    how many the record transform dropped."""
 
     rows: list[dict[str, np.ndarray]]
     read: int
     skipped: list[Skip]
+    filtered: int = 0  # examples the record transform dropped (returned None for)
     collect_seconds: float = 0.0  # waiting for the record workers' rows (``loader.stats()``)
     place_seconds: float = 0.0  # placing the rows on the devices
 
@@ -272,11 +274,13 @@ class StepReader:
 
     def _finish(self, parts: list[Rows], lane: Lane) -> HostStep:
         skipped = [s for part in parts for s in part.skipped]
-        read = sum(int((part.ids >= 0).sum()) for part in parts) + len(skipped)
-        return HostStep([self._finish_rows(p, lane) for p in parts], read, skipped)
+        filtered = sum(part.filtered for part in parts)
+        read = sum(int((part.ids >= 0).sum()) for part in parts) + len(skipped) + filtered
+        rows = [self._finish_rows(p, lane) for p in parts]
+        return HostStep(rows, read, skipped, filtered=filtered)
 
     def _finish_rows(self, rows: Rows, lane: Lane) -> dict[str, np.ndarray]:
-        data, ids, _ = rows
+        data, ids = rows.data, rows.ids
         if self._transform is not None:
             began = time.perf_counter()
             data = self._transform(data)
@@ -317,8 +321,8 @@ class StepReader:
                 )
             if self._mask and name == MASK:
                 raise ValueError(
-                    f"the {who} returned a field named {MASK!r}, which last_batch='pad' "
-                    "and on_error='skip' add themselves; rename that field."
+                    f"the {who} returned a field named {MASK!r}, which last_batch='pad', "
+                    "on_error='skip' and a record_transform add themselves; rename that field."
                 )
             check_sharding(
                 target.of(name, array.ndim),
@@ -375,5 +379,5 @@ def make_reader(
         lane,
         transform=options.transform,
         records=records,
-        mask=options.last_batch == "pad" or skip,
+        mask=options.last_batch == "pad" or skip or options.record_transform is not None,
     )

@@ -104,6 +104,7 @@ class PipelineStats:
                 "records": int(records["records"]),
                 "seconds": records["seconds"],
                 "skipped": int(records["skipped"]),
+                "filtered": int(records["filtered"]),
                 "workers": self._workers[0],
                 "worker_type": self._workers[1],
                 "lent": self._reader.records.lent() if self._reader.records else 0,

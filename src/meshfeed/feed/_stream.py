@@ -30,13 +30,13 @@ from meshfeed.feed._skips import SkipLog
 GlobalBatch = dict[str, jax.Array]
 CONSUMER = (
     "steps", "records", "wait_seconds", "next_seconds", "collect_seconds", "place_seconds",
-    "asked", "ready", "steps_ready", "fill",
+    "asked", "ready", "steps_ready", "fill", "filtered",
 )  # fmt: skip
 """The consumer's counts (``Stream.counts``), once a step: steps handed out, their
 records (this process's, padding aside), seconds ``next()`` waited for the read-ahead,
 seconds in ``next()``, seconds it waited for record workers' rows and placed them; the
 asks of the read-ahead, those that found the step ready, the steps ready, and that over
-the depth (at most 1)."""
+the depth (at most 1); the examples the record transform dropped (returned None for)."""
 
 
 class Stream:
@@ -113,6 +113,7 @@ class Stream:
         counts[3] += time.perf_counter() - began
         counts[4] += 0.0 if placed else done.collect_seconds
         counts[5] += done.place_seconds
+        counts[10] += done.filtered
         if ask is not None:
             ready, steps_ready, depth = ask
             counts[6] += 1

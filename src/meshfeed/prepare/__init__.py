@@ -1,4 +1,4 @@
-"""From raw text to tokens: ``prepare`` writes a meshfeed folder of token documents.
+"""Work done once over a data set: ``prepare`` (raw text to token documents), ``select``.
 
 Text arrives as JSON Lines (plain, gzip, zstandard), Parquet, plain text or a Hugging
 Face dataset; it leaves as a folder of parts whose ``tokens`` field is a ``Ragged``
@@ -7,7 +7,10 @@ from the inputs alone, so the output is the same bytes for one worker or many, o
 machine or many (``--part i/N`` runs, Ray tasks); a part is done when its manifest is
 written, so a killed build re-run redoes only what was not finished; the tokenizer's
 content hash and fingerprint are on record, and ``open_source(tokenizer=...)`` refuses
-a mismatch. This layer sits above the data (it writes folders with the data layer's
+a mismatch. ``select`` is the same kind of work for a filter: a predicate run once
+over a source, in parts, on worker processes or Ray tasks, resumable, its result (the
+kept ids) cached by the data's and the predicate's fingerprints and served as a
+``Selection``. This layer sits above the data (it writes folders with the data layer's
 writer) and above the workers (its processes start bare, as record workers do).
 
 Modules, lowest first (each imports only modules listed before it)::
@@ -15,9 +18,11 @@ Modules, lowest first (each imports only modules listed before it)::
     _inputs        the inputs (paths, globs, URLs, a dataset) and the parts they are cut into
     _read          a part's documents: JSON Lines (plain, gz, zst), text, Parquet, a dataset
     _encode        a part encoded (specials added, empties dropped) and written as a folder
+    _select_part   a part of a selection: the predicate over a run of examples, kept ids out
     _worker        what a worker process runs: parts in, written parts out
     _run           the parts on local worker processes or Ray tasks, with progress
     _prepare       prepare and prepare_status: the plan on record, the runs, the completion
+    _select        select: a predicate run once over a source, cached, a Selection out
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.
 """

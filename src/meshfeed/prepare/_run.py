@@ -35,15 +35,18 @@ from meshfeed.workers._bare import bare_argv
 class Report:
     """Progress of one run: its parts, documents and tokens so far."""
 
+    NAME = "prepare"
+    COUNTS: tuple[str, ...] = ("documents", "tokens", "empty", "skipped")
+
     def __init__(self, total: int, *, show: bool) -> None:
         self.total, self.parts = total, 0
-        self.counts = {"documents": 0, "tokens": 0, "empty": 0, "skipped": 0}
+        self.counts = dict.fromkeys(self.COUNTS, 0)
         self._live: dict[int, tuple[int, int]] = {}  # part -> (documents, tokens) so far
         self.start = time.perf_counter()
         self._console = Console(file=sys.stderr)
         self._show = show
         self._bar = Progress(
-            TextColumn("[bold]prepare"),
+            TextColumn(f"[bold]{self.NAME}"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("parts  {task.fields[info]}"),
@@ -51,7 +54,7 @@ class Report:
             console=self._console,
             disable=not (show and self._console.is_terminal),
         )
-        self._task = self._bar.add_task("prepare", total=total, info="")
+        self._task = self._bar.add_task(self.NAME, total=total, info="")
 
     def __enter__(self) -> Report:
         self._bar.__enter__()
@@ -71,7 +74,7 @@ class Report:
             self.counts[key] += counts.get(key, 0)
         self._bar.update(self._task, completed=self.parts, info=self._info())
         if self._show and not self._console.is_terminal:
-            print(f"prepare: part {part} written ({self.parts}/{self.total})  {self._info()}",
+            print(f"{self.NAME}: part {part} written ({self.parts}/{self.total})  {self._info()}",
                   file=sys.stderr, flush=True)  # fmt: skip
 
     def _info(self) -> str:
@@ -89,14 +92,15 @@ class _Worker:
     part: int | None = None
 
 
-def start_workers(count: int) -> list[_Worker]:
+def start_workers(count: int, kind: str = "prepare") -> list[_Worker]:
     """``count`` worker processes, started now: they import what they need while the
-    caller plans the build, and wait for ``run_local`` to send them the plan."""
+    caller plans the build, and wait for ``run_local`` to send them the plan. ``kind``:
+    what they run (``_worker``: ``"prepare"`` or ``"select"``)."""
     workers = []
     for _ in range(count):
         task_r, task_w = os.pipe()
         result_r, result_w = os.pipe()
-        argv = bare_argv("meshfeed.prepare._worker", str(task_r), str(result_w))
+        argv = bare_argv("meshfeed.prepare._worker", str(task_r), str(result_w), kind)
         try:
             popen = subprocess.Popen(argv, pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL)
         finally:
@@ -179,8 +183,11 @@ def _handle(message: tuple[Any, ...], report: Report) -> None:
         raise BadInput(message[2])
 
 
-def run_ray(parts: list[int], init: dict[str, Any], threads: int, report: Report) -> None:
-    """Writes ``parts`` as Ray tasks (the module docstring)."""
+def run_ray(
+    parts: list[int], init: dict[str, Any], threads: int, report: Report, task: Any = None
+) -> None:
+    """Writes ``parts`` as Ray tasks (the module docstring); ``task(init, index)`` runs
+    one part (``ray_part``, a prepare part, by default)."""
     try:
         import ray
     except ImportError:
@@ -191,7 +198,8 @@ def run_ray(parts: list[int], init: dict[str, Any], threads: int, report: Report
     if not ray.is_initialized():
         ray.init(log_to_driver=False)
     env = {"RAYON_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "true"}
-    task = ray.remote(num_cpus=threads, max_retries=0, runtime_env={"env_vars": env})(ray_part)
+    remote = ray.remote(num_cpus=threads, max_retries=0, runtime_env={"env_vars": env})
+    task = remote(task or ray_part)
     shared = ray.put(init)
     pending = {task.remote(shared, i): i for i in parts}
     try:

@@ -1,4 +1,4 @@
-"""What a ``prepare`` worker process runs: part numbers in, written parts out.
+"""What a ``prepare`` (or ``select``) worker process runs: part numbers in, parts out.
 
 Started in a bare meshfeed (``workers._bare``: no JAX, nothing of the user's script).
 The first message holds the build's plan, the tokenizer's payload and how many threads
@@ -24,21 +24,24 @@ from typing import Any
 from meshfeed.data._tokenizer import encoder
 from meshfeed.prepare._encode import write_part
 from meshfeed.prepare._read import BadInput
+from meshfeed.prepare._select_part import SelectRunner
 from meshfeed.workers._bare import load_on_use
 
 
-def main(package: types.ModuleType, tasks_fd: str, results_fd: str) -> None:
-    """Serves parts until the task pipe closes (the module docstring)."""
+def main(package: types.ModuleType, tasks_fd: str, results_fd: str, kind: str = "prepare") -> None:
+    """Serves parts until the task pipe closes (the module docstring); ``kind``:
+    ``"prepare"`` (``Runner``) or ``"select"`` (``SelectRunner``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     load_on_use(package)
-    with contextlib.suppress(ImportError):  # while the parent plans, not after
-        import tokenizers  # noqa: F401
+    if kind == "prepare":
+        with contextlib.suppress(ImportError):  # while the parent plans, not after
+            import tokenizers  # noqa: F401
     tasks = Connection(int(tasks_fd), writable=False)
     results = Connection(int(results_fd), readable=False)
     try:
         init = pickle.loads(tasks.recv_bytes())
         sys.path[:0] = [p for p in init["path"] if p not in sys.path]
-        run = Runner(init)
+        run = SelectRunner(init) if kind == "select" else Runner(init)
     except BaseException:
         results.send(("error", None, traceback.format_exc()))
         sys.exit(1)

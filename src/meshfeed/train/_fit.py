@@ -116,8 +116,9 @@ def fit(
         object with ``write_scalars(step, scalars)`` (CLU), ``add_scalar(tag, value,
         step)`` (a tensorboardX or PyTorch ``SummaryWriter``) or ``log(data, step=)`` (a
         W&B run). Tags: ``train/loss`` and the step's other metrics, ``input/wait_share``,
-        ``input/records_per_s``, ``input/prefetch_depth``, ``input/skipped``, from a
-        ``Loader``'s ``stats()`` ``input/source_ms_per_step`` (and ``record_transform_``,
+        ``input/records_per_s``, ``input/prefetch_depth``, ``input/skipped``,
+        ``input/filtered``, from a ``Loader``'s ``stats()``
+        ``input/source_ms_per_step`` (and ``record_transform_``,
         ``transform_``, ``place_``) and ``input/read_ahead_fill``, with several processes
         ``input/wait_share_min``, ``_median``, ``_max`` and
         ``input/slowest_process``, and ``eval/<name>``. Several processes always gather
@@ -246,6 +247,10 @@ def fit(
                 if isinstance(skipped, list) and skipped:
                     logged["skipped"] = float(len(skipped))
                     info += f"  skipped {len(skipped)}"
+                filtered = getattr(loader, "filtered", None)  # record_transform -> None
+                if isinstance(filtered, int) and filtered:
+                    logged["filtered"] = float(filtered)
+                    info += f"  filtered {filtered}"
                 bar.update(task, completed=k, info=info)
                 if write is not None:
                     write(k, train_tags(logged))

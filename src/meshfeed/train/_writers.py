@@ -31,6 +31,7 @@ TAGS = {
     "input_wait_share": "input/wait_share",
     "prefetch_depth": "input/prefetch_depth",
     "skipped": "input/skipped",
+    "filtered": "input/filtered",
     "input_wait_min": "input/wait_share_min",
     "input_wait_median": "input/wait_share_median",
     "input_wait_max": "input/wait_share_max",

@@ -26,12 +26,10 @@ import numpy as np
 
 from meshfeed.data._bad_records import find_bad, skippable
 from meshfeed.data._sources import FieldSpec
-from meshfeed.workers._record_rows import EXAMPLE_ID, RecordFn, transform_rows
+from meshfeed.workers._record_rows import EXAMPLE_ID, Dropped, RecordFn, dropped, transform_rows
 
-Reply = tuple[
-    dict[str, np.ndarray] | None, list[tuple[int, int, str]], tuple[int, str] | None, float
-]
-"""A chunk's rows, the records skipped ``(row, id, error line)``, an error
+Reply = tuple[dict[str, np.ndarray] | None, Dropped, tuple[int, str] | None, float]
+"""A chunk's rows, the records skipped or filtered (``Dropped``), an error
 ``(example, traceback)`` instead of rows when the transform or the read raised, and the
 seconds the chunk took (its read and transform)."""
 
@@ -44,9 +42,10 @@ def read_and_transform(
     seed: int,
     epoch: int,
     skip: bool,
-) -> tuple[dict[str, np.ndarray], list[tuple[int, int, str]]]:
-    """The rows of examples ``ids`` (zeros for padding and skipped records), read from
-    ``source`` and transformed by ``fn``, and the records skipped (``skip``)."""
+) -> tuple[dict[str, np.ndarray], Dropped]:
+    """The rows of examples ``ids`` (zeros for padding, skipped and filtered records),
+    read from ``source`` and transformed by ``fn``, and the records skipped (``skip``)
+    or filtered (``Dropped``)."""
     out = {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
     skipped: list[tuple[int, int, str]] = []
     valid = np.flatnonzero(ids >= 0)
@@ -60,17 +59,18 @@ def read_and_transform(
         valid = np.delete(valid, [at for at, _ in bad])
         data = source[ids[valid]] if len(valid) else {}
     if not len(valid):
-        return out, skipped
+        return out, dropped(skipped, [])
     found: list[tuple[int, int, str]] | None = [] if skip else None
+    filtered: list[tuple[int, int]] = []
     if len(valid) == len(ids):
-        transform_rows(fn, data, ids, out, 0, seed, epoch, skipped=found)
-        return out, sorted(skipped + (found or []))
+        transform_rows(fn, data, ids, out, 0, seed, epoch, None, found, filtered)
+        return out, dropped(skipped + (found or []), filtered)
     part = {k: np.zeros((len(valid), *s.shape), s.dtype) for k, s in spec.items()}
-    transform_rows(fn, data, ids[valid], part, 0, seed, epoch, skipped=found)
+    transform_rows(fn, data, ids[valid], part, 0, seed, epoch, None, found, filtered)
     for name, rows in part.items():
         out[name][valid] = rows
     skipped += [(int(valid[row]), i, line) for row, i, line in found or []]
-    return out, sorted(skipped)
+    return out, dropped(skipped, [(int(valid[row]), i) for row, i in filtered])
 
 
 class RecordServer:

@@ -37,7 +37,7 @@ from meshfeed.workers._processes import send_by_value
 from meshfeed.workers._ray_actor import Reply, actor_class
 from meshfeed.workers._ray_connect import RayOptions, connect
 from meshfeed.workers._ray_crew import Chunk, Crew, say_if_too_small
-from meshfeed.workers._record_rows import RecordFn, chunks
+from meshfeed.workers._record_rows import Dropped, RecordFn, chunks
 from meshfeed.workers._shm import Spec
 
 _POLL_S = 0.2
@@ -119,13 +119,11 @@ class RayWorkers:
         for lost in again:
             self._send(lost)
 
-    def collect(
-        self, ticket: RayTicket
-    ) -> tuple[dict[str, np.ndarray], list[tuple[int, int, str]]]:
+    def collect(self, ticket: RayTicket) -> tuple[dict[str, np.ndarray], Dropped]:
         """Waits for ``ticket``'s rows; returns them, and the records skipped."""
         out = self._buffers.take(ticket.spec, ticket.rows)
         done = np.zeros(ticket.rows, bool)
-        skipped: list[tuple[int, int, str]] = []
+        skipped: Dropped = []
         for chunk, reply in zip(ticket.chunks, self._replies(ticket.chunks), strict=True):
             data, chunk_skipped, error, seconds = reply
             with self._lock:

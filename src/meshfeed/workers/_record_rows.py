@@ -217,13 +217,16 @@ def transform_rows(
     epoch: int,
     current: Any = None,
     skipped: list[tuple[int, int, str]] | None = None,
+    filtered: list[tuple[int, int]] | None = None,
 ) -> None:
     """Transforms the rows of ``batch`` into ``outputs[start:]`` (padding, id < 0, is
     left as it is). An exception carries the failing example's id as ``EXAMPLE_ID``;
     ``current[0]``, if given (an int64 array or memoryview), holds the id of the example
     being transformed (a worker's parent reads it there if the worker dies). With
     ``skipped`` (``on_error="skip"``), a record that raises gets zero rows instead and
-    ``(its row in outputs, its id, the error's line)`` is appended there."""
+    ``(its row in outputs, its id, the error's line)`` is appended there. A record ``fn``
+    returns ``None`` for is dropped: zero rows, and ``(its row, its id)`` appended to
+    ``filtered``."""
     rng = _thread_rng()
     spec = {k: FieldSpec(v.shape[1:], v.dtype) for k, v in outputs.items()}
     fields = [(name, outputs[name], s.shape, s.dtype) for name, s in spec.items()]
@@ -237,6 +240,12 @@ def transform_rows(
         try:
             record = {name: column[i] for name, column in columns}
             out = fn(record, generator(i))
+            if out is None:  # dropped on the fly: a zero row, which the mask will hide
+                for field in fields:
+                    field[1][start + i] = 0
+                if filtered is not None:
+                    filtered.append((start + i, int(example_id)))
+                continue
             try:  # the common case, checked without building anything
                 if len(out) != len(fields):
                     raise KeyError
@@ -268,23 +277,29 @@ def probe_spec(
     epoch: int,
     *,
     skip: bool = False,
-) -> dict[str, FieldSpec]:
+) -> dict[str, FieldSpec] | None:
     """The output fields of ``fn``, from its result on the first real row of ``batch``
-    (with ``skip``, the first real row it does not raise on)."""
+    (with ``skip``, the first real row it does not raise on); ``None`` when ``fn``
+    dropped every one of them (returned ``None``)."""
     first: Exception | None = None
+    dropped = False
     for i, example_id in enumerate(ids.tolist()):
         if example_id < 0:
             continue
         try:
-            out = _check(
-                fn(_record(batch, i), record_rng(seed, epoch, example_id)), None, example_id
-            )
+            got = fn(_record(batch, i), record_rng(seed, epoch, example_id))
+            if got is None:  # dropped: nothing to learn from
+                dropped = True
+                continue
+            out = _check(got, None, example_id)
         except Exception as error:
             if not skip:
                 raise
             first = first or error
             continue
         return {k: FieldSpec(tuple(a.shape), a.dtype) for k, a in out.items()}
+    if dropped:
+        return None
     if first is not None:
         raise RuntimeError(
             f"record_transform raised on every one of the {int((ids >= 0).sum())} examples "
@@ -293,6 +308,17 @@ def probe_spec(
             "record_transform or the data."
         ) from first
     raise ValueError("probe_spec needs at least one real row.")
+
+
+Dropped = list[tuple[int, int, str | None]]
+"""What the record stage dropped from some rows: ``(row, example id, error line)`` for
+each record skipped (``on_error="skip"``), the line ``None`` for each one the record
+transform returned ``None`` for (filtered)."""
+
+
+def dropped(skipped: list[tuple[int, int, str]] | None, filtered: list[tuple[int, int]]) -> Dropped:
+    """Skipped and filtered records as one ``Dropped`` list, by row."""
+    return sorted([*(skipped or []), *((row, i, None) for row, i in filtered)], key=lambda d: d[0])
 
 
 def chunks(rows: int, count: int) -> list[tuple[int, int]]:

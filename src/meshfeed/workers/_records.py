@@ -26,7 +26,7 @@ from meshfeed.data._bad_records import Skip
 from meshfeed.data._sources import FieldSpec
 from meshfeed.workers._ray_connect import RayOptions
 from meshfeed.workers._ray_workers import RayWorkers
-from meshfeed.workers._record_rows import RecordFn, probe_spec, transform_rows
+from meshfeed.workers._record_rows import Dropped, RecordFn, dropped, probe_spec, transform_rows
 from meshfeed.workers._shm import Spec
 from meshfeed.workers._thread_workers import ThreadWorkers
 from meshfeed.workers._workers import WorkerPool
@@ -38,12 +38,14 @@ WORKER_TYPES: tuple[str, ...] = ("processes", "threads", "ray")
 
 
 class Rows(NamedTuple):
-    """Values of some batch rows, their example ids (-1: padding, or an example skipped
-    under ``on_error="skip"``), and the skipped examples' ids and error lines."""
+    """Values of some batch rows, their example ids (-1: padding, an example skipped
+    under ``on_error="skip"``, or one the record transform dropped), the skipped
+    examples' ids and error lines, and how many examples were dropped (*filtered*)."""
 
     data: dict[str, Any]
     ids: np.ndarray
     skipped: list[Skip]
+    filtered: int = 0
 
 
 class StepRows(Protocol):
@@ -87,7 +89,7 @@ class Workers(Protocol):
         self, batch: Mapping[str, np.ndarray], ids: np.ndarray, spec: Spec, seed: int, epoch: int
     ) -> Any: ...
 
-    def collect(self, ticket: Any) -> tuple[dict[str, np.ndarray], list[tuple[int, int, str]]]:
+    def collect(self, ticket: Any) -> tuple[dict[str, np.ndarray], Dropped]:
         """The rows, and the ``(row, id, error line)`` of each record skipped."""
         ...
 
@@ -119,14 +121,16 @@ class Pending:
         out: dict[str, np.ndarray] = {}
         ids = np.empty(self._rows, np.int64)
         skipped: list[Skip] = []
-        for at, (data, part_ids, part_skipped) in got:
+        filtered = 0
+        for at, (data, part_ids, part_skipped, part_filtered) in got:
             ids[at] = part_ids
             skipped += part_skipped
+            filtered += part_filtered
             for name, values in data.items():
                 if name not in out:
                     out[name] = np.empty((self._rows, *values.shape[1:]), values.dtype)
                 out[name][at] = values
-        return Rows(out, ids, skipped)
+        return Rows(out, ids, skipped, filtered)
 
     def release(self) -> None:
         """Drops rows never to be collected (the read-ahead was closed or moved; no
@@ -147,22 +151,25 @@ class _Handed(NamedTuple):
 
     def result(self) -> Rows:
         out, skipped = self.pool.collect(self.ticket)
-        self.tally.add(self.records, 0, len(skipped))  # records, seconds, skipped
-        return _skipping(out, self.read, skipped)
+        rows = _skipping(out, self.read, skipped)
+        now = len(rows.skipped) - len(self.read.skipped)  # records, seconds, skipped,
+        self.tally.add(self.records, 0, now, rows.filtered)  # filtered
+        return rows
 
 
-def _skipping(out: dict[str, np.ndarray], read: Rows, skipped: list[tuple[int, int, str]]) -> Rows:
-    """The transformed rows, the records skipped (their rows zero, their ids -1) on top
-    of those the read skipped."""
+def _skipping(out: dict[str, np.ndarray], read: Rows, gone: Dropped) -> Rows:
+    """The transformed rows, the records skipped or filtered (their rows zero, their ids
+    -1) on top of those the read skipped."""
     ids = read.ids
-    if skipped:
+    if gone:
         ids = ids.copy()
-        ids[[row for row, _, _ in skipped]] = -1
+        ids[[row for row, _, _ in gone]] = -1
     real = ids >= 0
     if not real.all():
         for array in out.values():
             array[~real] = 0
-    return Rows(out, ids, [*read.skipped, *((i, line) for _, i, line in skipped)])
+    skipped = [(i, line) for _, i, line in gone if line is not None]
+    return Rows(out, ids, [*read.skipped, *skipped], len(gone) - len(skipped))
 
 
 class RecordStage:
@@ -190,8 +197,9 @@ class RecordStage:
         self.spec: dict[str, FieldSpec] | None = None
         self._pool: Workers | None = None
         self._lock = threading.Lock()
-        self.tally = Tally("records", "seconds", "skipped")
-        """Records transformed (skipped ones among them) and seconds in this process."""
+        self.tally = Tally("records", "seconds", "skipped", "filtered")
+        """Records transformed (skipped and filtered ones among them) and seconds in this
+        process."""
         self._busy_before = 0.0  # seconds of pools closed (restarted) before this one
         self._buffers = HostBuffers()  # the rows of threads, Ray and this thread, reused
         self._read_into = source_rows.can_read_into()
@@ -229,6 +237,8 @@ class RecordStage:
                 if not real.any():
                     return read  # only padding so far: nothing to learn the output from
                 self.spec = probe_spec(self.fn, data, ids, self.seed, epoch, skip=self.skip)
+                if self.spec is None:  # every example so far dropped (returned None)
+                    self.spec = self._probe_source(epoch)
             spec = self.spec
             if self.num_workers and self._pool is None:
                 self._pool = self._start_pool()
@@ -239,16 +249,37 @@ class RecordStage:
         if pool is None:
             out = self._buffers.take(spec, len(ids))  # padding rows zeroed by _skipping
             skipped: list[tuple[int, int, str]] | None = [] if self.skip else None
+            filtered: list[tuple[int, int]] = []
             began = time.perf_counter()
-            transform_rows(self.fn, data, ids, out, 0, self.seed, epoch, skipped=skipped)
+            transform_rows(self.fn, data, ids, out, 0, self.seed, epoch, None, skipped, filtered)
             seconds = time.perf_counter() - began
-            self.tally.add(int(np.count_nonzero(real)), seconds, len(skipped or []))
-            return _skipping(out, read, skipped or [])
+            self.tally.add(int(np.count_nonzero(real)), seconds, len(skipped or []), len(filtered))
+            return _skipping(out, read, dropped(skipped, filtered))
         if isinstance(pool, RayWorkers):  # the first rows, read here to learn the output
             return self._hand_ids(pool, Rows({}, ids, read.skipped), epoch)
         ticket = pool.submit(data, ids, spec, self.seed, epoch)
         nbytes, records = len(ids) * self._row_bytes(), int(np.count_nonzero(real))
         return _Handed(pool, ticket, read, nbytes, self.tally, records)
+
+    def _probe_source(self, epoch: int) -> dict[str, FieldSpec]:
+        """The output fields, learnt from the source's first example the record
+        transform keeps (read from the start, 256 at a time)."""
+        source, n = self._rows.source, len(self._rows.source)
+        for lo in range(0, n, 256):
+            ids = np.arange(lo, min(n, lo + 256))
+            try:
+                data = source[ids]
+            except Exception:
+                if self.skip:
+                    continue  # bad records: the next ones
+                raise
+            spec = probe_spec(self.fn, data, ids, self.seed, epoch, skip=self.skip)
+            if spec is not None:
+                return spec
+        raise ValueError(
+            f"record_transform returned None for every one of the source's {n} examples "
+            "(None drops an example), so no batch has a row to show; keep some."
+        )
 
     def _hand_staged(
         self, pool: WorkerPool, step: int, rows: np.ndarray, epoch: int

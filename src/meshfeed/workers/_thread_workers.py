@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 
 from meshfeed.core._held import HostBuffers
-from meshfeed.workers._record_rows import EXAMPLE_ID, RecordFn, chunks, transform_rows
+from meshfeed.workers._record_rows import (
+    EXAMPLE_ID,
+    Dropped,
+    RecordFn,
+    chunks,
+    dropped,
+    transform_rows,
+)
 from meshfeed.workers._shm import Spec
 
 
@@ -28,6 +35,7 @@ class ThreadTicket:
     out: dict[str, np.ndarray]
     futures: list[tuple[concurrent.futures.Future[None], np.ndarray]]
     skipped: list[tuple[int, int, str]] | None  # appended to by every chunk's thread
+    filtered: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # and this
 
 
 class ThreadWorkers:
@@ -58,7 +66,7 @@ class ThreadWorkers:
             part = {k: v[lo:hi] for k, v in batch.items()}
             future = self._executor.submit(
                 self._timed, self.fn, part, ids[lo:hi], out, lo, seed, epoch, None,
-                ticket.skipped,
+                ticket.skipped, ticket.filtered,
             )  # fmt: skip
             ticket.futures.append((future, ids[lo:hi]))
             with self._lock:
@@ -75,9 +83,7 @@ class ThreadWorkers:
                 self.busy_s += seconds
                 self._in_flight -= 1
 
-    def collect(
-        self, ticket: ThreadTicket
-    ) -> tuple[dict[str, np.ndarray], list[tuple[int, int, str]]]:
+    def collect(self, ticket: ThreadTicket) -> tuple[dict[str, np.ndarray], Dropped]:
         if self._in_flight < self.num_workers and not all(f.done() for f, _ in ticket.futures):
             self.starved = True  # about to wait while a thread has nothing to run
         for future, ids in ticket.futures:
@@ -89,7 +95,7 @@ class ThreadWorkers:
                     f"record_transform raised on example {example} in a worker thread: "
                     f"{type(error).__name__}: {error}"
                 ) from error
-        return ticket.out, sorted(ticket.skipped or [])
+        return ticket.out, dropped(ticket.skipped, ticket.filtered)
 
     def release(self, ticket: ThreadTicket) -> None:
         """Drops a batch never to be collected: its chunks not yet started never run."""

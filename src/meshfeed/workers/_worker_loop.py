@@ -28,7 +28,7 @@ import numpy as np
 
 from meshfeed.workers._bare import load_on_use
 from meshfeed.workers._blocks import attach, remove_folder
-from meshfeed.workers._record_rows import EXAMPLE_ID, transform_rows
+from meshfeed.workers._record_rows import EXAMPLE_ID, dropped, transform_rows
 from meshfeed.workers._shm import IDS, Attached, get_rows, views
 
 STATUS_STRIDE = 64  # bytes between two workers' cells: a cache line, not shared between cores
@@ -73,7 +73,8 @@ def _serve(
     index: int,
 ) -> None:
     """Transforms chunks until the parent says stop (``EOFError`` or ``OSError`` when it
-    is gone); each reply is ``(token, error or None, records skipped, seconds)``."""
+    is gone); each reply is ``(token, error or None, records skipped or filtered
+    (``dropped``), seconds)``."""
     attached[status]
     status_map, _ = attach(status)  # kept apart: ``current`` lives as long as the worker
     current = memoryview(status_map)[STATUS_STRIDE * index :][:8].cast("q")
@@ -84,14 +85,16 @@ def _serve(
         token, inputs, layout, slot, rows, spec, start, seed, epoch = task
         ids = np.empty(0, np.int64)
         skipped: list[tuple[int, int, str]] | None = [] if skip else None
+        filtered: list[tuple[int, int]] = []
         began = time.perf_counter()
         try:
             part = get_rows(attached[inputs], layout)
             ids = part.pop(IDS)
             outputs = views(attached[slot], spec, rows)
-            transform_rows(fn, part, ids, outputs, start, seed, epoch, current, skipped)
+            transform_rows(fn, part, ids, outputs, start, seed, epoch, current, skipped, filtered)
             del outputs, part
-            reply: Any = (token, None, skipped or [], time.perf_counter() - began)
+            gone = dropped(skipped, filtered)
+            reply: Any = (token, None, gone, time.perf_counter() - began)
         except Exception as error:
             first = next((int(i) for i in ids if i >= 0), -1)
             reply = (token, (getattr(error, EXAMPLE_ID, first), traceback.format_exc()), [])

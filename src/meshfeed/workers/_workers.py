@@ -39,7 +39,7 @@ from meshfeed.workers._processes import (
     send_by_value,
     stop,
 )
-from meshfeed.workers._record_rows import RecordFn, chunks
+from meshfeed.workers._record_rows import Dropped, RecordFn, chunks
 from meshfeed.workers._shm import (
     IDS,
     Layout,
@@ -89,7 +89,7 @@ class WorkerPool:
         # pool alive after its loader is gone.
         self._finalizer = weakref.finalize(self, _shutdown, self._crew.workers, self._blocks)
         self._cond = threading.Condition()
-        self._done: dict[int, list[tuple[int, int, str]]] = {}  # token -> records skipped
+        self._done: dict[int, Dropped] = {}  # token -> records skipped or filtered
         self._released: list[Ticket] = []  # dropped, their chunks not all done yet
         self._failure: str | None = None
         self._receiving = False
@@ -165,7 +165,7 @@ class WorkerPool:
             layouts = [staged.chunk(lo, hi) for lo, hi in bounds]
             return self._queue(staged.block, layouts, bounds, ids, spec, seed, epoch)
 
-    def collect(self, ticket: Ticket) -> tuple[dict[str, np.ndarray], list[tuple[int, int, str]]]:
+    def collect(self, ticket: Ticket) -> tuple[dict[str, np.ndarray], Dropped]:
         """Waits for ``ticket``'s rows; returns them, and the records skipped.
 
         The rows are the slot's memory, lent (``Slots.lend``: the slot is reused once
@@ -203,7 +203,7 @@ class WorkerPool:
         if self._failure is not None:
             raise RuntimeError(self._failure)
 
-    def _wait(self, ticket: Ticket) -> list[tuple[int, int, str]]:
+    def _wait(self, ticket: Ticket) -> Dropped:
         with self._cond:
             while True:
                 self._raise_if_failed()
