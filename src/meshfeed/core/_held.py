@@ -16,8 +16,9 @@ slice per device, JAX's own reference to what it placed, a user's view) keeps th
 holder alive, and a weak reference to it fires only when the last of them is gone --
 whoever took the views, whatever JAX does inside. The holder is a ``ctypes`` array
 made ``from_buffer``: it also holds a buffer export on the mapping, so a block whose
-rows are still lent cannot be unmapped under them (closing it raises ``BufferError``;
-``Lender`` closes it when the rows come back).
+rows are still lent cannot be unmapped under them (closing it raises ``BufferError``,
+and ``workers._blocks.MappedBlock.close`` leaves the mapping to the lent rows: it is
+unmapped when the last of them is gone).
 
 ``HostBuffers`` is the same for private memory: a few 64-byte aligned buffers per
 shape, reused, for the rows that do not come out of a shared slot.

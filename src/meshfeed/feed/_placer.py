@@ -24,13 +24,12 @@ An error in placing a step is raised on the loop's thread when it reaches that s
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from meshfeed.feed._pipeline import Inline, Prefetcher
 
-Placed = tuple[Any, Any, Any, float]  # the batch, its HostStep, the read-ahead's ask, seconds
+Placed = tuple[Any, Any, Any]  # the batch, its HostStep, the read-ahead's ask
 
 
 class _End:
@@ -99,10 +98,9 @@ class Placer:
                     return
                 with self._lock:
                     self._claimed = step + 1
-            began = time.perf_counter()
             try:
                 batch, done = self._place(step, host)
-                item: Placed | _End = (batch, done, ask, time.perf_counter() - began)
+                item: Placed | _End = (batch, done, ask)
             except BaseException as error:  # raised on the loop's thread, at this step
                 item = _End(error)
             self._finish(step, item)

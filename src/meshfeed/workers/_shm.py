@@ -40,12 +40,6 @@ MOST_LENT = 4
 read (a training loop dispatches a step or two ahead), and one spare."""
 
 
-def offsets(spec: Spec, rows: int) -> dict[str, tuple[int, int]]:
-    """Byte offset and size of each field's block in a slot of ``rows`` rows."""
-    fields, _ = layout(spec, rows)
-    return {name: (at, math.prod(shape) * dtype.itemsize) for name, shape, dtype, at in fields}
-
-
 def views(buffer: Any, spec: Spec, rows: int) -> dict[str, np.ndarray]:
     """Each field's rows, as arrays over ``buffer`` (no copy)."""
     fields, _ = layout(spec, rows)
