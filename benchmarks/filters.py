@@ -6,9 +6,11 @@ one over the kept rows copied out, and what a selection costs on disk.
   there is, ~0.15 us a record) and ``embedding`` (the embedding's dot product with a
   direction above 0: ~1 us). Entries, each timed once a round in an order that rotates,
   each with an empty cache: ``loop`` (one process calls the predicate on every record,
-  the arrays read whole first), ``select:2`` (two worker processes), ``select:auto``
-  (``workers=None``: here when under a second of work, else on every core). Seconds;
-  ratios are the loop's time over the entry's.
+  the arrays read whole first), ``select:2`` (``workers=2``: this process and one
+  worker, which rests from an earlier call as it does for 60 s after each),
+  ``select:2 cold`` (the same with no worker resting: one starts, ~0.1 s, while this
+  process writes the first parts), ``select:auto`` (``workers=None``: a process a
+  core). Seconds; ratios are the loop's time over the entry's.
 - ``loader``: 262,144 examples of 64 float32, half of them kept; a ``Loader`` (batch 256,
   8 CPU devices, shuffled, endless, no training) over the selection against one over
   the kept rows copied into a source of their own: rows/s in windows of at least 0.3 s.
@@ -28,6 +30,7 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse
+import importlib
 import json
 import platform
 import statistics
@@ -81,7 +84,11 @@ def _loop(folder: str, keep: Callable[[dict[str, Any]], bool]) -> float:
     return time.perf_counter() - began
 
 
-def _select(source: meshfeed.ArraySource, keep: Any, workers: int | None) -> float:
+def _select(
+    source: meshfeed.ArraySource, keep: Any, workers: int | None, cold: bool = False
+) -> float:
+    if cold:  # no worker resting from an earlier call
+        importlib.import_module("meshfeed.prepare._select")._RESTING.close()
     with tempfile.TemporaryDirectory() as cache:
         began = time.perf_counter()
         meshfeed.select(source, keep, workers=workers, cache_dir=cache, progress=False)
@@ -91,16 +98,19 @@ def _select(source: meshfeed.ArraySource, keep: Any, workers: int | None) -> flo
 def _select_part(args: argparse.Namespace, folder: str, common: dict[str, Any]) -> None:
     n = 20_000 if args.smoke else args.examples
     source = _data(folder, n)
+    _select(source, threshold, 2)  # a worker rests, as after any earlier call
     for name, keep in PREDICATES.items():
         entries = {
             "loop": lambda keep=keep: _loop(folder, keep),
             "select:2": lambda keep=keep: _select(source, keep, 2),
+            "select:2 cold": lambda keep=keep: _select(source, keep, 2, cold=True),
             "select:auto": lambda keep=keep: _select(source, keep, None),
         }
         names = list(entries)
         rounds: list[dict[str, float]] = []
         for r in range(args.rounds):
-            rounds.append({e: entries[e]() for e in names[r % 3 :] + names[: r % 3]})
+            k = r % len(names)
+            rounds.append({e: entries[e]() for e in names[k:] + names[:k]})
         for entry in names:
             line = {
                 **common,

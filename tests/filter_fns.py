@@ -3,6 +3,7 @@ worker processes and ``run_in_processes`` can import them by name."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -81,3 +82,26 @@ def selected_stream(cache: str, state: dict[str, Any] | None, take: int) -> dict
         if k + 1 == take:
             taken = loader.state()
     return {"batches": batches, "state": taken, "steps_per_epoch": loader.steps_per_epoch}
+
+
+def slow_high_noted(record: dict[str, Any]) -> bool:
+    """``slow_high``, noting the process that ran it: a file named by its pid in the
+    folder ``$FILTER_PIDS``."""
+    folder = os.environ["FILTER_PIDS"]
+    if not os.path.exists(f"{folder}/{os.getpid()}"):
+        open(f"{folder}/{os.getpid()}", "w").close()
+    return slow_high(record)
+
+
+def slow_low_noted(record: dict[str, Any]) -> bool:
+    """Another predicate noting its process (``slow_high_noted``)."""
+    slow_high_noted(record)
+    return low(record)
+
+
+def fails_in_a_worker(record: dict[str, Any]) -> bool:
+    """Raises in any process but ``$FILTER_PARENT`` (a millisecond a record before)."""
+    time.sleep(0.001)
+    if os.getpid() != int(os.environ["FILTER_PARENT"]):
+        raise ValueError("not in this process")
+    return high(record)

@@ -121,22 +121,54 @@ def test_a_file_changed_in_place_is_other_data(tmp_path, calls):
     np.testing.assert_array_equal(second.kept, _kept(source, keep))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_predicate_that_raises_names_its_example(tmp_path, workers):
+def test_a_predicate_that_raises_names_its_example(tmp_path):
     with pytest.raises(ValueError, match=r"example 17 .*ValueError: no score for this one"):
         meshfeed.select(
-            filter_fns.source(), filter_fns.fails_on_17, workers=workers, cache_dir=tmp_path,
+            filter_fns.source(), filter_fns.fails_on_17, workers=0, cache_dir=tmp_path,
             progress=False,
         )  # fmt: skip
 
 
-def test_worker_processes_give_the_selection_of_this_process(tmp_path):
-    here = meshfeed.select(
-        filter_fns.source(), filter_fns.high, workers=0, cache_dir=tmp_path / "a"
-    )
-    two = meshfeed.select(filter_fns.source(), filter_fns.high, workers=2, cache_dir=tmp_path / "b")
+def test_a_predicate_that_raises_in_a_worker_names_its_example(tmp_path, monkeypatch):
+    monkeypatch.setattr(parts_module, "PART", 100)  # 20 parts of 0.1 s: the worker gets some
+    monkeypatch.setenv("FILTER_PARENT", str(os.getpid()))
+    with pytest.raises(ValueError, match=r"example \d+ of the source: ValueError: not in this"):
+        meshfeed.select(
+            filter_fns.source(2000), filter_fns.fails_in_a_worker, workers=2,
+            cache_dir=tmp_path, progress=False,
+        )  # fmt: skip
+
+
+def test_this_process_and_a_worker_share_the_parts_and_the_worker_rests_for_the_next_call(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(parts_module, "PART", 100)  # 20 parts of 0.1 s
+    monkeypatch.setattr(select_module, "_RESTING", select_module._Resting())
+    source = filter_fns.source(2000)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv("FILTER_PIDS", str(pids))
+    here = meshfeed.select(source, filter_fns.slow_high_noted, workers=0, cache_dir=tmp_path / "a")
+    two = meshfeed.select(source, filter_fns.slow_high_noted, workers=2, cache_dir=tmp_path / "b")
     assert two.key == here.key
     np.testing.assert_array_equal(two.kept, here.kept)
+    ran = {int(p.name) for p in pids.iterdir()}
+    assert os.getpid() in ran and len(ran) == 2  # this process and one worker
+    (worker,) = ran - {os.getpid()}
+    resting = select_module._RESTING
+    assert [w.popen.pid for w in resting._workers] == [worker]
+
+    for p in pids.iterdir():  # another predicate: the same worker serves it
+        p.unlink()
+    low = meshfeed.select(source, filter_fns.slow_low_noted, workers=2, cache_dir=tmp_path / "c")
+    np.testing.assert_array_equal(low.kept, _kept(source, filter_fns.low))
+    assert {int(p.name) for p in pids.iterdir()} == {os.getpid(), worker}
+
+    popen = resting._workers[0].popen
+    monkeypatch.setattr(select_module, "REST_S", 0.1)  # then it ends when the rest is over
+    meshfeed.select(source, filter_fns.slow_high_noted, workers=2, cache_dir=tmp_path / "d")
+    assert popen.wait(timeout=30) == 0
+    assert not resting._workers
 
 
 KILLED = """

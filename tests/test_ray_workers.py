@@ -313,3 +313,17 @@ def test_records_dropped_by_a_transform_are_the_rows_dropped_without_workers(clu
             feed.close()
 
     _assert_same(dropping(num_workers=3, worker_type=fns.ON_WORKER_NODES), dropping())
+
+
+def test_select_on_ray_gives_the_selection_of_this_process(cluster, tmp_path, monkeypatch):
+    import importlib
+
+    import filter_fns
+
+    monkeypatch.setattr(importlib.import_module("meshfeed.prepare._select_part"), "PART", 100)
+    source = filter_fns.source(1000)  # 10 parts, a Ray task each
+    on_ray = meshfeed.select(source, filter_fns.high, executor="ray", cache_dir=tmp_path / "r",
+                             progress=False)  # fmt: skip
+    here = meshfeed.select(source, filter_fns.high, workers=0, cache_dir=tmp_path / "h")
+    assert on_ray.key == here.key and len(on_ray) == 400
+    np.testing.assert_array_equal(on_ray.kept, here.kept)

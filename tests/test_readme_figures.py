@@ -169,10 +169,15 @@ def _ceiling() -> list[str]:
 
 
 def _select() -> list[str]:
-    def ratio(predicate: str) -> float:
-        return _one("filters.jsonl", "ratio_to_loop", predicate=predicate, name="select:2")
+    def ratio(predicate: str, name: str) -> str:
+        figure = _one("filters.jsonl", "ratio_to_loop", predicate=predicate, name=name)
+        return f"{figure:.2f}{TIMES}"
 
-    return [f"{ratio('embedding'):.2f}{TIMES}", f"{ratio('threshold'):.2f}{TIMES} for"]
+    return [
+        f"| {ratio('embedding', 'select:2')} |",
+        f"; {ratio('embedding', 'select:2 cold')} with none",
+        f"predicate: {ratio('threshold', 'select:2')}, {ratio('threshold', 'select:2 cold')}",
+    ]
 
 
 def _selection() -> list[str]:

@@ -49,6 +49,18 @@ def test_reads_only_the_rows_asked_for(tmp_path):
     assert source.bytes_read == 4 * row_bytes
 
 
+def test_a_run_of_consecutive_rows_is_one_read_of_just_those_rows(tmp_path):
+    source = meshfeed.open_source(_written(tmp_path))  # shards of 50: 45..54 spans two
+    for ids in (np.arange(45, 55), np.arange(10, 11), np.arange(20, 22)):
+        before = source.bytes_read
+        got = source[ids]
+        for name, array in original().items():
+            np.testing.assert_array_equal(got[name], array[ids])
+        assert source.bytes_read - before == len(ids) * (16 + 6 * 4 + 8)
+    nearly = np.array([3, 4, 6])  # not a run: the general path, the same rows
+    np.testing.assert_array_equal(source[nearly]["tokens"], original()["tokens"][nearly])
+
+
 @pytest.mark.parametrize("scheme", ["file", "memory"])
 def test_fsspec_urls_work_like_paths(tmp_path, scheme):
     if scheme == "file":

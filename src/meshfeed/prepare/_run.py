@@ -1,10 +1,12 @@
 """Running a build's parts: local worker processes or Ray tasks, with progress.
 
-``run_local`` starts ``workers`` processes in a bare meshfeed (``_worker``) and hands
-each the next part as soon as it finishes one, so a slow part does not hold the others
-up; the parts' contents do not depend on which worker wrote them. ``run_ray`` submits
-one Ray task per part to the cluster ``ray.init()`` connects to (a local one if none
-is running), each with ``threads`` CPUs and its tokenizer's thread pool set to match.
+``run_local`` drives processes started in a bare meshfeed (``_worker``) and hands each
+the next part as soon as it finishes one, so a slow part does not hold the others up;
+the parts' contents do not depend on which worker wrote them. For ``select`` the calling
+process writes parts too, and the workers may rest for the next job instead of ending.
+``run_ray`` submits one Ray task per part to the cluster ``ray.init()`` connects to (a
+local one if none is running), each with ``threads`` CPUs and its tokenizer's thread
+pool set to match.
 Both stop at the first error: the other workers are stopped, and the parts they had not
 finished stay unwritten (no manifest), so a re-run redoes just those.
 
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -89,7 +92,9 @@ class _Worker:
     popen: subprocess.Popen[bytes]
     tasks: Connection
     results: Connection
-    part: int | None = None
+    parts: deque[int] = dataclasses.field(default_factory=deque)  # sent, not finished
+    ready: bool = False  # has its plan, serves parts
+    ended: bool = False  # told there is nothing more
 
 
 def start_workers(count: int, kind: str = "prepare") -> list[_Worker]:
@@ -111,42 +116,97 @@ def start_workers(count: int, kind: str = "prepare") -> list[_Worker]:
     return workers
 
 
-def run_local(pool: list[_Worker], parts: list[int], init: dict[str, Any], report: Report) -> None:
-    """Writes ``parts`` with the started ``pool`` (the module docstring); stops the pool."""
+def run_local(
+    pool: list[_Worker], parts: list[int], init: dict[str, Any], report: Report,
+    here: Callable[[int], dict[str, int]] | None = None, keep: bool = False,
+) -> None:  # fmt: skip
+    """Writes ``parts`` with the started ``pool`` (the module docstring), then stops the
+    pool -- or, with ``keep``, leaves each worker that started resting for the next job
+    (one still starting is stopped; on an error every worker is).
+
+    ``here(index) -> counts``: this process writes parts too, one at a time between
+    handing parts out, from the start (while the workers import) to the end; each
+    worker then holds its next part queued, so none waits while this process is busy
+    with one of its own.
+    """
     todo = deque(parts)
+    for worker in pool:
+        worker.parts.clear()
+        worker.ready = worker.ended = False
+    done = False
     try:
+        plan = pickle.dumps(init)
         for worker in pool:
-            if not todo:
-                break
-            worker.tasks.send_bytes(pickle.dumps(init))
-            _expect_ready(worker)
-            _next(worker, todo)
-        while any(w.part is not None for w in pool):
-            busy = {w.results: w for w in pool if w.part is not None}
-            for connection in wait(list(busy)):
-                worker = busy[connection]  # type: ignore[index]
-                try:
-                    message = worker.results.recv()
-                except EOFError:
-                    code = worker.popen.wait()
-                    raise RuntimeError(
-                        f"a prepare worker (pid {worker.popen.pid}) exited with code {code} "
-                        f"while writing part {worker.part}; its stderr is above. The parts "
-                        "written so far are kept: run the same command again to go on."
-                    ) from None
-                _handle(message, report)
-                if message[0] == "done":
-                    _next(worker, todo)
+            worker.tasks.send(plan)
+        while todo or any(w.parts for w in pool):
+            live = [w for w in pool if not w.ended]
+            if not live and here is None:
+                raise RuntimeError("run_local has parts to write and no worker to write them")
+            mine = here is not None and bool(todo)
+            by_pipe = {w.results: w for w in live}
+            for connection in wait(list(by_pipe), 0 if mine else None):
+                _receive(by_pipe[connection], report)  # type: ignore[index]
+            _hand_out(live, todo, queued=2 if here is not None else 1)
+            if here is not None and todo:
+                index = todo.popleft()
+                report.done(index, here(index))
+        done = True
     finally:
-        stop_workers(pool)
+        if done and keep:
+            for worker in pool:
+                worker.tasks.send("rest")
+            stop_workers([w for w in pool if not w.ready])
+        else:
+            stop_workers(pool)
+
+
+def _receive(worker: _Worker, report: Report) -> None:
+    """One message from ``worker``: ready, a part's progress, done or error."""
+    try:
+        message = worker.results.recv()
+    except EOFError:
+        code = worker.popen.wait()
+        worker.ended = True
+        if not worker.ready:
+            raise RuntimeError(
+                f"a worker (pid {worker.popen.pid}) exited with code {code} while starting; "
+                "its stderr is above."
+            ) from None
+        raise RuntimeError(
+            f"a worker (pid {worker.popen.pid}) exited with code {code} while writing part "
+            f"{worker.parts[0] if worker.parts else None}; its stderr is above. The parts "
+            "written so far are kept: run the same command again to go on."
+        ) from None
+    if message[0] == "ready":
+        worker.ready = True
+        return
+    if message[0] == "error" and message[1] is None:
+        raise RuntimeError(f"a worker could not start:\n{message[2]}")
+    _handle(message, report)
+    if message[0] == "done":
+        worker.parts.popleft()
+
+
+def _hand_out(live: list[_Worker], todo: deque[int], queued: int) -> None:
+    """Each ready worker its next parts: up to ``queued`` while more parts are left than
+    workers, else one; a worker with none left is done with this job."""
+    for worker in live:
+        if not worker.ready:
+            continue
+        want = queued if len(todo) > len(live) else 1
+        while todo and len(worker.parts) < want:
+            worker.parts.append(todo.popleft())
+            worker.tasks.send(worker.parts[-1])
+        worker.ended = not todo and not worker.parts
 
 
 def stop_workers(pool: list[_Worker]) -> None:
-    """Ends the workers: idle ones when their task pipe closes, busy ones killed."""
+    """Ends the workers: idle ones when their task pipe closes; busy ones and ones still
+    starting are killed."""
     for worker in pool:
         with contextlib.suppress(OSError):
             worker.tasks.close()
-        if worker.part is not None:  # stopped mid-part: nothing of it counts
+        if worker.parts or not worker.ready:  # mid-part: nothing of it counts
             worker.popen.kill()
     for worker in pool:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -154,23 +214,6 @@ def stop_workers(pool: list[_Worker]) -> None:
         if worker.popen.poll() is None:
             worker.popen.kill()
             worker.popen.wait()
-
-
-def _expect_ready(worker: _Worker) -> None:
-    try:
-        message = worker.results.recv()
-    except EOFError:
-        raise RuntimeError(
-            f"a prepare worker exited with code {worker.popen.wait()} while starting; its "
-            "stderr is above."
-        ) from None
-    if message[0] == "error":
-        raise RuntimeError(f"a prepare worker could not start:\n{message[2]}")
-
-
-def _next(worker: _Worker, todo: deque[int]) -> None:
-    worker.part = todo.popleft() if todo else None
-    worker.tasks.send(worker.part)
 
 
 def _handle(message: tuple[Any, ...], report: Report) -> None:

@@ -22,6 +22,8 @@ call with the same key reuses. The default cache is ``$MESHFEED_CACHE_DIR``, els
 
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
 import io
 import json
@@ -29,6 +31,7 @@ import os
 import shutil
 import sys
 import sysconfig
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -38,7 +41,7 @@ import numpy as np
 from meshfeed.data._selection import Selection, kept_dtype
 from meshfeed.data._sources import Source
 from meshfeed.prepare._read import BadInput
-from meshfeed.prepare._run import Report, run_local, run_ray, start_workers
+from meshfeed.prepare._run import Report, run_local, run_ray, start_workers, stop_workers
 from meshfeed.prepare._select_part import (
     KeepRaised,
     keep_part,
@@ -51,9 +54,7 @@ from meshfeed.prepare._select_part import (
 SelectExecutor = Literal["processes", "ray"]
 """Where ``select`` runs the predicate: local worker processes, or Ray tasks."""
 SAMPLES = 64  # examples read into the key
-INLINE_S = 0.3
-"""With ``workers=None``, less work than this left runs in the calling process: a worker
-takes ~0.13 s to start here, so two cores break even at ~0.3 s of work."""
+REST_S = 60.0  # how long select's workers wait for the next call
 
 
 class _SelectReport(Report):
@@ -81,9 +82,9 @@ def select(
         over files or URLs pickles as its paths, numpy arrays as their contents).
       keep: ``keep(record) -> bool``, ``record`` a dict of one example's fields (what a
         record transform gets). Any function: a script's, a notebook's, a closure.
-      workers: worker processes; ``0`` runs in this process. Default: the first part
-        runs here, timed, and the rest too when that is under ``INLINE_S`` (0.3 s) of
-        work, else on a worker a core.
+      workers: processes running ``keep``, this one included (it writes parts too
+        rather than wait): ``2`` starts one worker process, ``0`` or ``1`` runs here
+        alone. Default: one a core (here alone if the source does not pickle).
       executor: ``"processes"`` (local workers) or ``"ray"`` (a Ray task per part, on
         the cluster this process is connected to, ``RAY_ADDRESS``'s, or a local one).
       cache_dir: where selections are kept (the module docstring says the default).
@@ -130,28 +131,74 @@ def _run(
     source: Any, keep: Any, keep_bytes: bytes, folder: str, todo: list[int],
     workers: int | None, executor: SelectExecutor, report: Report,
 ) -> None:  # fmt: skip
-    """The parts ``todo``, written where ``workers`` and ``executor`` say. With
-    ``workers=None`` the first part runs here, timed, and so does the rest when it is
-    less than ``INLINE_S`` of work (a worker takes ~0.13 s to start)."""
+    """The parts ``todo``, written where ``workers`` and ``executor`` say: with local
+    processes this one writes parts too (it would only wait otherwise), so ``workers``
+    counts it and ``workers - 1`` are started; a worker takes ~0.1 s to start, and one
+    not started by the time the parts are written is stopped unused."""
     if not todo:
         return
-    if executor == "processes" and workers is None:
-        began = time.perf_counter()
-        report.done(todo[0], keep_part(source, keep, todo[0], folder))
-        todo = todo[1:]
-        short = (time.perf_counter() - began) * len(todo) < INLINE_S
-        workers = 0 if short else os.cpu_count() or 1
-    count = min(len(todo), workers or 0)
-    if executor == "processes" and count == 0:
-        for index in todo:
-            report.done(index, keep_part(source, keep, index, folder))
-        return
-    init = {"source": _for_workers(source), "keep": keep_bytes, "folder": folder,
-            "path": list(sys.path)}  # fmt: skip
+    init = {"keep": keep_bytes, "folder": folder, "path": list(sys.path), "part": part_size()}
     if executor == "ray":
-        run_ray(todo, init, 1, report, task=ray_select_part)
-    else:
-        run_local(start_workers(count, "select"), todo, init, report)
+        run_ray(todo, {**init, "source": _for_workers(source)}, 1, report, task=ray_select_part)
+        return
+    processes = (os.cpu_count() or 1) if workers is None else workers
+    count = min(len(todo), processes) - 1  # workers to start: this process is one
+    if count > 0 and workers is None:
+        try:
+            init["source"] = _for_workers(source)
+        except TypeError:  # workers were not asked for: this process alone
+            count = 0
+    elif count > 0:
+        init["source"] = _for_workers(source)
+    here = functools.partial(keep_part, source, keep, folder=folder, part=part_size())
+    if count <= 0:
+        for index in todo:
+            report.done(index, here(index))
+        return
+    pool = _RESTING.take(count)
+    run_local(pool, todo, init, report, here=here, keep=True)
+    _RESTING.give_back(pool)
+
+
+class _Resting:
+    """Select workers between calls: kept ``REST_S`` after one for the next (a worker
+    takes ~0.1 s to start, as long as a cheap predicate over a million examples), then
+    ended. They hold nothing of the last call (its source and predicate are dropped),
+    and end with this process in any case (their task pipe closes)."""
+
+    def __init__(self) -> None:
+        self._workers: list[Any] = []
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def take(self, count: int) -> list[Any]:
+        """``count`` workers: resting ones first, the rest started now."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            alive = [w for w in self._workers if w.popen.poll() is None]
+            taken, self._workers = alive[:count], alive[count:]
+        return taken + start_workers(count - len(taken), "select")
+
+    def give_back(self, workers: list[Any]) -> None:
+        """Workers done with a call (stopped ones are dropped); the clock restarts."""
+        with self._lock:
+            self._workers += [w for w in workers if w.popen.poll() is None]
+            if self._workers and not self._timer:
+                atexit.register(self.close)
+            if self._workers:
+                self._timer = threading.Timer(REST_S, self.close)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def close(self) -> None:
+        """Ends the resting workers now."""
+        with self._lock:
+            workers, self._workers = self._workers, []
+        stop_workers(workers)
+
+
+_RESTING = _Resting()
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None) -> str:

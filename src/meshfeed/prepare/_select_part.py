@@ -34,7 +34,7 @@ def _chunk(source: Any) -> int:
         math.prod(s.shape) * np.dtype(s.dtype).itemsize if not s.ragged else 1024
         for s in source.fields.values()
     )
-    return max(64, min(PART, CHUNK_BYTES // max(1, row)))
+    return max(64, min(1 << 16, CHUNK_BYTES // max(1, row)))
 
 
 class KeepRaised(ValueError):
@@ -82,12 +82,14 @@ def part_path(folder: str, index: int) -> str:
 
 
 def keep_part(
-    source: Any, keep: Callable[[dict[str, Any]], Any], index: int, folder: str
-) -> dict[str, int]:
-    """Runs ``keep`` over part ``index`` of ``source`` and writes its kept ids; returns
-    the part's examples and kept count. ``KeepRaised`` names an example ``keep`` raised on."""
+    source: Any, keep: Callable[[dict[str, Any]], Any], index: int, folder: str,
+    part: int = PART,
+) -> dict[str, int]:  # fmt: skip
+    """Runs ``keep`` over part ``index`` (of ``part`` examples a part) of ``source`` and
+    writes its kept ids; returns the part's examples and kept count. ``KeepRaised``
+    names an example ``keep`` raised on."""
     n = len(source)
-    lo, hi = index * PART, min(n, (index + 1) * PART)
+    lo, hi = index * part, min(n, (index + 1) * part)
     kept: list[int] = []
     names = list(source.fields)
     chunk, kept_of = _chunk(source), kept_in(names)
@@ -96,7 +98,7 @@ def keep_part(
         read = source[ids]
         columns = [v if isinstance(v, np.ndarray) else [v[i] for i in range(len(ids))]
                    for v in (read[name] for name in source.fields)]  # fmt: skip
-        examples = ids.tolist()
+        examples = range(start, start + len(ids))
         try:
             kept += kept_of(keep, examples, *columns)
         except Exception:
@@ -110,7 +112,7 @@ def keep_part(
     return {"examples": hi - lo, "kept": len(kept)}
 
 
-def _name_the_example(keep: Any, examples: list[int], records: Iterator[Any]) -> None:
+def _name_the_example(keep: Any, examples: range, records: Iterator[Any]) -> None:
     """Raises ``KeepRaised`` naming the first of ``examples`` that ``keep`` raises on
     (called again on each, once one of them raised)."""
     for example, record in zip(examples, records, strict=False):
@@ -135,11 +137,11 @@ class SelectRunner:
     def __init__(self, init: dict[str, Any]) -> None:
         self.source = pickle.loads(init["source"])
         self.keep = pickle.loads(init["keep"])
-        self.folder = init["folder"]
+        self.folder, self.part = init["folder"], init["part"]
 
     def __call__(self, index: int, progress: Any = None) -> tuple[Any, ...]:
         try:
-            counts = keep_part(self.source, self.keep, index, self.folder)
+            counts = keep_part(self.source, self.keep, index, self.folder, self.part)
         except KeepRaised as error:
             return ("error", index, str(error))
         except Exception as error:

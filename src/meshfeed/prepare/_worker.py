@@ -1,13 +1,14 @@
 """What a ``prepare`` (or ``select``) worker process runs: part numbers in, parts out.
 
 Started in a bare meshfeed (``workers._bare``: no JAX, nothing of the user's script).
-The first message holds the build's plan, the tokenizer's payload and how many threads
+A job's first message holds its plan (bytes), the tokenizer's payload and how many threads
 its Rust pool may use -- set in the environment before ``tokenizers`` first runs, which
 is what a forked ``multiprocessing`` worker gets wrong: ``tokenizers`` turns its
 parallelism off in a forked child, silently. Each later message is a part to write; the
 worker answers with progress now and then, and with the part's counts when its
-manifest is written, or with the error that stopped it. It ignores Ctrl-C (its parent
-stops it) and ends when the task pipe closes.
+manifest is written, or with the error that stopped it. A ``select`` worker may serve
+job after job (``"rest"`` between them drops the last one's source and predicate). It
+ignores Ctrl-C (its parent stops it) and ends when the task pipe closes.
 """
 
 from __future__ import annotations
@@ -21,10 +22,6 @@ import types
 from multiprocessing.connection import Connection
 from typing import Any
 
-from meshfeed.data._tokenizer import encoder
-from meshfeed.prepare._encode import write_part
-from meshfeed.prepare._read import BadInput
-from meshfeed.prepare._select_part import SelectRunner
 from meshfeed.workers._bare import load_on_use
 
 
@@ -33,33 +30,52 @@ def main(package: types.ModuleType, tasks_fd: str, results_fd: str, kind: str = 
     ``"prepare"`` (``Runner``) or ``"select"`` (``SelectRunner``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     load_on_use(package)
-    if kind == "prepare":
+    if kind == "select":  # a select worker imports no tokenizer, no writer
+        from meshfeed.prepare._select_part import SelectRunner as make
+    else:
+        make = Runner
         with contextlib.suppress(ImportError):  # while the parent plans, not after
             import tokenizers  # noqa: F401
     tasks = Connection(int(tasks_fd), writable=False)
     results = Connection(int(results_fd), readable=False)
+    run: Any = None
+    while True:
+        try:
+            message = tasks.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        if message == "rest":  # between jobs: nothing of the last one kept
+            run = None
+        elif isinstance(message, bytes):  # a job's plan: answered "ready"
+            run = _start(make, message, results)
+        else:
+            index = message
+            progress = lambda d, t, i=index: results.send(("progress", i, d, t))  # noqa: E731
+            results.send(run(index, progress))
+
+
+def _start(make: Any, plan: bytes, results: Connection) -> Any:
+    """The runner for a job's ``plan`` (answers ``("ready",)``), or the process exits
+    with the error sent."""
     try:
-        init = pickle.loads(tasks.recv_bytes())
+        init = pickle.loads(plan)
         sys.path[:0] = [p for p in init["path"] if p not in sys.path]
-        run = SelectRunner(init) if kind == "select" else Runner(init)
+        run = make(init)
     except BaseException:
         results.send(("error", None, traceback.format_exc()))
         sys.exit(1)
     results.send(("ready",))
-    while True:
-        try:
-            index = tasks.recv()
-        except EOFError:
-            return
-        if index is None:
-            return
-        results.send(run(index, lambda d, t, i=index: results.send(("progress", i, d, t))))
+    return run
 
 
 class Runner:
     """Writes parts with one encoder (built once per process, used for every part)."""
 
     def __init__(self, init: dict[str, Any]) -> None:
+        from meshfeed.data._tokenizer import encoder
+
         self.plan, self.out = init["plan"], init["out"]
         self.storage_options = init["storage_options"]
         kind, payload = init["tokenizer"]
@@ -67,6 +83,9 @@ class Runner:
         self.dataset = pickle.loads(init["dataset"]) if init["dataset"] is not None else None
 
     def __call__(self, index: int, progress: Any = None) -> tuple[Any, ...]:
+        from meshfeed.prepare._encode import write_part
+        from meshfeed.prepare._read import BadInput
+
         try:
             counts = write_part(
                 index,
