@@ -94,7 +94,7 @@ class _Worker:
     results: Connection
     parts: deque[int] = dataclasses.field(default_factory=deque)  # sent, not finished
     ready: bool = False  # has its plan, serves parts
-    ended: bool = False  # told there is nothing more
+    ended: bool = False  # has nothing more to do in this job
 
 
 def start_workers(count: int, kind: str = "prepare") -> list[_Worker]:

@@ -34,7 +34,10 @@ def main(package: types.ModuleType, tasks_fd: str, results_fd: str, kind: str = 
         from meshfeed.prepare._select_part import SelectRunner as make
     else:
         make = Runner
-        with contextlib.suppress(ImportError):  # while the parent plans, not after
+        import meshfeed.data._tokenizer  # while the parent plans, not after
+        import meshfeed.prepare._encode  # noqa: F401
+
+        with contextlib.suppress(ImportError):
             import tokenizers  # noqa: F401
     tasks = Connection(int(tasks_fd), writable=False)
     results = Connection(int(results_fd), readable=False)
