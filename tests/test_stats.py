@@ -61,6 +61,8 @@ def test_stats_are_json_with_every_stage_and_count_what_was_read():
     )
     ahead = consumer["read_ahead"]
     assert ahead["depth"] >= 1 and 0 <= ahead["ready_share"] <= 1 and 0 <= ahead["fill"] <= 1
+    assert ahead["threads"] >= 1 and ahead["moves"][0]["why"].startswith("start")
+    assert ahead["moves"][-1]["depth"] == ahead["depth"]  # the depth is where it last moved
     assert stats["records_per_s"] == pytest.approx(N / stats["seconds"])
     assert 3 * steps <= stats["counter_updates"] <= 5 * steps  # per call, not per record
 

@@ -161,9 +161,12 @@ class AssemblyViews:
           ``wait_seconds`` (``next()`` waiting for rows: for the
           read-ahead's, ``wait_read_ahead_seconds``, and for the record workers',
           ``wait_workers_seconds``), ``next_seconds`` (all of ``next()``), and
-          ``read_ahead``: its ``depth`` now, ``ready_share`` (asks that found the step
-          ready), ``steps_ready`` and ``fill`` (steps ready at an ask, and that over the
-          depth, on average), ``peak_bytes``;
+          ``read_ahead``: its ``depth`` and reader ``threads`` now, ``moves`` (with
+          ``prefetch="auto"``, its depth's last moves: ``step``, ``was``, ``depth``,
+          ``why``, and for a trial judged, the rates and waits before and after and the
+          noise margin), ``ready_share`` (asks that found the step ready),
+          ``steps_ready`` and ``fill`` (steps ready at an ask, and that over the depth,
+          on average), ``peak_bytes``;
         - ``counter_updates``: adds to these counters (each costs under 1 us).
 
         ``meshfeed.plot_pipeline(stats, path)`` draws where a step's time goes.
@@ -216,6 +219,7 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
         steps_ahead=reader.steps_ahead,
         place_threads=_place_threads(options, lanes.values()),
         starved=reader.records.starved if reader.records is not None else None,
+        workers=reader.records is not None and options.num_workers > 0,
     )
     timeline = Timeline(options.batch_sizes, source, end)
     kind = options.worker_type

@@ -1,136 +1,317 @@
-"""How deep "auto" reads ahead: the read-ahead's depth, climbing like TCP's slow start.
+"""How deep "auto" reads ahead, and on how many threads: trials judged on measured rates.
 
-``Climb`` keeps what the choice needs -- the readers' CPU time since the last step up
-and the time some read was in flight meanwhile, when the consumer last got a step, the
-best steps per second seen and at which depth -- and says where to start (2, or 8 when
-the first read mostly waited on a source), when to step up (the consumer waits on
-readers that wait themselves; for a source, also as soon as the steps ahead no longer
-hide a read) and by how much (twice; the first time, for a source, toward twice the
-depth that hides a read, at most four times), and when to stop: when two doublings in a
-row did not pay, it goes back to the best depth seen and stays. ``_pipeline``'s
-``Prefetcher`` runs the threads.
+``Climb`` chooses the read-ahead's depth (steps read ahead) and bounds its reader
+threads. It is driven by what the ``Prefetcher`` tells it -- reads starting and ending
+(their wall and CPU time), and each step the consumer takes (when, how long it waited,
+how many steps were ready) -- with the clock passed in, so tests drive it with
+synthetic timings.
 
-Readers "wait" when their CPU time, summed over all of them, is under half the time in
-which at least one read was in flight: a source that sleeps 20 ms a read, say. (Readers
-never wait on record workers: they hand rows over and the consumer collects them.) Each
-read's own wall time would mislead: sixteen readers of an in-memory array queue for the
-GIL, so each read's wall time is sixteen times its CPU time, yet the readers together
-keep a core busy the whole time and more of them cannot help.
+Why it is built this way (issue 49): the climb before this one settled 8 to 32 deep on
+in-memory data in about one process of three, at half the speed of 2 deep. Three things
+did it. Its first doubling was free and set the "best rate" to zero, so the rate at the
+start depth was never measured and the climb could never come back to it. It judged
+whether readers "wait" on one read, with other reads still in flight counted against
+it, so a read that queued for the GIL beside fifteen others looked like a read waiting
+on a slow store. And once deep enough that the consumer stopped waiting it never judged
+again, so nothing brought it down. Deep itself costs nothing: 16 steps ahead on one or
+two threads ran as fast as 2 ahead; it is the threads (8 to 16 of them queueing for the
+GIL and the two cores) that halve the rate.
+
+The rules now:
+
+- Time is cut into *windows* of at least ``MIN_WINDOW_STEPS`` steps and
+  ``MIN_WINDOW_S`` seconds. A window's rate is its steps over their time: the
+  consumer's waits on the read-ahead in full, its own time a step (between handing a
+  step out and asking for the next) at most ``CLIP`` times the window's median (a loop
+  that stops for an evaluation or a checkpoint does not make the read-ahead look slow).
+  Readers *wait* in a window when their CPU time, summed, is under half the time some
+  read was in flight: a source that sleeps 20 ms a read. Readers that queue for the GIL
+  can look the same, so this only says when a trial is worth making; the rates decide.
+- A *trial* moves the depth and judges the move on ``TRIAL_WINDOWS`` windows, once the
+  read-ahead has had the larger depth's worth of steps to fill or drain. It is compared
+  with the windows just before it at the old depth, with the noise of both as margin:
+  twice the larger relative spread of their rates, between ``MIN_GAIN`` and
+  ``MAX_MARGIN``.
+- Up, when the consumer waited ``WAIT_SHARE`` of a window on readers that wait: twice
+  the depth (the first time, up to four times, toward twice a read's time over the
+  consumer's own time a step). It stays if its rate beat the old one by the margin, or
+  if it halved the wait without losing rate beyond the margin.
+- Down, when the readers compute (the depth cannot help them: a start misjudged, a
+  store that stopped waiting), when a window had three quarters of the depth ready at
+  every ask (half the depth would still have had a quarter to spare), or right after a
+  trial up did not pay: half the depth, never below 2. It stays if its rate is within
+  ``DOWN_LOSS`` of the old one with no new wait. Not with record workers: there a step
+  "ready" is a step in the workers' hands, whose wait for rows the read-ahead does not
+  see, and a step ahead costs shared memory only; the depth only grows there, doubled
+  (to ``FEED_DEPTH`` at most) when the loop waited on workers that had nothing in
+  hand (``fed``).
+- A trial that went back makes the next one the same way wait twice as many windows
+  (from one, at most ``MAX_WAIT``); one that stayed resets the wait. A run pays for
+  failed trials less and less often, and a source that changes is followed both ways.
+- Threads: readers that compute get at most one a core; readers that wait one a step.
+
+Every move is kept in ``moves`` (the step, the depth before and after, why, and the
+rates judged), which ``loader.stats()`` shows.
 """
 
 from __future__ import annotations
 
+import collections
 import math
-import time
+import os
+import statistics
+from typing import Any
 
-START_DEPTH = 2
-START_DEPTH_WAITING = 8  # a source whose first read spent most of its time waiting
-_MAX_FIRST_STEP = 4  # the first step up multiplies the depth by at most this
-_MIN_WINDOW_S = 0.03  # the shortest stretch a doubling is judged on
+START_DEPTH = 2  # also the least "auto" reads ahead: one reader thread and a step ready
+START_DEPTH_WAITING = 8  # a source whose first reads spent most of their time waiting
 FEED_DEPTH = 16  # the most steps "auto" reads ahead to keep record workers busy
+MIN_WINDOW_S = 0.05  # the shortest window
+MIN_WINDOW_STEPS = 16  # the fewest steps in a window
+TRIAL_WINDOWS = 2  # windows a trial depth is judged on
+WAIT_SHARE = 0.01  # the consumer's wait, over a window's time, that asks for a deeper trial
+MIN_GAIN = 0.10  # a deeper trial pays only if its rate beats the old one by this, at least
+MAX_MARGIN = 0.5  # the noise margin, at most (a doubling of a waiting source gains ~2x)
+DOWN_LOSS = 0.05  # a shallower trial stays if its rate is within this of the old one
+CLIP = 20  # a step counts at most this many times the window's median step time
+MAX_WAIT = 256  # windows before a trial after trials that went back: 1, doubling up to this
+_MAX_FIRST_STEP = 4  # the first trial up multiplies the depth by at most this
+_KEPT = 16  # moves kept for stats()
+
+
+def available_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _spread(rates: list[float]) -> float:
+    """The relative spread of a few rates: (max - min) / mean."""
+    mean = sum(rates) / len(rates)
+    return (max(rates) - min(rates)) / mean if mean > 0 else 0.0
+
+
+class _Trial:
+    """A depth on trial: where it came from, and what the windows before it measured."""
+
+    def __init__(self, was: int, base: list[tuple[float, float]]) -> None:
+        self.was, self.base = was, base
+        self.windows: list[tuple[float, float]] = []  # (rate, wait share) at the new depth
 
 
 class Climb:
-    """The adaptive depth of one read-ahead."""
+    """The adaptive depth of one read-ahead (see the module's docstring).
 
-    def __init__(self, start: int) -> None:
-        self.busy_s = self.wall_s = 0.0  # readers' CPU and wall time since the last step up
-        self.reads = 0  # reads since the last step up
-        self.span_s = 0.0  # time with a read in flight since the last step up
-        self._in_flight, self._span_from = 0, 0.0
-        self.handed = time.perf_counter()  # when the consumer last got a step
-        self._since_step, self._since_s = start, time.perf_counter()  # the last step up
-        self._best: tuple[float, int] | None = None  # the best steps per second, at a depth
-        self._frozen = False
-        self._strikes = 0
-        self._fed_at = start  # the step the depth last grew to feed record workers at
+    Every method takes ``now`` (``time.perf_counter()`` in the ``Prefetcher``) and is
+    called under the read-ahead's lock.
+    """
 
-    def begin(self) -> None:
-        """A read starts (called under the read-ahead's lock, as ``read`` is)."""
+    def __init__(self, now: float, *, workers: bool = False, cores: int | None = None) -> None:
+        self._cores = cores or available_cores()
+        self._workers = workers  # reads hand rows to record workers: no trials down
+        # Reads: since the window began (their CPU and wall time, the time with one in flight).
+        self._in_flight, self._span_from = 0, now
+        self._busy = self._wall = self._span = 0.0
+        self._reads = 0
+        # The window: each step's time and wait, the fewest steps ready at an ask.
+        self._last = now  # when the consumer last took a step
+        self._from = now
+        self._own: list[float] = []  # the consumer's own time each step (not waiting)
+        self._waits: list[float] = []
+        self._close_at = MIN_WINDOW_STEPS
+        self._least_ready = math.inf
+        self.depth, self._cap, self._floor = START_DEPTH, START_DEPTH, START_DEPTH
+        self.readers_wait = False
+        self._held: list[tuple[float, float]] = []  # (rate, wait share) at this depth
+        self._trial: _Trial | None = None
+        self._settle = 0  # steps to let go by before the next window counts
+        self._waits_for = {"up": 1, "down": 1}  # windows before the next trial each way
+        self._since = {"up": 0, "down": 0}  # windows since the last trial each way
+        self._own_s = self._read_s = 0.0  # the last window's own time a step, read time
+        self._least = 0  # the last window's fewest steps ready at an ask
+        self._first_up = True
+        self._fed_at = 0  # the step the depth last grew to feed record workers at
+        self.moves: collections.deque[dict[str, Any]] = collections.deque(maxlen=_KEPT)
+
+    # Reads, from the readers' threads.
+
+    def begin(self, now: float) -> None:
+        """A read starts."""
         if self._in_flight == 0:
-            self._span_from = time.perf_counter()
+            self._span_from = now
         self._in_flight += 1
 
-    def read(self, wall_s: float, busy_s: float) -> None:
+    def read(self, now: float, wall_s: float, busy_s: float) -> None:
         """A read took ``wall_s`` seconds, ``busy_s`` of them on a CPU."""
-        self.wall_s += wall_s
-        self.busy_s += busy_s
-        self.reads += 1
+        self._wall += wall_s
+        self._busy += busy_s
+        self._reads += 1
         self._in_flight -= 1
         if self._in_flight == 0:
-            self.span_s += time.perf_counter() - self._span_from
+            self._span += now - self._span_from
 
-    def _span(self) -> float:
-        """The time with a read in flight, up to now."""
-        now = time.perf_counter()
-        return self.span_s + (now - self._span_from if self._in_flight else 0.0)
+    def _readers_waited(self, now: float) -> bool:
+        span = self._span + (now - self._span_from if self._in_flight else 0.0)
+        return self._reads > 0 and self._busy < 0.5 * span
 
-    def _waiting(self) -> bool:
-        return self.reads > 0 and self.busy_s < 0.5 * self._span()
+    # The depth.
 
-    def start_depth(self) -> int:
-        """Where to start: deeper when the first read mostly waited on a source."""
-        return START_DEPTH_WAITING if self._waiting() else START_DEPTH
+    def start(self, now: float, cap: int, step: int) -> int:
+        """The depth to read at once the first step is read, within ``cap`` steps."""
+        self._cap = max(1, cap)
+        self.readers_wait = self._reads > 0 and self._busy < 0.5 * self._wall
+        start = START_DEPTH_WAITING if self.readers_wait else START_DEPTH
+        self._floor = min(START_DEPTH, self._cap)
+        why = "start: the first reads waited" if self.readers_wait else "start"
+        self._move(step, min(start, self._cap), why, now)
+        return self.depth
 
-    def wake_at(self, depth: int) -> int:
-        """Steps left ahead at which idle readers wake: three quarters of the depth (a
-        read that starts later than that may not be done in time on a busy host)."""
-        return depth * 3 // 4
+    def threads(self) -> int:
+        """Reader threads that can do useful work at this depth."""
+        return self.depth if self.readers_wait else min(self.depth, self._cores)
 
-    def short_of_a_read(self, step: int, depth: int) -> bool:
-        """Before the first step up from a source's start: the steps ahead will not hide
-        a read (twice its wall time over the consumer's time a step)."""
-        if self._best is not None or not self._waiting():
-            return False
-        if step <= self._since_step:
-            return False  # no step of the consumer timed yet
-        per_step = max(time.perf_counter() - self.handed, 1e-4)
-        return 2 * self.wall_s / self.reads > depth * per_step
+    def fed(self, step: int, now: float) -> int:
+        """The consumer waited on record workers while some had nothing in hand: twice
+        the depth (at most ``FEED_DEPTH``, within the cap), at most once per depth's
+        worth of steps, so that each doubling is seen at work before the next."""
+        if step < self._fed_at + self.depth or self._trial is not None:
+            return self.depth
+        self._fed_at = step
+        depth = max(self.depth, min(2 * self.depth, self._cap, FEED_DEPTH))
+        if depth != self.depth:
+            self._move(step, depth, "feeding record workers that had nothing in hand", now)
+        return self.depth
 
-    def fed(self, depth: int, cap: int, next_step: int) -> int:
-        """The depth to read at now that the consumer waited on record workers while
-        some had nothing in hand: twice the depth (at most ``FEED_DEPTH``, within
-        ``cap``), at most once per depth's worth of steps, so that each doubling is seen
-        at work before the next. Steps in the workers' hands cost shared memory only,
-        so there is no going back."""
-        if next_step < self._fed_at + depth:
-            return depth
-        self._fed_at = next_step
-        return max(depth, min(2 * depth, cap, FEED_DEPTH))
+    def took(self, step: int, now: float, waited_s: float, ready: int) -> int:
+        """The consumer took ``step`` at ``now`` after waiting ``waited_s`` for it, with
+        ``ready`` steps ready when it asked; returns the depth to read at."""
+        self._own.append(now - self._last - waited_s)
+        self._waits.append(waited_s)
+        self._last = now
+        self._least_ready = min(self._least_ready, ready)
+        if self._settle > 0:  # the read-ahead still fills or drains after a move
+            self._settle -= 1
+            if self._settle == 0:
+                self._new_window(now)
+            return self.depth
+        if len(self._own) < self._close_at or now - self._from < MIN_WINDOW_S:
+            return self.depth
+        window = self._close(now)
+        if window is None:
+            return self.depth
+        self._since = {k: v + 1 for k, v in self._since.items()}
+        if self._trial is None:
+            self._hold(step, window, now)
+        else:
+            self._judge(step, window, now)
+        return self.depth
 
-    def deeper(self, depth: int, cap: int, next_step: int, threads: int) -> int:
-        """The depth to read at now that the consumer waits (or is about to).
-
-        Twice the depth, if that is likely to help: only while the readers mostly wait
-        themselves (more of them cannot help readers that compute), and only while
-        doubling pays: the first doubling is free, and when the steps consumed per
-        second since the last one grew by less than a quarter, twice in a row (reads
-        take varying times: one window can mislead), the depth goes back to the best one
-        seen and stays there.
-        """
-        if self._frozen or depth >= cap or not self._waiting():
-            return depth
-        now = time.perf_counter()
-        steps, seconds = next_step - self._since_step, now - self._since_s
-        first = self._best is None  # nothing to judge yet: the first doubling is free
-        if not first and (steps < max(3, threads) or seconds < _MIN_WINDOW_S):
-            return depth  # too little seen since the last doubling to judge it
-        rate = 0.0 if first else steps / seconds
-        factor = 2
-        if first and self.reads:
-            # Each step up of the climb costs a window of waiting: go toward the depth.
-            hides = 2 * self.wall_s / self.reads / max(now - self.handed, 1e-4) / depth
-            factor = max(2, min(_MAX_FIRST_STEP, 1 << max(0, math.ceil(hides) - 1).bit_length()))
-        self._since_step, self._since_s = next_step, now
-        self.busy_s = self.wall_s = self.span_s = 0.0
-        self.reads = 0
+    def _new_window(self, now: float) -> None:
+        self._from = now
+        self._own.clear()
+        self._waits.clear()
+        self._close_at = MIN_WINDOW_STEPS
+        self._least_ready = math.inf
+        self._busy = self._wall = self._span = 0.0
+        self._reads = 0
         self._span_from = now
-        if self._best is not None and rate < 1.25 * self._best[0]:
-            self._strikes += 1  # the last doubling did not pay (yet)
-            if self._strikes >= 2:
-                self._frozen = True
-                return self._best[1]
-            return depth
-        self._strikes = 0
-        self._best = (rate, depth)
-        return min(factor * depth, cap)
+
+    def _close(self, now: float) -> tuple[float, float] | None:
+        """The window's (rate, wait share), or ``None`` while it is too short once the
+        consumer's pauses are clipped; the readers' waiting is judged on it too."""
+        most = CLIP * statistics.median(self._own)
+        own = sum(min(t, most) for t in self._own)
+        waited = sum(self._waits)
+        spent = max(own + waited, 1e-9)
+        if spent < MIN_WINDOW_S:  # a pause made it look long enough: go on
+            self._close_at = len(self._own) + len(self._own) // 4 + 1
+            return None
+        self.readers_wait = self._readers_waited(now)
+        self._own_s = own / len(self._own)
+        self._read_s = self._wall / self._reads if self._reads else 0.0
+        self._least = self._least_ready
+        window = (len(self._own) / spent, waited / spent)
+        self._new_window(now)
+        return window
+
+    def _hold(self, step: int, window: tuple[float, float], now: float) -> None:
+        """A window at a settled depth: start a trial up or down, or hold."""
+        self._held = [*self._held[-1:], window]
+        if window[1] >= WAIT_SHARE and self.readers_wait and self.depth < self._cap:
+            if self._since["up"] >= self._waits_for["up"]:
+                self._try(step, min(self._cap, self._up_factor() * self.depth), now)
+        elif not self.readers_wait or 4 * self._least >= 3 * self.depth:
+            # Readers that compute gain nothing from the depth (a start misjudged, a
+            # store that stopped waiting); or half the depth would have had a quarter
+            # of it to spare.
+            self._try_down(step, now)
+
+    def _try_down(self, step: int, now: float) -> None:
+        if self._workers:  # a step ahead is a step in the workers' hands: shared memory only
+            return
+        if self.depth > self._floor and self._since["down"] >= self._waits_for["down"]:
+            self._try(step, max(self._floor, self.depth // 2), now)
+
+    def _up_factor(self) -> int:
+        """Twice; the first time, up to four times, toward twice a read over a step."""
+        if not self._first_up or self._own_s <= 0:
+            return 2
+        hides = 2 * self._read_s / self._own_s / self.depth
+        return max(2, min(_MAX_FIRST_STEP, 1 << max(0, math.ceil(hides) - 1).bit_length()))
+
+    def _try(self, step: int, depth: int, now: float) -> None:
+        was = self.depth
+        self._trial = _Trial(was, list(self._held))
+        self._since["up" if depth > was else "down"] = 0
+        self._move(step, depth, "trial deeper" if depth > was else "trial shallower", now)
+
+    def _judge(self, step: int, window: tuple[float, float], now: float) -> None:
+        trial = self._trial
+        assert trial is not None
+        trial.windows.append(window)
+        if len(trial.windows) < TRIAL_WINDOWS:
+            return
+        base = [r for r, _ in trial.base]
+        new = [r for r, _ in trial.windows]
+        base_rate, new_rate = sum(base) / len(base), sum(new) / len(new)
+        base_wait = sum(w for _, w in trial.base) / len(trial.base)
+        new_wait = sum(w for _, w in trial.windows) / len(trial.windows)
+        margin = min(MAX_MARGIN, max(MIN_GAIN, 2 * max(_spread(base), _spread(new))))
+        up = self.depth > trial.was
+        if up:  # it paid in rate, or it took the wait away without a loss beyond the noise
+            stays = new_rate > base_rate * (1 + margin) or (
+                new_wait < 0.5 * base_wait and new_rate >= base_rate * (1 - margin)
+            )
+        else:  # as fast, and no new wait
+            stays = new_rate >= base_rate * (1 - DOWN_LOSS) and new_wait <= max(
+                WAIT_SHARE, 1.5 * base_wait
+            )
+        direction = "up" if up else "down"
+        rates = {"rate_before": round(base_rate, 2), "rate_after": round(new_rate, 2),
+                 "wait_before": round(base_wait, 4), "wait_after": round(new_wait, 4),
+                 "margin": round(margin, 3)}  # fmt: skip
+        self._trial = None
+        self._first_up = self._first_up and not up
+        if stays:
+            self._waits_for[direction] = 1
+            self._held = list(trial.windows)
+            self._note(step, trial.was, self.depth, f"kept: {direction} paid", rates)
+            return
+        self._waits_for[direction] = min(MAX_WAIT, 2 * self._waits_for[direction])
+        self._move(step, trial.was, f"back: {direction} did not pay", now, rates)
+        self._held = list(trial.base)
+        if up:  # deeper did not pay: maybe shallower does (a start too deep, say)
+            self._try_down(step, now)
+
+    def _move(
+        self, step: int, depth: int, why: str, now: float, rates: dict[str, Any] | None = None
+    ) -> None:
+        was, self.depth = self.depth, depth
+        self._settle = max(was, depth)
+        self._held = []
+        self._new_window(now)
+        self._note(step, was, depth, why, rates)
+
+    def _note(self, step: int, was: int, depth: int, why: str, rates: dict | None) -> None:
+        self.moves.append({"step": step, "depth": depth, "was": was, "why": why, **(rates or {})})

@@ -72,10 +72,12 @@ class Loader(OptionAttributes, AssemblyViews):
         process loads, applied before they go to devices. It must keep the row count.
       prefetch: steps read ahead (source, record transforms, ``transform``) on
         background threads, several at once. ``"auto"`` (default) reads the first
-        steps together, settles at 2 (8 for a slow source) and deepens while the loop
-        waits on a slow source (``loader.prefetch_depth`` says where it settled); an
-        int fixes it; 0 reads each step on demand (record workers hold the steps read
-        ahead). ``state()`` counts only the batches handed out.
+        steps together, starts at 2 (8 for a slow source) and moves by trials judged
+        on the steps per second before and after: deeper while the loop waits on a
+        slow source, shallower where depth does not pay (``loader.prefetch_depth``
+        says where it is, ``loader.stats()`` its moves and why); an int fixes it;
+        0 reads each step on demand (record workers hold the steps read ahead).
+        ``state()`` counts only the batches handed out.
       prefetch_bytes: the most bytes of batches read ahead (default 256 MiB).
       place_threads: threads that collect steps from the record workers and place them
         on the devices ahead of the loop, so the loop's thread only takes finished

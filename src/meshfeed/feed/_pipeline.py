@@ -15,22 +15,19 @@ collects it when it places it, so no reader thread sits waiting on the workers.
 
 Several steps in flight at once is what keeps a source that takes 2 ms or 20 ms per call
 from capping the loader at one call per step. With ``depth=None`` ("auto") the depth
-adapts, as TCP's slow start does. While the consumer reads the first step, the next
-ones are read beside it, 16 deep (within ``budget_bytes``, when the source's fields give
-a step's size before any read: no transform, nothing ragged), so that a source that
-waits 20 ms a read has its first steps ready together rather than one by one. Then it
-settles at 2 on one thread (at 8, when the first read spent most of its time waiting;
-the threads it no longer needs end), and it doubles, with threads to match, when the
-consumer has to wait for a step while the readers spent most of their time waiting too
-(``_climb``: their CPU time under half the time a read was in flight) -- also as soon
-as the steps ahead no longer hide a read (twice a read's wall time over the consumer's
-time a step), before the consumer runs dry, and that first time up to four times,
-toward that depth -- up to ``budget_bytes`` of batches ahead (the first batch's size
-tells how many) and 32 threads, as long as each doubling paid for itself in steps per
-second; when two did not, it goes back to the best depth seen and stays. Readers that
-compute (a numpy gather, a transform in this process) would gain nothing from more
-threads. New threads are started by a thread of their own: a start waits for the new
-thread to run, which the consumer should not.
+adapts. While the consumer reads the first step, the next ones are read beside it, 16
+deep (within ``budget_bytes``, when the source's fields give a step's size before any
+read: no transform, nothing ragged), so that a source that waits 20 ms a read has its
+first steps ready together rather than one by one. Then it reads 2 ahead on one thread
+(8, when the first read spent most of its time waiting; the threads it no longer needs
+end), and ``_climb`` moves the depth by trials judged on the steps per second measured
+before and after, beyond their noise: deeper while the consumer waits on readers that
+wait, shallower while readers compute or the steps ahead go unused -- within
+``budget_bytes`` of batches ahead (the first batch's size tells how many), 128 steps
+and 32 threads. Readers that compute (a numpy gather, a transform in this process) get
+at most a thread a core: more only queue for the GIL, and 16 of them halved the rate of
+an in-memory source here. New threads are started by a thread of their own: a start
+waits for the new thread to run, which the consumer should not.
 
 Handoffs are what a thread costs: every sleep and wake-up is a context switch (5-10 us
 here, as much as reading a small batch). So idle readers sleep until the consumer has
@@ -87,6 +84,8 @@ class Inline:
     depth = 0
     peak_bytes = 0
     ask = None
+    threads = 0
+    moves: tuple[dict[str, Any], ...] = ()
 
     def __init__(self, produce: Callable[[int], Any], *, start: int) -> None:
         self._produce = produce
@@ -114,7 +113,8 @@ class Prefetcher(Iterator[tuple[int, Any]]):
     ``depth``: steps ahead, each read by its own thread; ``None`` adapts it (see above).
     ``produce`` must be safe to call from several threads at once for different steps.
     ``steps_ahead``, if given, bounds the depth once the first step is read (the record
-    workers' shared memory: ``None`` for no bound). ``ask``: the last ``next``'s find.
+    workers' shared memory: ``None`` for no bound); ``workers``: reads hand rows to
+    record workers and return. ``ask``: the last ``next``'s find.
     """
 
     def __init__(
@@ -127,6 +127,7 @@ class Prefetcher(Iterator[tuple[int, Any]]):
         budget_bytes: int,
         step_bytes: int | None = None,
         steps_ahead: Callable[[], int | None] | None = None,
+        workers: bool = False,
     ) -> None:
         if depth is not None and depth < 1:
             raise ValueError(f"prefetch depth={depth} must be >= 1.")
@@ -141,7 +142,7 @@ class Prefetcher(Iterator[tuple[int, Any]]):
         self._waiting, self._idle = False, 0  # the consumer sleeps; readers asleep
         self._stopped = False
         self._release = _drop  # held here: close() may run as the interpreter shuts down
-        self._climb = Climb(start)
+        self._climb = Climb(time.perf_counter(), workers=workers)
         self._threads: list[threading.Thread] = []
         self._growers: list[threading.Thread] = []  # threads that start readers
         self._claim = start
@@ -157,9 +158,9 @@ class Prefetcher(Iterator[tuple[int, Any]]):
             self._grow()
         item = None
         if end is None or start < end:  # the first step here, on the consumer's thread
-            with self._lock:
-                self._climb.begin()
             wall, busy = time.perf_counter(), time.thread_time()
+            with self._lock:
+                self._climb.begin(wall)
             try:
                 item = produce(start)
             except BaseException:
@@ -167,7 +168,8 @@ class Prefetcher(Iterator[tuple[int, Any]]):
                 raise
             with self._lock:
                 self._store(start, item)
-                self._climb.read(time.perf_counter() - wall, time.thread_time() - busy)
+                now = time.perf_counter()
+                self._climb.read(now, now - wall, time.thread_time() - busy)
                 self._claim = max(self._claim, start + 1)
         with self._lock:
             per_step = max(1, nbytes(item))
@@ -175,21 +177,37 @@ class Prefetcher(Iterator[tuple[int, Any]]):
             bound = steps_ahead() if steps_ahead is not None else None
             if bound is not None:
                 self._cap = max(1, min(self._cap, bound))
-            self._depth = min(self._climb.start_depth() if depth is None else depth, self._cap)
+            if depth is None:
+                self._depth = self._climb.start(time.perf_counter(), self._cap, start)
+            else:
+                self._depth = min(depth, self._cap)
             if len(self._threads) < self._threads_wanted():
                 self._grow()
             if self._idle:
                 self._readers.notify(self._idle)
-            self._climb.handed = time.perf_counter()  # the consumer's time a step starts here
 
     def _threads_wanted(self) -> int:
-        """Reader threads for the depth ("auto" reads one of its steps on the consumer)."""
-        return min(self._depth - 1 if self._auto else self._depth, MAX_THREADS)
+        """Reader threads for the depth: with "auto", one fewer (a step stays ready while
+        one is read) and no more than can do useful work (``Climb.threads``)."""
+        if self._auto:
+            return max(1, min(self._depth - 1, self._climb.threads(), MAX_THREADS))
+        return min(self._depth, MAX_THREADS)
 
     @property
     def depth(self) -> int:
         """Steps read ahead now (with ``"auto"``, what it has adapted to)."""
         return self._depth
+
+    @property
+    def threads(self) -> int:
+        """Reader threads now."""
+        return len(self._threads)
+
+    @property
+    def moves(self) -> tuple[dict[str, Any], ...]:
+        """With ``"auto"``, the depth's last moves and why (``Climb.moves``)."""
+        with self._lock:
+            return tuple(self._climb.moves) if self._auto else ()
 
     def _store(self, step: int, item: Any) -> None:
         size = nbytes(item)
@@ -229,14 +247,15 @@ class Prefetcher(Iterator[tuple[int, Any]]):
                     return
                 step = self._claim
                 self._claim += 1
-                self._climb.begin()
-            wall, busy = time.perf_counter(), time.thread_time()
+                wall, busy = time.perf_counter(), time.thread_time()
+                self._climb.begin(wall)
             try:
                 item = self._produce(step)
             except BaseException as error:  # surfaced in the consumer, not lost in the thread
                 item = _Failed(error)
             with self._lock:
-                self._climb.read(time.perf_counter() - wall, time.thread_time() - busy)
+                now = time.perf_counter()
+                self._climb.read(now, now - wall, time.thread_time() - busy)
                 if self._stopped:
                     self._release(item)
                     return
@@ -246,27 +265,28 @@ class Prefetcher(Iterator[tuple[int, Any]]):
                 if self._waiting and step == self.next_step:
                     self._consumer.notify()
 
-    def _deepen(self) -> None:
-        """The consumer waits, or is about to: "auto" reads deeper if that may help."""
-        if self._auto:
-            threads = len(self._threads)
-            self._set_depth(self._climb.deeper(self._depth, self._cap, self.next_step, threads))
+    def _wake_at(self) -> int:
+        """Steps left ahead at which idle readers wake: three quarters of the depth (a
+        read that starts later than that may not be done in time on a busy host)."""
+        return self._depth * 3 // 4
 
     def _set_depth(self, depth: int) -> None:
-        """Reads ``depth`` steps ahead from now on, with the threads that takes."""
+        """Reads ``depth`` steps ahead from now on, with the threads that takes (with
+        "auto", the threads useful may change at the same depth)."""
         if depth != self._depth:
             self._depth = depth
-            if len(self._threads) < self._threads_wanted():
-                self._grow()
             if self._idle:
                 self._readers.notify(self._idle)
+        growing = self._growers and self._growers[-1].is_alive()
+        if len(self._threads) < self._threads_wanted() and not growing:
+            self._grow()
 
     def feed_workers(self) -> None:
         """The loop waited on record workers while some had nothing in hand: "auto"
         reads deeper (``Climb.fed``)."""
         with self._lock:
             if self._auto:
-                self._set_depth(self._climb.fed(self._depth, self._cap, self.next_step))
+                self._set_depth(self._climb.fed(self.next_step, time.perf_counter()))
 
     def __next__(self) -> tuple[int, Any]:
         with self._lock:
@@ -274,10 +294,7 @@ class Prefetcher(Iterator[tuple[int, Any]]):
             if self._stop_at is not None and step >= self._stop_at:  # the end, or past an error
                 raise StopIteration
             self.ask = (step in self._ready, len(self._ready), self._depth)
-            if step not in self._ready:
-                self._deepen()
-            elif self._auto and self._climb.short_of_a_read(step, self._depth):
-                self._deepen()  # before the consumer runs dry, not after
+            asked = time.perf_counter() if self._auto else 0.0
             if step not in self._ready:
                 self._waiting = True
                 while step not in self._ready:
@@ -288,8 +305,10 @@ class Prefetcher(Iterator[tuple[int, Any]]):
             item, size = self._ready.pop(step)
             self.held_bytes -= size
             self.next_step = step + 1
-            self._climb.handed = time.perf_counter()
-            if self._idle and self._claim - self.next_step <= self._climb.wake_at(self._depth):
+            if self._auto:
+                now = time.perf_counter()
+                self._set_depth(self._climb.took(step, now, now - asked, self.ask[1]))
+            if self._idle and self._claim - self.next_step <= self._wake_at():
                 self._readers.notify(self._idle)
         if isinstance(item, _Failed):
             raise item.error

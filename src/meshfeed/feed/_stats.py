@@ -90,6 +90,8 @@ class PipelineStats:
                 "next_seconds": consumer["next_seconds"],
                 "read_ahead": {
                     "depth": self._stream.depth,
+                    "threads": self._stream.threads,
+                    "moves": self._stream.moves,
                     "ready_share": consumer["ready"] / asked if asked else None,
                     "steps_ready": consumer["steps_ready"] / asked if asked else None,
                     "fill": consumer["fill"] / asked if asked else None,

@@ -56,10 +56,12 @@ class Stream:
         steps_ahead: Callable[[], int | None] | None = None,
         place_threads: int = 0,
         starved: Callable[[], bool] | None = None,
+        workers: bool = False,
     ) -> None:
         self._read, self._place = read, place  # place also collects rows from record workers
         self._place_threads = place_threads  # > 0: a Placer places steps on its threads
         self._starved = starved  # record workers idled while rows were waited for
+        self._workers = workers  # reads hand rows to record workers
         self._counts: list[float] = [0] * len(CONSUMER)  # the consumer's side, for stats()
         self.skips = skips
         self._step_bytes = step_bytes  # a step's host bytes, when known before reading
@@ -141,6 +143,7 @@ class Stream:
                 budget_bytes=self._budget,
                 step_bytes=self._step_bytes,
                 steps_ahead=self._steps_ahead,
+                workers=self._workers,
             )
         return self._ahead
 
@@ -148,6 +151,16 @@ class Stream:
     def depth(self) -> int:
         """Steps read ahead now (0 before the first iteration)."""
         return 0 if self._ahead is None else self._ahead.depth
+
+    @property
+    def threads(self) -> int:
+        """Threads reading ahead now."""
+        return 0 if self._ahead is None else self._ahead.threads
+
+    @property
+    def moves(self) -> list[dict[str, Any]]:
+        """With ``prefetch="auto"``, the read-ahead's last moves of its depth and why."""
+        return [] if self._ahead is None else [dict(m) for m in self._ahead.moves]
 
     @property
     def peak_bytes(self) -> int:

@@ -1,0 +1,174 @@
+"""The read-ahead's climb driven by synthetic timings: no stopwatch, no threads.
+
+A model says how fast the loop runs at each depth and with how many reader threads,
+whether the consumer waits and how many steps are ready when it asks, and what the
+readers' CPU and wall time look like. Each step's time gets noise (a lognormal spread,
+and now and then a pause of the loop, as an evaluation makes), and the climb sees only
+what the ``Prefetcher`` would tell it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from meshfeed.feed._climb import MAX_MARGIN, START_DEPTH, Climb
+
+CORES = 2
+
+
+class Model:
+    """A loop over a read-ahead: ``rate(depth, threads)`` steps a second, and readers
+    that wait (a slow store) or compute (memory; under the GIL, contended readers look
+    like waiting ones: the case that fooled the climb before)."""
+
+    def __init__(self, rate, *, busy_share, read_s, own_s, seed, noise=0.3, pauses=True):
+        self.rate, self.busy_share, self.read_s, self.own_s = rate, busy_share, read_s, own_s
+        self.rng = np.random.default_rng(seed)
+        self.noise, self.pauses = noise, pauses
+
+    def run(self, steps: int, cap: int = 128) -> tuple[Climb, list[int]]:
+        now = 0.0
+        climb = Climb(now, cores=CORES)
+        climb.begin(now)
+        now += self.read_s
+        climb.read(now, self.read_s, self.read_s * self.busy_share(1))
+        depth = climb.start(now, cap, 0)
+        depths = []
+        for step in range(1, steps):
+            threads = max(1, min(depth - 1, climb.threads()))
+            step_s = 1.0 / self.rate(depth, threads)
+            step_s *= math.exp(self.rng.normal(0.0, self.noise))
+            if self.pauses and self.rng.random() < 0.002:
+                step_s += 0.5  # the loop away: an evaluation, a checkpoint
+            own = min(step_s, self.own_s * math.exp(self.rng.normal(0.0, 0.1)))
+            waited = step_s - own if step_s > own * 1.05 else 0.0
+            ready = 0 if waited else depth - 1
+            climb.begin(now)
+            now += step_s
+            climb.read(now, step_s, step_s * self.busy_share(threads))
+            depth = climb.took(step, now, waited, ready)
+            depths.append(depth)
+        return climb, depths
+
+
+def memory(seed: int) -> Model:
+    """In-memory reads, ~0.5 ms a step: fastest on one thread, half the speed on
+    sixteen (as measured); the reader queues for the GIL behind the loop, so it looks
+    as if it waited -- the climb must find out from the rates alone."""
+
+    def rate(depth, threads):
+        return 2000.0 / (1 + 0.08 * max(0, threads - 1))
+
+    return Model(rate, busy_share=lambda t: 0.4, read_s=5e-4, own_s=4.2e-4, seed=seed)
+
+
+def store(seed: int) -> Model:
+    """A store that takes 20 ms a read, a loop that takes 0.5 ms a step: about 40 reads
+    must be in flight."""
+
+    def rate(depth, threads):
+        return min(2000.0, threads / 0.020)
+
+    return Model(rate, busy_share=lambda t: 0.01, read_s=0.020, own_s=5e-4, seed=seed)
+
+
+def peaked(seed: int) -> Model:
+    """Reads that wait a little and compute a little: the best is 8 deep, and deeper
+    costs (threads queueing), shallower starves."""
+
+    def rate(depth, threads):
+        return min(1000.0, threads / 0.007) / (1 + 0.05 * max(0, threads - 7))
+
+    return Model(rate, busy_share=lambda t: 0.3, read_s=0.007, own_s=1e-3, seed=seed)
+
+
+def _true_rate(model: Model, depth: int) -> float:
+    threads = max(1, min(depth - 1, depth if model.busy_share(2) < 0.5 else CORES))
+    return model.rate(depth, threads)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("make", [memory, store, peaked])
+def test_the_climb_settles_where_the_rate_is_within_the_noise_of_the_best(make, seed):
+    model = make(seed)
+    _, depths = model.run(40_000)
+    seen = sorted(set(depths))
+    best = max(_true_rate(model, d) for d in seen)
+    settled = depths[-1]
+    # The last quarter of the run: where it held, apart from brief trials.
+    held = max(set(depths[-10_000:]), key=depths[-10_000:].count)
+    assert _true_rate(model, held) >= best * (1 - MAX_MARGIN / 2), (seen, held, settled)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_in_memory_reads_stay_shallow_despite_contended_readers_that_look_waiting(seed):
+    climb, depths = memory(seed).run(40_000)
+    tail = depths[-20_000:]
+    assert tail.count(START_DEPTH) / len(tail) > 0.9, climb.moves
+    assert climb.threads() <= CORES
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_store_that_waits_climbs_until_reads_are_hidden(seed):
+    climb, depths = store(seed).run(20_000)
+    assert depths[-1] >= 64, list(climb.moves)  # 40 reads in flight, one step ready
+    assert climb.threads() == depths[-1]
+
+
+def test_every_move_is_told_with_its_reason_and_rates():
+    climb, _ = store(0).run(700)
+    moves = list(climb.moves)
+    assert moves[0] == {"step": 0, "depth": 8, "was": 2, "why": "start: the first reads waited"}
+    assert moves[1]["why"] == "trial deeper" and moves[1]["was"] == 8
+    kept = [m for m in moves if m["why"] == "kept: up paid"]
+    assert kept and all(m["rate_after"] > m["rate_before"] * (1 + m["margin"]) for m in kept)
+    climb, _ = memory(0).run(2_000)
+    back = [m for m in climb.moves if m["why"] == "back: up did not pay"]
+    assert back and all(m["rate_after"] <= m["rate_before"] * (1 + m["margin"]) for m in back)
+
+
+def test_a_depth_that_stops_paying_is_left_when_the_source_stops_waiting():
+    """A cold store that warms (a cache fills): deep while reads wait; then, reads in
+    memory, the climb steps back down and the threads go back to one a core."""
+    model = store(1)
+    _, _ = model.run(1)  # the same noise stream as the others
+    climb, depths = model.run(20_000)
+    assert depths[-1] >= 64
+    warm = memory(1)
+    now = 100.0
+    depth = depths[-1]
+    for step in range(20_000, 60_000):
+        threads = max(1, min(depth - 1, climb.threads()))
+        step_s = math.exp(warm.rng.normal(0.0, 0.3)) / warm.rate(depth, threads)
+        climb.begin(now)
+        now += step_s
+        climb.read(now, step_s, 0.8 * step_s)  # readers compute now
+        depth = climb.took(step, now, 0.0, depth - 1)
+    assert depth == START_DEPTH, list(climb.moves)
+    assert climb.threads() <= CORES
+
+
+def test_with_record_workers_the_depth_only_grows():
+    """Steps ahead are steps in the workers' hands: a read-ahead that looks idle (every
+    step ready, readers computing) is not cut, and feeding the workers doubles it."""
+    now = 0.0
+    climb = Climb(now, workers=True, cores=CORES)
+    climb.begin(now)
+    climb.read(now + 0.01, 0.01, 0.009)
+    depth = climb.start(now + 0.01, 128, 0)
+    assert depth == START_DEPTH
+    for step in range(1, 5_000):
+        now += 0.001
+        climb.begin(now)
+        climb.read(now, 1e-4, 1e-4)
+        if step == 2_000:
+            depth = climb.fed(step, now)
+        depth = climb.took(step, now, 0.0, depth - 1)
+    assert depth == 2 * START_DEPTH
+    assert [m["why"] for m in climb.moves] == [
+        "start",
+        "feeding record workers that had nothing in hand",
+    ]
