@@ -14,8 +14,9 @@ sources:
 
 Each process is fresh (a new interpreter: the read-ahead starts from nothing, as in a
 user's job) and times, after 300 steps of warm-up each (100 for ``records``), the
-default loader (``prefetch="auto"``), fixed depths (``prefetch=1, 2, 4, 16``) and the
-floor (a numpy gather of the same ids from the same arrays, then
+default loader (``prefetch="auto"``), fixed depths (``prefetch=1, 2, 4, 16``, and a
+second ``prefetch=1`` loader whose ratio to the first is the measurement's own noise:
+``noise``) and the floor (a numpy gather of the same ids from the same arrays, then
 ``make_array_from_process_local_data``; none for ``records``) in rounds whose order
 rotates, each window at least ``--seconds``, after twice the contender's depth of steps
 untimed (what it read ahead while the others ran is not that window's work).
@@ -100,12 +101,17 @@ def _child(
             from decode_fns import decode_crop
 
             extra = {"record_transform": decode_crop, "num_workers": 2}
+        # "1 again": a second prefetch=1 loader, whose ratio to the first is the noise of
+        # a process's measurement (two identical contenders).
+        depths: dict[str, int | str] = {"auto": "auto", **{str(p): p for p in fixed}}
+        if fixed:
+            depths["1 again"] = 1
         loaders = {
-            str(p): meshfeed.Loader(
+            name: meshfeed.Loader(
                 source, global_batch_size=batch, sharding=sharding, num_epochs=None,
-                prefetch=p, **extra,
+                prefetch=p, **extra,  # type: ignore[arg-type]
             )
-            for p in ("auto", *fixed)
+            for name, p in depths.items()
         }  # fmt: skip
         steps: dict[str, Callable[[], Any]] = {}
         for name, loader in loaders.items():
@@ -139,6 +145,7 @@ def _child(
             best = max(map(str, fixed), key=lambda k: statistics.median(rates[k]))
             line["best_fixed"] = int(best)
             line["ratio_to_best_fixed"] = _ratio(rates["auto"], rates[best])
+            line["noise"] = _ratio(rates["1 again"], rates["1"])  # identical contenders
         if "floor" in rates:
             line["ratio_to_floor"] = _ratio(rates["auto"], rates["floor"])
             for p in fixed:
@@ -187,6 +194,8 @@ def _summary(kind: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
     if "ratio_to_best_fixed" in lines[0]:
         best = [x["ratio_to_best_fixed"] for x in lines]
         out["ratio_to_best_fixed"] = {"min": min(best), "median": round(statistics.median(best), 3)}
+        noise = [x["noise"] for x in lines]
+        out["noise"] = {"min": min(noise), "median": round(statistics.median(noise), 3)}
     out["depths"] = sorted(x["depth"] for x in lines)
     rates = [x["rows_per_s"]["auto"] for x in lines]
     mid = statistics.median(rates)

@@ -40,11 +40,11 @@ The rules now:
   store that stopped waiting), when a window had three quarters of the depth ready at
   every ask (half the depth would still have had a quarter to spare), or right after a
   trial up did not pay: half the depth, never below 2. It stays if its rate is within
-  ``DOWN_LOSS`` of the old one with no new wait. Not with record workers: there a step
-  "ready" is a step in the workers' hands, whose wait for rows the read-ahead does not
-  see, and a step ahead costs shared memory only; the depth only grows there, doubled
-  (to ``FEED_DEPTH`` at most) when the loop waited on workers that had nothing in
-  hand (``fed``).
+  ``DOWN_LOSS`` of the old one with no new wait, or beat it by the margin. Not with
+  record workers: there a step "ready" is a step in the workers' hands, whose wait for
+  rows the read-ahead does not see, and a step ahead costs shared memory only; the
+  depth only grows there, doubled (to ``FEED_DEPTH`` at most) when the loop waited on
+  workers that had nothing in hand (``fed``).
 - A trial that went back makes the next one the same way wait twice as many windows
   (from one, at most ``MAX_WAIT``); one that stayed resets the wait. A run pays for
   failed trials less and less often, and a source that changes is followed both ways.
@@ -283,9 +283,10 @@ class Climb:
             stays = new_rate > base_rate * (1 + margin) or (
                 new_wait < 0.5 * base_wait and new_rate >= base_rate * (1 - margin)
             )
-        else:  # as fast, and no new wait
-            stays = new_rate >= base_rate * (1 - DOWN_LOSS) and new_wait <= max(
-                WAIT_SHARE, 1.5 * base_wait
+        else:  # as fast with no new wait, or faster beyond the noise
+            stays = new_rate > base_rate * (1 + margin) or (
+                new_rate >= base_rate * (1 - DOWN_LOSS)
+                and new_wait <= max(WAIT_SHARE, 1.5 * base_wait)
             )
         direction = "up" if up else "down"
         rates = {"rate_before": round(base_rate, 2), "rate_after": round(new_rate, 2),
