@@ -103,9 +103,12 @@ def test_the_climb_settles_where_the_rate_is_within_the_noise_of_the_best(make, 
     assert _true_rate(model, held) >= best * (1 - MAX_MARGIN / 2), (seen, held, settled)
 
 
+@pytest.mark.parametrize("noise", [0.3, 0.8])  # a step's time spread (lognormal sigma)
 @pytest.mark.parametrize("seed", range(12))
-def test_in_memory_reads_stay_shallow_despite_contended_readers_that_look_waiting(seed):
-    climb, depths = memory(seed).run(40_000)
+def test_in_memory_reads_stay_shallow_despite_contended_readers_that_look_waiting(seed, noise):
+    model = memory(seed)
+    model.noise = noise
+    climb, depths = model.run(40_000)
     tail = depths[-20_000:]
     assert tail.count(START_DEPTH) / len(tail) > 0.9, climb.moves
     assert climb.threads() <= CORES

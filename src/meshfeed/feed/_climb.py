@@ -31,11 +31,12 @@ The rules now:
   read-ahead has had the larger depth's worth of steps to fill or drain. It is compared
   with the windows just before it at the old depth, with the noise of both as margin:
   twice the larger relative spread of their rates, between ``MIN_GAIN`` and
-  ``MAX_MARGIN``.
+  ``MAX_MARGIN``; windows that spread more than ``NOISY`` (another process taking the
+  cores, say) judge nothing, and the depth goes back.
 - Up, when the consumer waited ``WAIT_SHARE`` of a window on readers that wait: twice
   the depth (the first time, up to four times, toward twice a read's time over the
   consumer's own time a step). It stays if its rate beat the old one by the margin, or
-  if it halved the wait without losing rate beyond the margin.
+  if it halved the wait with no loss of rate (within ``DOWN_LOSS``).
 - Down, when the readers compute (the depth cannot help them: a start misjudged, a
   store that stopped waiting), when a window had three quarters of the depth ready at
   every ask (half the depth would still have had a quarter to spare), or right after a
@@ -71,6 +72,7 @@ TRIAL_WINDOWS = 2  # windows a trial depth is judged on
 WAIT_SHARE = 0.01  # the consumer's wait, over a window's time, that asks for a deeper trial
 MIN_GAIN = 0.10  # a deeper trial pays only if its rate beats the old one by this, at least
 MAX_MARGIN = 0.5  # the noise margin, at most (a doubling of a waiting source gains ~2x)
+NOISY = MAX_MARGIN / 2  # windows whose rates spread more than this judge nothing
 DOWN_LOSS = 0.05  # a shallower trial stays if its rate is within this of the old one
 CLIP = 20  # a step counts at most this many times the window's median step time
 MAX_WAIT = 256  # windows before a trial after trials that went back: 1, doubling up to this
@@ -100,6 +102,78 @@ class _Trial:
         self.windows: list[tuple[float, float]] = []  # (rate, wait share) at the new depth
 
 
+class _Window:
+    """What one window measured: the reads (CPU and wall time, the time some read was
+    in flight) and the consumer's steps (its own time and its wait, the fewest steps
+    ready at an ask). Its last close leaves what the climb judges by in ``own_s``,
+    ``read_s``, ``least`` and ``readers_wait``."""
+
+    def __init__(self, now: float) -> None:
+        self._in_flight = 0
+        self._last = now  # when the consumer last took a step
+        self._own: list[float] = []  # the consumer's own time each step (not waiting)
+        self._waits: list[float] = []
+        self.own_s = self.read_s = 0.0
+        self.least = 0
+        self.readers_wait = False
+        self.reset(now)
+
+    def reset(self, now: float) -> None:
+        """Start a new window at ``now`` (a read in flight counts from now)."""
+        self._from = self._span_from = now
+        self._own.clear()
+        self._waits.clear()
+        self._close_at = MIN_WINDOW_STEPS
+        self._least_ready = math.inf
+        self._busy = self._wall = self._span = 0.0
+        self._reads = 0
+
+    def begin(self, now: float) -> None:
+        if self._in_flight == 0:
+            self._span_from = now
+        self._in_flight += 1
+
+    def read(self, now: float, wall_s: float, busy_s: float) -> None:
+        self._wall += wall_s
+        self._busy += busy_s
+        self._reads += 1
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._span += now - self._span_from
+
+    def reads_waited(self) -> bool:
+        """The reads so far spent most of their wall time off the CPU."""
+        return self._reads > 0 and self._busy < 0.5 * self._wall
+
+    def step(self, now: float, waited_s: float, ready: int) -> None:
+        self._own.append(now - self._last - waited_s)
+        self._waits.append(waited_s)
+        self._last = now
+        self._least_ready = min(self._least_ready, ready)
+
+    def full(self, now: float) -> bool:
+        return len(self._own) >= self._close_at and now - self._from >= MIN_WINDOW_S
+
+    def close(self, now: float) -> tuple[float, float] | None:
+        """The window's (rate, wait share), or ``None`` while it is too short once the
+        consumer's pauses are clipped; the readers' waiting is judged on it too."""
+        most = CLIP * statistics.median(self._own)
+        own = sum(min(t, most) for t in self._own)
+        waited = sum(self._waits)
+        spent = max(own + waited, 1e-9)
+        if spent < MIN_WINDOW_S:  # a pause made it look long enough: go on
+            self._close_at = len(self._own) + len(self._own) // 4 + 1
+            return None
+        span = self._span + (now - self._span_from if self._in_flight else 0.0)
+        self.readers_wait = self._reads > 0 and self._busy < 0.5 * span
+        self.own_s = own / len(self._own)
+        self.read_s = self._wall / self._reads if self._reads else 0.0
+        self.least = int(self._least_ready)
+        window = (len(self._own) / spent, waited / spent)
+        self.reset(now)
+        return window
+
+
 class Climb:
     """The adaptive depth of one read-ahead (see the module's docstring).
 
@@ -110,17 +184,7 @@ class Climb:
     def __init__(self, now: float, *, workers: bool = False, cores: int | None = None) -> None:
         self._cores = cores or available_cores()
         self._workers = workers  # reads hand rows to record workers: no trials down
-        # Reads: since the window began (their CPU and wall time, the time with one in flight).
-        self._in_flight, self._span_from = 0, now
-        self._busy = self._wall = self._span = 0.0
-        self._reads = 0
-        # The window: each step's time and wait, the fewest steps ready at an ask.
-        self._last = now  # when the consumer last took a step
-        self._from = now
-        self._own: list[float] = []  # the consumer's own time each step (not waiting)
-        self._waits: list[float] = []
-        self._close_at = MIN_WINDOW_STEPS
-        self._least_ready = math.inf
+        self._window = _Window(now)
         self.depth, self._cap, self._floor = START_DEPTH, START_DEPTH, START_DEPTH
         self.readers_wait = False
         self._held: list[tuple[float, float]] = []  # (rate, wait share) at this depth
@@ -128,8 +192,6 @@ class Climb:
         self._settle = 0  # steps to let go by before the next window counts
         self._waits_for = {"up": 1, "down": 1}  # windows before the next trial each way
         self._since = {"up": 0, "down": 0}  # windows since the last trial each way
-        self._own_s = self._read_s = 0.0  # the last window's own time a step, read time
-        self._least = 0  # the last window's fewest steps ready at an ask
         self._first_up = True
         self._fed_at = 0  # the step the depth last grew to feed record workers at
         self.moves: collections.deque[dict[str, Any]] = collections.deque(maxlen=_KEPT)
@@ -138,29 +200,18 @@ class Climb:
 
     def begin(self, now: float) -> None:
         """A read starts."""
-        if self._in_flight == 0:
-            self._span_from = now
-        self._in_flight += 1
+        self._window.begin(now)
 
     def read(self, now: float, wall_s: float, busy_s: float) -> None:
         """A read took ``wall_s`` seconds, ``busy_s`` of them on a CPU."""
-        self._wall += wall_s
-        self._busy += busy_s
-        self._reads += 1
-        self._in_flight -= 1
-        if self._in_flight == 0:
-            self._span += now - self._span_from
-
-    def _readers_waited(self, now: float) -> bool:
-        span = self._span + (now - self._span_from if self._in_flight else 0.0)
-        return self._reads > 0 and self._busy < 0.5 * span
+        self._window.read(now, wall_s, busy_s)
 
     # The depth.
 
     def start(self, now: float, cap: int, step: int) -> int:
         """The depth to read at once the first step is read, within ``cap`` steps."""
         self._cap = max(1, cap)
-        self.readers_wait = self._reads > 0 and self._busy < 0.5 * self._wall
+        self.readers_wait = self._window.reads_waited()
         start = START_DEPTH_WAITING if self.readers_wait else START_DEPTH
         self._floor = min(START_DEPTH, self._cap)
         why = "start: the first reads waited" if self.readers_wait else "start"
@@ -186,20 +237,18 @@ class Climb:
     def took(self, step: int, now: float, waited_s: float, ready: int) -> int:
         """The consumer took ``step`` at ``now`` after waiting ``waited_s`` for it, with
         ``ready`` steps ready when it asked; returns the depth to read at."""
-        self._own.append(now - self._last - waited_s)
-        self._waits.append(waited_s)
-        self._last = now
-        self._least_ready = min(self._least_ready, ready)
+        self._window.step(now, waited_s, ready)
         if self._settle > 0:  # the read-ahead still fills or drains after a move
             self._settle -= 1
             if self._settle == 0:
-                self._new_window(now)
+                self._window.reset(now)
             return self.depth
-        if len(self._own) < self._close_at or now - self._from < MIN_WINDOW_S:
+        if not self._window.full(now):
             return self.depth
-        window = self._close(now)
+        window = self._window.close(now)
         if window is None:
             return self.depth
+        self.readers_wait = self._window.readers_wait
         self._since = {k: v + 1 for k, v in self._since.items()}
         if self._trial is None:
             self._hold(step, window, now)
@@ -207,41 +256,13 @@ class Climb:
             self._judge(step, window, now)
         return self.depth
 
-    def _new_window(self, now: float) -> None:
-        self._from = now
-        self._own.clear()
-        self._waits.clear()
-        self._close_at = MIN_WINDOW_STEPS
-        self._least_ready = math.inf
-        self._busy = self._wall = self._span = 0.0
-        self._reads = 0
-        self._span_from = now
-
-    def _close(self, now: float) -> tuple[float, float] | None:
-        """The window's (rate, wait share), or ``None`` while it is too short once the
-        consumer's pauses are clipped; the readers' waiting is judged on it too."""
-        most = CLIP * statistics.median(self._own)
-        own = sum(min(t, most) for t in self._own)
-        waited = sum(self._waits)
-        spent = max(own + waited, 1e-9)
-        if spent < MIN_WINDOW_S:  # a pause made it look long enough: go on
-            self._close_at = len(self._own) + len(self._own) // 4 + 1
-            return None
-        self.readers_wait = self._readers_waited(now)
-        self._own_s = own / len(self._own)
-        self._read_s = self._wall / self._reads if self._reads else 0.0
-        self._least = self._least_ready
-        window = (len(self._own) / spent, waited / spent)
-        self._new_window(now)
-        return window
-
     def _hold(self, step: int, window: tuple[float, float], now: float) -> None:
         """A window at a settled depth: start a trial up or down, or hold."""
         self._held = [*self._held[-1:], window]
         if window[1] >= WAIT_SHARE and self.readers_wait and self.depth < self._cap:
             if self._since["up"] >= self._waits_for["up"]:
                 self._try(step, min(self._cap, self._up_factor() * self.depth), now)
-        elif not self.readers_wait or 4 * self._least >= 3 * self.depth:
+        elif not self.readers_wait or 4 * self._window.least >= 3 * self.depth:
             # Readers that compute gain nothing from the depth (a start misjudged, a
             # store that stopped waiting); or half the depth would have had a quarter
             # of it to spare.
@@ -255,9 +276,10 @@ class Climb:
 
     def _up_factor(self) -> int:
         """Twice; the first time, up to four times, toward twice a read over a step."""
-        if not self._first_up or self._own_s <= 0:
+        own_s, read_s = self._window.own_s, self._window.read_s
+        if not self._first_up or own_s <= 0:
             return 2
-        hides = 2 * self._read_s / self._own_s / self.depth
+        hides = 2 * read_s / own_s / self.depth
         return max(2, min(_MAX_FIRST_STEP, 1 << max(0, math.ceil(hides) - 1).bit_length()))
 
     def _try(self, step: int, depth: int, now: float) -> None:
@@ -277,11 +299,14 @@ class Climb:
         base_rate, new_rate = sum(base) / len(base), sum(new) / len(new)
         base_wait = sum(w for _, w in trial.base) / len(trial.base)
         new_wait = sum(w for _, w in trial.windows) / len(trial.windows)
-        margin = min(MAX_MARGIN, max(MIN_GAIN, 2 * max(_spread(base), _spread(new))))
+        noise = max(_spread(base), _spread(new))
+        margin = min(MAX_MARGIN, max(MIN_GAIN, 2 * noise))
         up = self.depth > trial.was
-        if up:  # it paid in rate, or it took the wait away without a loss beyond the noise
+        if noise > NOISY:  # the windows disagree among themselves: no verdict, no move
+            stays = False
+        elif up:  # it paid in rate, or it took half the wait away at no loss of rate
             stays = new_rate > base_rate * (1 + margin) or (
-                new_wait < 0.5 * base_wait and new_rate >= base_rate * (1 - margin)
+                new_wait < 0.5 * base_wait and new_rate >= base_rate * (1 - DOWN_LOSS)
             )
         else:  # as fast with no new wait, or faster beyond the noise
             stays = new_rate > base_rate * (1 + margin) or (
@@ -300,7 +325,8 @@ class Climb:
             self._note(step, trial.was, self.depth, f"kept: {direction} paid", rates)
             return
         self._waits_for[direction] = min(MAX_WAIT, 2 * self._waits_for[direction])
-        self._move(step, trial.was, f"back: {direction} did not pay", now, rates)
+        why = "too noisy to judge" if noise > NOISY else "did not pay"
+        self._move(step, trial.was, f"back: {direction} {why}", now, rates)
         self._held = list(trial.base)
         if up:  # deeper did not pay: maybe shallower does (a start too deep, say)
             self._try_down(step, now)
@@ -311,7 +337,7 @@ class Climb:
         was, self.depth = self.depth, depth
         self._settle = max(was, depth)
         self._held = []
-        self._new_window(now)
+        self._window.reset(now)
         self._note(step, was, depth, why, rates)
 
     def _note(self, step: int, was: int, depth: int, why: str, rates: dict | None) -> None:

@@ -78,6 +78,49 @@ class _Failed:
         self.error = error
 
 
+def _cap(budget_bytes: int, item: Any, steps_ahead: Callable[[], int | None] | None) -> int:
+    """The most steps ahead: ``budget_bytes`` of steps like ``item``, at most
+    ``MAX_DEPTH`` and what ``steps_ahead`` allows."""
+    cap = max(1, min(budget_bytes // max(1, nbytes(item)), MAX_DEPTH))
+    bound = steps_ahead() if steps_ahead is not None else None
+    return cap if bound is None else max(1, min(cap, bound))
+
+
+class _Ready:
+    """The steps read ahead and not taken yet, with their bytes (now, and at most)."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, tuple[Any, int]] = {}  # step -> (item, its bytes)
+        self.bytes = self.peak_bytes = 0
+        self._release = _drop  # held here: close() may run as the interpreter shuts down
+
+    def __contains__(self, step: int) -> bool:
+        return step in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, step: int, item: Any) -> None:
+        size = nbytes(item)
+        self._items[step] = (item, size)
+        self.bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+
+    def take(self, step: int) -> Any:
+        item, size = self._items.pop(step)
+        self.bytes -= size
+        return item
+
+    def drop(self, item: Any = None) -> None:
+        """Lets go of ``item`` (if given) and of every step held."""
+        if item is not None:
+            self._release(item)
+        for held, _ in self._items.values():
+            self._release(held)
+        self._items.clear()
+        self.bytes = 0
+
+
 class Inline:
     """Yields ``(step, produce(step))`` for ``step`` from ``start`` on, each on demand."""
 
@@ -131,29 +174,26 @@ class Prefetcher(Iterator[tuple[int, Any]]):
     ) -> None:
         if depth is not None and depth < 1:
             raise ValueError(f"prefetch depth={depth} must be >= 1.")
-        self.next_step = start
-        self._produce, self._end = produce, end
+        self.next_step, self._produce = start, produce
         self.ask: tuple[bool, int, int] | None = None
         self._auto = depth is None
         self._lock = threading.Lock()
         self._consumer = threading.Condition(self._lock)
         self._readers = threading.Condition(self._lock)
-        self._ready: dict[int, tuple[Any, int]] = {}  # step -> (item, its bytes)
+        self._ready = _Ready()
         self._waiting, self._idle = False, 0  # the consumer sleeps; readers asleep
-        self._stopped = False
-        self._release = _drop  # held here: close() may run as the interpreter shuts down
+        self._stopped = False  # closed
         self._climb = Climb(time.perf_counter(), workers=workers)
         self._threads: list[threading.Thread] = []
         self._growers: list[threading.Thread] = []  # threads that start readers
         self._claim = start
-        self.held_bytes = self.peak_bytes = 0  # bytes of steps read ahead, not yet taken
         self._stop_at = end  # no claims from here on (the end, or a step that failed)
-        self._depth = 1
+        self.depth = 1  # steps read ahead now (with "auto", what it has adapted to)
         if self._auto and step_bytes and (end is None or start < end):
             # While the first step is read here, the next ones are read beside it, as
             # deep as a slow source starts (within the budget): a source that waits
             # 20 ms a read then has its first steps ready together instead of one by one.
-            self._depth = max(1, min(_SPECULATE_DEPTH, budget_bytes // step_bytes))
+            self.depth = max(1, min(_SPECULATE_DEPTH, budget_bytes // step_bytes))
             self._claim += 1  # the first step is this thread's
             self._grow()
         item = None
@@ -167,20 +207,16 @@ class Prefetcher(Iterator[tuple[int, Any]]):
                 self.close()
                 raise
             with self._lock:
-                self._store(start, item)
+                self._ready.put(start, item)
                 now = time.perf_counter()
                 self._climb.read(now, now - wall, time.thread_time() - busy)
                 self._claim = max(self._claim, start + 1)
         with self._lock:
-            per_step = max(1, nbytes(item))
-            self._cap = max(1, min(budget_bytes // per_step, MAX_DEPTH))
-            bound = steps_ahead() if steps_ahead is not None else None
-            if bound is not None:
-                self._cap = max(1, min(self._cap, bound))
+            self._cap = _cap(budget_bytes, item, steps_ahead)
             if depth is None:
-                self._depth = self._climb.start(time.perf_counter(), self._cap, start)
+                self.depth = self._climb.start(time.perf_counter(), self._cap, start)
             else:
-                self._depth = min(depth, self._cap)
+                self.depth = min(depth, self._cap)
             if len(self._threads) < self._threads_wanted():
                 self._grow()
             if self._idle:
@@ -190,13 +226,8 @@ class Prefetcher(Iterator[tuple[int, Any]]):
         """Reader threads for the depth: with "auto", one fewer (a step stays ready while
         one is read) and no more than can do useful work (``Climb.threads``)."""
         if self._auto:
-            return max(1, min(self._depth - 1, self._climb.threads(), MAX_THREADS))
-        return min(self._depth, MAX_THREADS)
-
-    @property
-    def depth(self) -> int:
-        """Steps read ahead now (with ``"auto"``, what it has adapted to)."""
-        return self._depth
+            return max(1, min(self.depth - 1, self._climb.threads(), MAX_THREADS))
+        return min(self.depth, MAX_THREADS)
 
     @property
     def threads(self) -> int:
@@ -209,11 +240,10 @@ class Prefetcher(Iterator[tuple[int, Any]]):
         with self._lock:
             return tuple(self._climb.moves) if self._auto else ()
 
-    def _store(self, step: int, item: Any) -> None:
-        size = nbytes(item)
-        self._ready[step] = (item, size)
-        self.held_bytes += size
-        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+    @property
+    def peak_bytes(self) -> int:
+        """The most bytes of steps read ahead and not taken yet, at once."""
+        return self._ready.peak_bytes
 
     def _grow(self) -> None:
         """Starts readers up to the depth's on a thread of its own (a start waits ~0.1 ms)."""
@@ -235,7 +265,7 @@ class Prefetcher(Iterator[tuple[int, Any]]):
             with self._lock:
                 while not self._stopped and (
                     (self._stop_at is not None and self._claim >= self._stop_at)
-                    or self._claim - self.next_step >= self._depth
+                    or self._claim - self.next_step >= self.depth
                 ):
                     if len(self._threads) > max(1, self._threads_wanted()):
                         self._threads.remove(threading.current_thread())
@@ -257,24 +287,19 @@ class Prefetcher(Iterator[tuple[int, Any]]):
                 now = time.perf_counter()
                 self._climb.read(now, now - wall, time.thread_time() - busy)
                 if self._stopped:
-                    self._release(item)
+                    self._ready.drop(item)
                     return
-                self._store(step, item)
+                self._ready.put(step, item)
                 if isinstance(item, _Failed) and (self._stop_at is None or step < self._stop_at):
                     self._stop_at = step + 1
                 if self._waiting and step == self.next_step:
                     self._consumer.notify()
 
-    def _wake_at(self) -> int:
-        """Steps left ahead at which idle readers wake: three quarters of the depth (a
-        read that starts later than that may not be done in time on a busy host)."""
-        return self._depth * 3 // 4
-
     def _set_depth(self, depth: int) -> None:
         """Reads ``depth`` steps ahead from now on, with the threads that takes (with
         "auto", the threads useful may change at the same depth)."""
-        if depth != self._depth:
-            self._depth = depth
+        if depth != self.depth:
+            self.depth = depth
             if self._idle:
                 self._readers.notify(self._idle)
         growing = self._growers and self._growers[-1].is_alive()
@@ -293,7 +318,7 @@ class Prefetcher(Iterator[tuple[int, Any]]):
             step = self.next_step
             if self._stop_at is not None and step >= self._stop_at:  # the end, or past an error
                 raise StopIteration
-            self.ask = (step in self._ready, len(self._ready), self._depth)
+            self.ask = (step in self._ready, len(self._ready), self.depth)
             asked = time.perf_counter() if self._auto else 0.0
             if step not in self._ready:
                 self._waiting = True
@@ -302,13 +327,14 @@ class Prefetcher(Iterator[tuple[int, Any]]):
                         raise StopIteration
                     self._consumer.wait()
                 self._waiting = False
-            item, size = self._ready.pop(step)
-            self.held_bytes -= size
+            item = self._ready.take(step)
             self.next_step = step + 1
             if self._auto:
                 now = time.perf_counter()
                 self._set_depth(self._climb.took(step, now, now - asked, self.ask[1]))
-            if self._idle and self._claim - self.next_step <= self._wake_at():
+            # Idle readers wake at three quarters of the depth left ahead (a read that
+            # starts later than that may not be done in time on a busy host).
+            if self._idle and self._claim - self.next_step <= self.depth * 3 // 4:
                 self._readers.notify(self._idle)
         if isinstance(item, _Failed):
             raise item.error
@@ -318,10 +344,7 @@ class Prefetcher(Iterator[tuple[int, Any]]):
         """Stops the threads and drops the batches they read ahead."""
         with self._lock:
             self._stopped = True
-            for item, _ in self._ready.values():
-                self._release(item)
-            self._ready.clear()
-            self.held_bytes = 0
+            self._ready.drop()
             self._readers.notify_all()
             self._consumer.notify_all()
         for group in (self._growers, self._threads):  # growers first: no reader starts after
