@@ -25,7 +25,6 @@ from meshfeed.data._adapters import GrainSource as GrainSource
 from meshfeed.data._adapters import TorchSource as TorchSource
 from meshfeed.data._arrays import ArraySource as ArraySource
 from meshfeed.data._arrow import HFSource as HFSource
-from meshfeed.data._arrow import ParquetSource as ParquetSource
 from meshfeed.data._bad_records import OnError as OnError
 from meshfeed.data._mix import Mixture as Mixture
 from meshfeed.data._mix import WeightsArg as WeightsArg
@@ -35,12 +34,13 @@ from meshfeed.data._pack import pack as pack
 from meshfeed.data._pack_plan import Algorithm as Algorithm
 from meshfeed.data._pack_plan import LongDocs as LongDocs
 from meshfeed.data._pack_plan import PackPlan as PackPlan
+from meshfeed.data._parquet import ParquetSource as ParquetSource
 from meshfeed.data._ragged import Ragged as Ragged
 from meshfeed.data._selection import Selection as Selection
+from meshfeed.data._sharded import ShardedSource as ShardedSource
 from meshfeed.data._sources import Column as Column
 from meshfeed.data._sources import FieldSpec as FieldSpec
 from meshfeed.data._sources import Source as Source
-from meshfeed.data._store import ShardedSource as ShardedSource
 from meshfeed.data._store import open_source as open_source
 from meshfeed.data._tokenizer import TokenizerFunction as TokenizerFunction
 from meshfeed.data._writer import write_source as write_source
@@ -53,8 +53,9 @@ from meshfeed.feed._plan import STRATEGIES as STRATEGIES
 from meshfeed.feed._plan import Cost as Cost
 from meshfeed.feed._plan import Fetches as Fetches
 from meshfeed.feed._plan import Plan as Plan
+from meshfeed.feed._plan import PodCost as PodCost
 from meshfeed.feed._plan import Strategy as Strategy
-from meshfeed.feed._plan import plan as plan
+from meshfeed.feed._pod import plan as plan
 from meshfeed.feed._replicas import check_replicas as check_replicas
 from meshfeed.feed._schedule import LastBatch as LastBatch
 from meshfeed.feed._schedule import Schedule as Schedule
@@ -147,6 +148,7 @@ __all__ = [
     "Permutation",
     "PlaceThreads",
     "Plan",
+    "PodCost",
     "Prefetch",
     "PrepareExecutor",
     "PrepareStatus",

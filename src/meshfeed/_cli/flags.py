@@ -78,22 +78,19 @@ def sharding_from_flags(mesh: dict[str, int], spec: tuple[Any, ...]) -> Any:
 
 
 def plan_data(args: argparse.Namespace, sharding: Any) -> Any:
-    """``meshfeed plan --data``: the plan of a loader over the dataset, on this process."""
+    """``meshfeed plan --data``: the plan of a loader over the dataset, and with
+    ``--processes``, what that many hosts ask of its store."""
     import meshfeed
 
     options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None
+    order = {"shuffle_block": args.shuffle_block, "shuffle_window": args.shuffle_window}
     try:
-        source = meshfeed.open_source(args.data, storage_options=options)
+        return meshfeed.plan(
+            sharding, data=args.data, processes=args.processes, global_batch_size=args.batch,
+            storage_options=options, store_rps=args.store_rps, loader_options=order,
+        )  # fmt: skip
     except (OSError, ValueError) as error:
-        fail(str(error))
-    loader = meshfeed.Loader(
-        source,
-        global_batch_size=args.batch,
-        sharding=sharding,
-        shuffle_block=args.shuffle_block,
-        shuffle_window=args.shuffle_window,
-    )
-    return loader.plan
+        fail(str(error).splitlines()[0])
 
 
 def check_layout(

@@ -73,14 +73,22 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--data",
         default=None,
-        help="plan a loader over this dataset (a path or URL, e.g. s3://bucket/ds) instead "
-        "of --shape: also the range requests and bytes each step fetches",
+        help="plan a loader over this dataset (a folder, files or a URL, e.g. s3://bucket/ds) "
+        "instead of --shape: also the requests and bytes each step fetches, and with "
+        "--processes N what N hosts ask of the store (start-up and each step)",
     )
     plan.add_argument("--batch", type=int, default=256, help="with --data: global batch size")
     plan.add_argument("--shuffle-block", type=int, default=None, help="with --data")
     plan.add_argument("--shuffle-window", type=int, default=None, help="with --data")
     plan.add_argument(
         "--endpoint-url", default=None, help="with --data: the store's endpoint (S3-compatible)"
+    )
+    plan.add_argument(
+        "--store-rps",
+        type=float,
+        default=5500.0,
+        help="with --data: the store's requests a second, for the pod's figures (default "
+        "5500, S3's per prefix)",
     )
 
     launch = sub.add_parser(
@@ -157,7 +165,9 @@ def _run(args: argparse.Namespace) -> int:
         import meshfeed
         from meshfeed._cli.flags import sharding_from_flags
 
-        check_layout(args.mesh, args.spec, args.shape, args.processes)
+        # With --data, --processes is the pod's hosts, not a split of --mesh's devices.
+        pod = args.command == "plan" and args.data is not None
+        check_layout(args.mesh, args.spec, args.shape, None if pod else args.processes)
         sharding = sharding_from_flags(args.mesh, args.spec)
         if args.command == "plan":
             if args.data is not None:

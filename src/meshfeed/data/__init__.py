@@ -19,10 +19,13 @@ Modules, lowest first (each imports only modules listed before it)::
     _tokenizer     Tokenizer: an encoder with its identity (content hash, fingerprint, specials)
     _folder        the folder layout: manifests, part folders, a prepared folder's record
     _arrays        ArraySource: numpy arrays, memmaps read with pread
-    _store         meshfeed's folder of .npy shards, read: open_source, ShardedSource
+    _sharded       ShardedSource: .npy shards by byte range, each file checked at first read
+    _store         meshfeed's folder of .npy shards, read from its catalog: open_source
     _writer        write_source: one writer, or one part per worker
+    _catalog       catalogs: what a host reads to start; written, upgraded, found from patterns
     _adapters      sources over records: Grain, PyTorch, ArrayRecord
-    _arrow         sources over Arrow: Parquet, Hugging Face datasets
+    _arrow         Arrow columns as fields; Hugging Face datasets
+    _parquet       ParquetSource: many files, a row group at a time, from their catalog
     _selection     Selection: the examples of a source a predicate kept, as a source
     _mix_order     which source and which of its examples fill each position, by stage
     _mix           mix: sources in proportions fixed or by stage, addressed by index

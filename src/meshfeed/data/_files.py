@@ -21,6 +21,7 @@ import numpy as np
 from meshfeed.data._ragged import Ragged, empty
 from meshfeed.data._sources import check_ids
 from meshfeed.storage._blob import Blob
+from meshfeed.storage._expect import ChangedError
 
 _MAGIC = b"\x93NUMPY"
 LOCAL_GAP = 16 << 10  # local runs closer than this are read as one
@@ -162,6 +163,36 @@ class NpyRows(RowFile):
             blob, offset=data_offset, rows=shape[0], shape=shape[1:], dtype=dtype, name=name
         )
 
+    @classmethod
+    def at(
+        cls, blob: Blob, *, offset: int, rows: int, shape: tuple[int, ...], dtype: np.dtype
+    ) -> NpyRows:
+        """The rows of a ``.npy`` whose header a catalog gave (nothing is read now); its
+        header is checked against it at the first read (``check_header``)."""
+        npy = cls.__new__(cls)
+        RowFile.__init__(
+            npy, blob, offset=offset, rows=rows, shape=shape, dtype=dtype, name=blob.path
+        )
+        return npy
+
+    def check_header(self, blob: Blob) -> None:
+        """Raises ``ChangedError`` if the file's header is not the one given to ``at``
+        (read in one range: the catalog says where it ends)."""
+        try:
+            shape, dtype = _parse_header(blob.read(0, self.offset), self.name)
+        except ValueError as error:
+            raise ChangedError(
+                f"{error} Its catalog says a .npy header ends at byte {self.offset}: it "
+                "changed since the catalog was written."
+            ) from None
+        want = ((self.rows, *self.row_shape), self.dtype)
+        if (shape, dtype) != want:
+            raise ChangedError(
+                f"{self.name} holds {shape} {dtype}, its catalog says {want[0]} {want[1]}: "
+                "it changed since the catalog was written. Write the data (or its catalog: "
+                "`meshfeed index`) again."
+            )
+
     def check_size(self, size: int | None = None) -> None:
         """Raises if the file is shorter than its header says."""
         want = self.offset + self.rows * self.row_bytes
@@ -257,6 +288,14 @@ def _read_header(blob: Blob, at: int, name: str) -> tuple[tuple[int, ...], np.dt
     prefix = blob.read(at, at + fixed + length)
     if len(prefix) < fixed + length:
         raise ValueError(f"{name} is truncated inside its .npy header.")
+    shape, dtype = _parse_header(prefix, name)
+    return shape, dtype, at + fixed + length
+
+
+def _parse_header(prefix: bytes, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype in a whole ``.npy`` header (magic to padding)."""
+    if not prefix.startswith(_MAGIC):
+        raise ValueError(f"{name} is not a .npy array (no NUMPY magic at its start): corrupt?")
     fp = io.BytesIO(prefix)
     try:
         version = np.lib.format.read_magic(fp)
@@ -271,7 +310,7 @@ def _read_header(blob: Blob, at: int, name: str) -> tuple[tuple[int, ...], np.dt
             f"{name} is stored in Fortran order; rows are not contiguous. Save it with "
             "np.save(path, np.ascontiguousarray(x))."
         )
-    return tuple(shape), np.dtype(dtype), at + fixed + length
+    return tuple(shape), np.dtype(dtype)
 
 
 def npz_members(blob: Blob) -> dict[str, NpyRows]:

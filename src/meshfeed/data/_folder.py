@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from meshfeed.data._tokenizer import Tokenizer, TokenizerArg, differences
-from meshfeed.storage._blob import is_url, require_fsspec
+from meshfeed.storage._blob import Blob, is_url, require_fsspec
 
 MANIFEST = "meshfeed.json"
 FORMAT = "meshfeed.source/1"
@@ -43,16 +43,9 @@ def exists(path: str, storage_options: Mapping[str, Any] | None = None) -> bool:
 
 
 def read_json(path: str, storage_options: Mapping[str, Any] | None = None) -> Any:
-    """The JSON at ``path``, or ``None`` where there is no file."""
-    if not is_url(path):
-        if not os.path.exists(path):
-            return None
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    fs, inner = require_fsspec().core.url_to_fs(path, **dict(storage_options or {}))
+    """The JSON at ``path`` (behind a URL, one request), or ``None`` where there is none."""
     try:
-        with fs.open(inner, "rb") as f:
-            return json.loads(f.read())
+        return json.loads(Blob(path, storage_options).read_all())
     except FileNotFoundError:
         return None
 
@@ -81,9 +74,11 @@ def check_prepared(
     *,
     tokenizer: TokenizerArg | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    record: dict[str, Any] | None = None,
 ) -> None:
-    """Refuses an unfinished build, or one made with another tokenizer than ``tokenizer``."""
-    record = read_json(join(root, RECORD), storage_options)
+    """Refuses an unfinished build, or one made with another tokenizer than ``tokenizer``
+    (``record``: the build's record, read already; else it is read now)."""
+    record = record or read_json(join(root, RECORD), storage_options)
     if record is None:
         if tokenizer is not None:
             raise ValueError(

@@ -1,4 +1,4 @@
-"""meshfeed's own folder format, read: ``open_source`` and ``ShardedSource``.
+"""meshfeed's own folder format, read: ``open_source``.
 
 ::
 
@@ -14,9 +14,17 @@ Plain ``.npy`` files, so any tool reads them (``_writer`` writes them). ``open_s
 opens the folder -- or a folder of parts written by separate workers, or a single
 ``.npy``/``.npz`` -- as one ``Source`` over all shards and reads each step's rows by
 byte range (``pread`` locally, ``cat_ranges`` through fsspec for URLs), so a process
-reads its own rows and nothing else, and never downloads a shard whole. On open, every
-shard's header and size are checked against the manifest (dtype, shape, truncation);
-``verify=True`` also checks every byte against the manifest's SHA-256.
+reads its own rows and nothing else, and never downloads a shard whole.
+
+The manifest is the folder's *catalog*: with each file's rows, where its rows start,
+its size and SHA-256 (behind a URL, its ETag), it is all a host reads to start -- one
+request, whatever the shard count (two for a folder made by ``prepare``, whose record
+holds the catalog over its parts). Each file is checked at its first read on a host
+(size, header; ETag behind a URL: ``Blob.expect``), not before, and still refused by
+name if it changed. A folder written before catalogs (or parts with none over them)
+opens as it did -- every shard's header and size asked for on open, a few requests a
+shard -- and says so once, naming ``meshfeed index``, which writes its catalog.
+``verify=True`` reads every byte once on open and checks it against the SHA-256.
 """
 
 from __future__ import annotations
@@ -26,137 +34,35 @@ import hashlib
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from meshfeed.data._files import NpyRows, RaggedRows, npz_members
-from meshfeed.data._folder import FORMAT, MANIFEST, check_prepared, join, part_folder
+from meshfeed.data._folder import (
+    FORMAT,
+    MANIFEST,
+    RECORD,
+    check_prepared,
+    join,
+    part_folder,
+    read_json,
+)
+from meshfeed.data._sharded import Rows, ShardedSource
 from meshfeed.data._sources import (
     FieldSpec,
-    check_ids,
     field_text,
-    fields_text,
-    gather_by_part,
-    locate,
 )
 from meshfeed.data._tokenizer import TokenizerArg
 from meshfeed.storage._blob import Blob, is_url, require_fsspec
 from meshfeed.storage._cache import CACHE_BYTES, ShardCache
-from meshfeed.storage._remote import RETRY_S, merge, remote_pool
+from meshfeed.storage._handles import limit_open_files
+from meshfeed.storage._remote import RETRY_S
 
 _PART = re.compile(r"part-(\d{5})-of-(\d{5})$")
-Rows = NpyRows | RaggedRows
-
-
-class ShardedSource:
-    """A ``Source`` over ``.npy`` shards (a meshfeed folder, or one ``.npy``/``.npz``).
-
-    Rows are read by byte range from the shards that hold them. ``bytes_read`` counts
-    the row bytes read so far (headers aside), to see that a process reads only its own;
-    behind a URL, ``requests`` and ``bytes_fetched`` count what crossed the network
-    (rows less than 64 KiB apart in a file are fetched as one request).
-    Behind a URL, the reads of every shard and field a batch touches are in flight
-    together.
-    ``lengths(field)`` gives a ragged field's document lengths from its offsets. Built by
-    ``meshfeed.open_source``.
-    """
-
-    def __init__(self, shards: list[dict[str, Rows]], *, name: str) -> None:
-        self.name = name
-        self._shards = shards
-        first = shards[0]
-        self._fields = {k: FieldSpec(r.row_shape, r.dtype) for k, r in first.items()}
-        self._starts = np.cumsum([0] + [next(iter(s.values())).rows for s in shards])
-        self._len = int(self._starts[-1])
-        self._remote = is_url(name)
-
-    @property
-    def remote(self) -> bool:
-        """Whether the shards are behind a URL."""
-        return self._remote
-
-    @property
-    def fields(self) -> Mapping[str, FieldSpec]:
-        """Each field's shape and dtype (per example), by name."""
-        return self._fields
-
-    def __len__(self) -> int:
-        """The number of examples."""
-        return self._len
-
-    @property
-    def bytes_read(self) -> int:
-        """Bytes read from the shards so far, by every read of this source."""
-        return sum(r.bytes_read for shard in self._shards for r in shard.values())
-
-    @property
-    def requests(self) -> int:
-        """Requests sent to the store behind a URL so far (0 for local files)."""
-        return sum(b.fetched.requests for s in self._shards for r in s.values() for b in r.blobs)
-
-    @property
-    def bytes_fetched(self) -> int:
-        """Bytes received from the store behind a URL so far, gaps between rows included."""
-        return sum(b.fetched.bytes for s in self._shards for r in s.values() for b in r.blobs)
-
-    def fetches(self, ids: np.ndarray) -> tuple[int, int]:
-        """The requests and bytes reading ``ids`` asks a store for, cache aside (nothing
-        is read but a ragged field's offsets, once)."""
-        ids = check_ids(ids, self._len, self.name)
-        shard, local = locate(self._starts, ids)
-        requests = fetched = 0
-        for p in np.unique(shard).tolist():
-            for rows in self._shards[p].values():
-                starts, ends = rows.byte_ranges(local[shard == p])
-                merged = merge(starts.tolist(), ends.tolist())
-                requests += len(merged)
-                fetched += sum(hi - lo for lo, hi, _ in merged)
-        return requests, fetched
-
-    def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
-        """The examples ``ids`` (a 1-D int array): one array per field, a row per id."""
-        ids = check_ids(ids, self._len, self.name)
-        shard, local = locate(self._starts, ids)
-        parts = np.unique(shard).tolist()
-        if not self._remote or all(
-            b.local_copy for p in parts for r in self._shards[p].values() for b in r.blobs
-        ):  # local files, or local copies (cache_dir) of every file this read touches
-            return gather_by_part(shard, local, self._fields, self._read_shard)
-        # Behind a URL every read waits on the network: put the reads of every shard and
-        # field in flight together (each one all its byte ranges, through cat_ranges).
-        pool = remote_pool()
-        reads = {
-            p: {
-                name: pool.submit(rows.read, local[shard == p])
-                for name, rows in self._shards[p].items()
-            }
-            for p in parts
-        }
-        return gather_by_part(
-            shard, local, self._fields, lambda p, _: {k: f.result() for k, f in reads[p].items()}
-        )
-
-    def _read_shard(self, shard: int, local: np.ndarray) -> dict[str, Any]:
-        return {name: rows.read(local) for name, rows in self._shards[shard].items()}
-
-    def lengths(self, field: str) -> np.ndarray:
-        """Every document's length in the ragged ``field`` (read from its offsets)."""
-        if field not in self._fields or not self._fields[field].ragged:
-            ragged = [k for k, s in self._fields.items() if s.ragged]
-            raise ValueError(
-                f"lengths({field!r}): that is not a ragged field of {self.name}; its ragged "
-                f"fields are {ragged}."
-            )
-        return np.concatenate([shard[field].lengths() for shard in self._shards])  # type: ignore[union-attr]
-
-    def __repr__(self) -> str:
-        shards = len(self._shards)
-        return (
-            f"ShardedSource({self.name!r}, {self._len} examples in {shards} shards; "
-            f"{fields_text(self._fields)})"
-        )
+_SAID: set[str] = set()  # folders said to open without a catalog, in this process
 
 
 def open_source(
@@ -168,6 +74,7 @@ def open_source(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_bytes: int = CACHE_BYTES,
     tokenizer: TokenizerArg | None = None,
+    max_open_files: int | None = None,
 ) -> ShardedSource:
     """Opens a meshfeed folder (one with ``meshfeed.json``, or one of parts), a ``.npy``
     or a ``.npz``.
@@ -194,10 +101,16 @@ def open_source(
         tokens are compared with the folder's record, and a mismatch is refused, naming
         what differs. A prepared folder whose build is unfinished is always refused.
 
+      max_open_files: the most files this process keeps open at once (default 128;
+        never more than half the soft ``RLIMIT_NOFILE``), the least recently read closed
+        first: one bound for the whole process, every source's files together, set by
+        the last source opened with it.
+
     Returns:
       A ``ShardedSource`` reading only the rows asked for.
     """
     root = os.fspath(path)
+    limit_open_files(max_open_files)
     cache = None
     if cache_dir is not None:
         if not is_url(root):
@@ -222,32 +135,55 @@ def open_source(
         if len(set(lengths.values())) > 1:
             raise ValueError(f"{root} holds arrays of different lengths {lengths}.")
         return ShardedSource(list([members]), name=root)  # type: ignore[list-item]
-    check_prepared(root, tokenizer=tokenizer, storage_options=storage_options)
-    parts = _parts(root, storage_options)
-    if parts:
-        shards: list[dict[str, Rows]] = []
-        fields: Any = None
-        for folder in parts:
-            manifest = _manifest(join(root, folder), blob)
-            if not manifest["num_examples"]:
-                continue  # a part of a build that kept no documents
-            if fields is not None and manifest["fields"] != fields:
-                raise ValueError(
-                    f"{join(root, folder)} has fields {manifest['fields']}, {parts[0]} has "
-                    f"{fields}: the parts were written from different data."
-                )
-            fields = manifest["fields"]
-            shards += _shards(join(root, folder), manifest, blob, verify=verify)
-        if not shards:
-            raise ValueError(f"{root} holds {len(parts)} parts and no examples in any of them.")
-        return ShardedSource(shards, name=root)
-    manifest = _manifest(root, blob)
-    if not manifest["shards"]:
-        raise ValueError(f"{join(root, MANIFEST)} lists no examples.")
-    return ShardedSource(_shards(root, manifest, blob, verify=verify), name=root)
+    manifest = read_json(join(root, MANIFEST), storage_options)  # one request
+    if manifest is not None:  # a folder (its manifest is its catalog)
+        if tokenizer is not None:  # refused: not made by prepare
+            check_prepared(root, tokenizer=tokenizer, storage_options=storage_options)
+        manifest = _valid(manifest, join(root, MANIFEST))
+        if not manifest["shards"]:
+            raise ValueError(f"{join(root, MANIFEST)} lists no examples.")
+        return ShardedSource(_shards(root, manifest, blob, verify=verify), name=root)
+    record = read_json(join(root, RECORD), storage_options)  # a prepared folder: one more
+    check_prepared(root, tokenizer=tokenizer, storage_options=storage_options, record=record)
+    if record is not None and record.get("catalog"):
+        catalog = _valid(record["catalog"], join(root, RECORD))
+        return ShardedSource(_shards(root, catalog, blob, verify=verify), name=root)
+    parts = part_folders(root, storage_options)
+    if not parts:
+        _manifest(root, blob)  # raises: no manifest
+    no_catalog(root, f"{len(parts)} parts, none over them")
+    shards: list[dict[str, Rows]] = []
+    fields: Any = None
+    for folder in parts:
+        manifest = _manifest(join(root, folder), blob)
+        if not manifest["num_examples"]:
+            continue  # a part of a build that kept no documents
+        if fields is not None and manifest["fields"] != fields:
+            raise ValueError(
+                f"{join(root, folder)} has fields {manifest['fields']}, {parts[0]} has "
+                f"{fields}: the parts were written from different data."
+            )
+        fields = manifest["fields"]
+        shards += _shards(join(root, folder), manifest, blob, verify=verify, said=True)
+    if not shards:
+        raise ValueError(f"{root} holds {len(parts)} parts and no examples in any of them.")
+    return ShardedSource(shards, name=root)
 
 
-def _parts(root: str, storage_options: Mapping[str, Any] | None) -> list[str]:
+def no_catalog(where: str, what: str, names: str | None = None) -> None:
+    """Says once per process that data opens without a catalog, and the command that
+    writes one (``names``: what to give it; default ``where``)."""
+    if where in _SAID:
+        return
+    _SAID.add(where)
+    sys.stderr.write(
+        f"meshfeed: {where} has no catalog ({what}): each host asks the store about every "
+        f"file before reading; write one once with `meshfeed index {names or where}`\n"
+    )
+    sys.stderr.flush()
+
+
+def part_folders(root: str, storage_options: Mapping[str, Any] | None) -> list[str]:
     """The part folders under ``root`` in order, when it holds parts and no manifest."""
     if is_url(root):
         fs, inner = require_fsspec().core.url_to_fs(root, **dict(storage_options or {}))
@@ -277,8 +213,7 @@ def _parts(root: str, storage_options: Mapping[str, Any] | None) -> list[str]:
 def _manifest(root: str, blob: Callable[[str], Blob]) -> dict[str, Any]:
     manifest_path = join(root, MANIFEST)
     try:
-        raw = blob(manifest_path)
-        text = raw.read(0, raw.size())
+        text = blob(manifest_path).read_all()
     except FileNotFoundError:
         raise FileNotFoundError(
             f"{manifest_path} does not exist: {root} is not a meshfeed dataset (or its "
@@ -289,11 +224,31 @@ def _manifest(root: str, blob: Callable[[str], Blob]) -> dict[str, Any]:
         manifest = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"{manifest_path} is not valid JSON ({error}): corrupt?") from None
+    return _valid(manifest, manifest_path)
+
+
+def _valid(manifest: Any, where: str) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError(f"{manifest_path} is not a {FORMAT} manifest.")
+        raise ValueError(f"{where} is not a {FORMAT} manifest.")
     if not manifest["shards"] and manifest.get("num_examples") != 0:
-        raise ValueError(f"{manifest_path} lists no shards.")
+        raise ValueError(f"{where} lists no shards.")
     return manifest
+
+
+def _cataloged(
+    root: str, info: dict[str, Any], shape: tuple[int, ...], dtype: np.dtype, blob: Any
+) -> NpyRows:
+    """One ``.npy`` of a shard as its catalog entry says: nothing read now, its size (its
+    ETag behind a URL) and header checked at its first read."""
+    rows = NpyRows.at(
+        blob(join(root, info["path"])),
+        offset=info["offset"], rows=info["rows"], shape=shape, dtype=dtype,
+    )  # fmt: skip
+    rows.blob.version = info["sha256"]  # a rewritten file is not read from an old copy
+    # Behind a URL, an ETag that matches says the header does too: no request for it.
+    check = None if info.get("etag") and is_url(root) else rows.check_header
+    rows.blob.expect(info["bytes"], etag=info.get("etag"), check=check)
+    return rows
 
 
 def _checked(
@@ -324,7 +279,12 @@ def _checked(
 
 
 def _shards(
-    root: str, manifest: dict[str, Any], blob: Callable[[str], Blob], *, verify: bool
+    root: str,
+    manifest: dict[str, Any],
+    blob: Callable[[str], Blob],
+    *,
+    verify: bool,
+    said: bool = False,
 ) -> list[dict[str, Rows]]:
     shards: list[dict[str, Rows]] = []
     for entry in manifest["shards"]:
@@ -334,9 +294,25 @@ def _shards(
             if info is None:
                 raise ValueError(f"{join(root, MANIFEST)} lists a shard without field {name!r}.")
             want = FieldSpec(tuple(spec["shape"]), np.dtype(spec["dtype"]))
+            first = info["values"] if want.ragged else info
+            if "offset" in first and not verify:  # a catalog: nothing to ask before a read
+                rows: Rows
+                if want.ragged:
+                    offsets = {**info["offsets"], "rows": entry["rows"] + 1}  # int64 (Ragged)
+                    rows = RaggedRows(
+                        _cataloged(root, info["values"], want.shape[1:], want.dtype, blob),
+                        _cataloged(root, offsets, (), np.dtype(np.int64), blob),
+                    )
+                else:
+                    rows = _cataloged(root, info, want.shape, want.dtype, blob)
+                shard[name] = rows
+                continue
+            if "offset" not in first and not said:
+                no_catalog(root, "its manifest is from before catalogs")
+                said = True
             if want.ragged:
                 values = NpyRows(blob(join(root, info["values"]["path"])))
-                rows: Rows = RaggedRows(
+                rows = RaggedRows(
                     _checked(root, info["values"], values.rows, blob, verify=verify),
                     _checked(root, info["offsets"], entry["rows"] + 1, blob, verify=verify),
                 )

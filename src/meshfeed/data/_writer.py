@@ -36,6 +36,7 @@ class FolderWriter:
 
     def __init__(self, root: str, storage_options: Mapping[str, Any] | None) -> None:
         self.root = root
+        self.storage_options = storage_options
         if is_url(root):
             self.fs, self.path = require_fsspec().core.url_to_fs(
                 root, **dict(storage_options or {})
@@ -46,6 +47,18 @@ class FolderWriter:
     def write(self, relative: str, data: bytes) -> None:
         """Writes ``data`` whole or not at all: a process killed mid-write leaves no file
         (locally a temporary name renamed into place; an object store's put is atomic)."""
+        self._write(relative, data)
+
+    def etag(self, relative: str) -> str | None:
+        """The ETag a store gave the object written at ``relative`` (``None`` locally, or
+        where the store gives none): one request, at write time."""
+        if self.fs is None:
+            return None
+        info = self.fs.info(f"{self.path.rstrip('/')}/{relative}")
+        tag = info.get("ETag") or info.get("etag")
+        return None if tag is None else str(tag)
+
+    def _write(self, relative: str, data: bytes) -> None:
         if self.fs is None:
             target = os.path.join(self.path, relative)
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -65,16 +78,25 @@ class FolderWriter:
         return bool(self.fs.exists(f"{self.path.rstrip('/')}/{relative}"))
 
     def npy(self, relative: str, array: np.ndarray) -> dict[str, Any]:
-        """Writes ``array`` as ``.npy``; returns its manifest entry."""
+        """Writes ``array`` as ``.npy``; returns its manifest entry: what a reader needs to
+        read it without opening it first (its rows, where they start, its size) and what
+        tells whether it changed since (its SHA-256; behind a URL, its ETag)."""
+        array = np.ascontiguousarray(array)
         buffer = io.BytesIO()
-        np.lib.format.write_array(buffer, np.ascontiguousarray(array), allow_pickle=False)
+        np.lib.format.write_array(buffer, array, allow_pickle=False)
         payload = buffer.getvalue()
         self.write(relative, payload)
-        return {
+        entry = {
             "path": relative,
             "bytes": len(payload),
             "sha256": hashlib.sha256(payload).hexdigest(),
+            "rows": len(array),
+            "offset": len(payload) - array.nbytes,
         }
+        etag = self.etag(relative)
+        if etag is not None:
+            entry["etag"] = etag
+        return entry
 
 
 def _documents(name: str, value: Any) -> Ragged:

@@ -28,6 +28,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _stats         PipelineStats: what each stage did, for loader.stats()
     _assembly      assemble: a loader's parts wired from its options
     _loader        Loader: the façade over all of the above
+    _pod           plan: the strategies' costs; with data, what a pod of hosts asks of its store
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.
 """

@@ -64,6 +64,48 @@ class Fetches:
 
 
 @dataclasses.dataclass(frozen=True)
+class PodCost:
+    """What ``processes`` hosts ask of the store behind a dataset: one host's requests
+    before its first data read (by kind, as counted opening it here), its requests and
+    bytes per step (the mean of the ``steps`` first steps, its share of each batch), and
+    what that comes to for the pod at the store's rate, ``store_rps`` requests a second."""
+
+    url: str
+    processes: int
+    startup: dict[str, int]
+    step_requests: float
+    step_bytes: float
+    steps: int
+    store_rps: float
+
+    @property
+    def startup_requests(self) -> int:
+        """One host's requests before its first data read."""
+        return sum(self.startup.values())
+
+    @property
+    def pod_startup_requests(self) -> int:
+        """Every host's, together: what the store serves before the pod's first step."""
+        return self.processes * self.startup_requests
+
+    @property
+    def startup_seconds(self) -> float:
+        """The pod's start-up requests at the store's rate."""
+        return self.pod_startup_requests / self.store_rps
+
+    @property
+    def pod_step_requests(self) -> float:
+        """Every host's requests of one step, together."""
+        return self.processes * self.step_requests
+
+    @property
+    def step_seconds(self) -> float:
+        """One step's requests, every host's, at the store's rate: a step faster than
+        this waits on the store (or needs a store that serves more)."""
+        return self.pod_step_requests / self.store_rps
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """The costs of every strategy, and the one a loader uses (or ``"auto"`` picks)."""
 
@@ -75,6 +117,7 @@ class Plan:
     processes: int
     fields: dict[str, str]
     fetches: Fetches | None = None  # for a source behind a URL: a step's requests
+    pod: PodCost | None = None  # with data and processes: what the pod asks of the store
     schedule: tuple[Span, ...] = ()
     """The spans of steps ahead of a loader with stages (a batch size that ramps, a
     mixture's weights), and what holds in each."""
@@ -214,34 +257,4 @@ def make_plan(
         global_batch_size=global_batch_size,
         processes=len(needed),
         fields={n: field_text(FieldSpec(s, d)) for n, (_, s, d) in fields.items()},
-    )
-
-
-def plan(
-    sharding: NamedSharding,
-    shape: Sequence[int],
-    dtype: Any = np.float32,
-    *,
-    processes: int | None = None,
-) -> Plan:
-    """What each strategy costs for one array of global ``shape`` laid out by ``sharding``.
-
-    Args:
-      sharding: the target ``NamedSharding``; dimension 0 is the batch.
-      shape: the global shape, ``(global_batch_size, ...)``.
-      dtype: the element type.
-      processes: plan as if the mesh's devices were split, in order, over this many
-        processes (default: the processes running here).
-
-    Returns:
-      A ``Plan``: ``plan.costs[strategy]`` per strategy, ``plan.choice`` and
-      ``plan.reason`` for ``"auto"``; ``meshfeed.show_plan(plan)`` draws them as a table.
-    """
-    if not isinstance(sharding, NamedSharding):
-        raise TypeError(f"sharding is a {type(sharding).__name__}; pass a NamedSharding.")
-    shape = tuple(int(d) for d in shape)
-    if not shape:
-        raise ValueError("shape=() has no batch dimension; pass (global_batch_size, ...).")
-    return make_plan(
-        {"array": (sharding, shape[1:], np.dtype(dtype))}, shape[0], processes=processes
     )

@@ -33,8 +33,17 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from meshfeed.data._catalog import (
+    MIXED,
+    catalog_dir,
+    changed,
+    stamp,
+    write_catalog,
+    write_file_catalog,
+)
+from meshfeed.data._parquet import catalog_entries
 from meshfeed.data._writer import FolderWriter
-from meshfeed.formats._index import changed, kind_of, load_index, save_index, stamp
+from meshfeed.formats._index import Index, kind_of, load_index, save_index
 from meshfeed.formats._jsonl import SEEKABLE_MEMBER, scan_jsonl
 from meshfeed.formats._tar_scan import scan_tar
 from meshfeed.formats._tfrecord import scan_tfrecord
@@ -58,6 +67,7 @@ class IndexReport:
     samples: int
     seconds: float
     bytes_scanned: int
+    catalog: str | None = None  # where the catalog over every file was written
 
     def __str__(self) -> str:
         rate = self.bytes_scanned / max(self.seconds, 1e-9) / 1e6
@@ -65,6 +75,7 @@ class IndexReport:
             f"indexed {len(self.indexed)} files ({self.samples:,} samples, "
             f"{self.bytes_scanned / 1e6:,.1f} MB at {rate:,.0f} MB/s); "
             f"{len(self.current)} were indexed already"
+            + (f"; their catalog: {self.catalog}" if self.catalog else "")
         )
 
 
@@ -79,18 +90,29 @@ def index(
     storage_options: Mapping[str, Any] | None = None,
     progress: bool = True,
 ) -> IndexReport:
-    """Indexes WebDataset tar shards, JSON Lines and TFRecord files for random access.
+    """Indexes WebDataset tar shards, JSON Lines and TFRecord files for random access, and
+    writes the catalog a host opens them from (also of Parquet files and meshfeed folders).
+
+    Every file is indexed (beside it, or in ``index_dir``), then the catalog over them,
+    ``meshfeed.catalog.json``, is written in the folder the files share (or in
+    ``index_dir``): each file's stamp, samples and index summary, which a source opens
+    with one request whatever the number of files. Parquet files are not indexed (their
+    footers are their index): their catalog holds each file's row groups and the fields.
+    A meshfeed folder written before catalogs (or a folder of parts) gets its catalog in
+    its manifest (or, made by ``prepare``, in its record).
 
     Args:
       files: paths, globs, brace patterns or URLs of ``.tar``, ``.jsonl``,
-        ``.jsonl.gz``, ``.jsonl.zst`` and ``.tfrecord`` files.
+        ``.jsonl.gz``, ``.jsonl.zst``, ``.tfrecord`` or ``.parquet`` files; or one
+        meshfeed folder.
       index_dir: where to write the indexes (default: beside each file), for data in a
         read-only place; pass the same ``index_dir`` to the source.
       workers: with ``executor="local"``, processes indexing files at once (default:
         one per core, at most one per file and one per 512 MiB; a smaller set is indexed
         in this process).
       part: ``(i, n)``: index only share ``i`` of ``n`` of the files, for ``n`` runs on
-        separate machines.
+        separate machines (no catalog: run once more without ``part`` when all are done,
+        which finds every index current and writes the catalog).
       executor: ``"local"``: this process or ``workers`` processes on this machine;
         ``"ray"``: one Ray task per file on the cluster this process is connected to,
         else the one ``RAY_ADDRESS`` names, else a local Ray of its own; the files must
@@ -124,15 +146,28 @@ def index(
         raise ValueError(f"part={part!r} must be (i, n) with 0 <= i < n, e.g. part=(0, 4).")
     if executor == "ray":
         import_ray("executor='ray'")
+    start = time.perf_counter()
+    given = [os.fspath(files)] if isinstance(files, str | os.PathLike) else list(files)
+    if len(given) == 1 and _folder(os.fspath(given[0])):  # a meshfeed folder: its catalog
+        where = write_catalog(os.fspath(given[0]), storage_options)
+        return IndexReport([], [], 0, time.perf_counter() - start, 0, where)
     paths = expand_paths(files, storage_options, what="files")
+    if all(p.lower().endswith(".parquet") for p in paths):  # footers: the catalog only
+        entries, fields = catalog_entries(paths, storage_options)
+        folder = catalog_dir(
+            [os.fspath(p) for p in given], None if index_dir is None else os.fspath(index_dir)
+        )
+        where = write_file_catalog(folder, "parquet", entries, storage_options, extra=fields)
+        samples = sum(e["meta"]["samples"] for e in entries)
+        return IndexReport([], paths, samples, time.perf_counter() - start, 0, where)
     for p in paths:
         if kind_of(p) is None:
             raise ValueError(
-                f"{p}: meshfeed.index reads .tar, .jsonl[.gz|.zst] and .tfrecord files."
+                f"{p}: meshfeed.index reads .tar, .jsonl[.gz|.zst], .tfrecord and .parquet "
+                "files, or a meshfeed folder."
             )
     share = [p for i, p in enumerate(paths) if part is None or i % part[1] == part[0]]
     root = None if index_dir is None else os.fspath(index_dir)
-    start = time.perf_counter()
     if seekable:
         for p in share:
             make_seekable(p, storage_options)
@@ -156,7 +191,48 @@ def index(
                 print(f"index: {p} ({found:,} samples)", file=sys.stderr, flush=True)
     elif todo:
         samples = _run(todo, count, root, storage_options, progress)
-    return IndexReport(todo, current, samples, time.perf_counter() - start, scanned)
+    catalog = None
+    if part is None:  # every file indexed: the catalog over them
+        catalog = write_index_catalog(given, paths, root, storage_options)
+    seconds = time.perf_counter() - start
+    return IndexReport(todo, current, samples, seconds, scanned, catalog)
+
+
+def _folder(path: str) -> bool:
+    """Whether ``path`` names a meshfeed folder (no file suffix, no wildcard)."""
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return "." not in name and not any(c in path for c in "*?[{")
+
+
+def write_index_catalog(
+    patterns: Sequence[str | os.PathLike[str]],
+    paths: Sequence[str],
+    index_dir: str | None,
+    storage_options: Mapping[str, Any] | None,
+) -> str:
+    """Writes the catalog of ``paths`` (named by ``patterns``), each file's index read
+    once: its stamp, its samples and what its format summarises (a tar shard's fields,
+    and how many samples lack each); returns where it is."""
+    entries = []
+    for path in paths:
+        found = load_index(path, index_dir, storage_options)
+        if found is None:
+            raise FileNotFoundError(f"{path} has no index: index it before its catalog.")
+        entries.append({"path": path, "meta": {**found.meta, **_summary(found)}})
+    kinds = {kind_of(p) for p in paths}
+    kind = kinds.pop() if len(kinds) == 1 else MIXED
+    assert kind is not None
+    folder = catalog_dir([os.fspath(p) for p in patterns], index_dir)
+    return write_file_catalog(folder, kind, entries, storage_options)
+
+
+def _summary(index: Index) -> dict[str, Any]:
+    """What a source needs of an index before reading its file, beyond its meta."""
+    if index.meta.get("kind") != "tar":
+        return {}
+    offsets = index.arrays["offsets"]
+    fields = index.meta["fields"]
+    return {"missing": {ext: int((offsets[:, j] < 0).sum()) for j, ext in enumerate(fields)}}
 
 
 def index_one(path: str, index_dir: str | None, storage_options: Mapping[str, Any] | None) -> int:

@@ -26,7 +26,7 @@ import numpy as np
 
 from meshfeed.data._folder import join
 from meshfeed.data._writer import FolderWriter
-from meshfeed.storage._blob import Blob, is_url, require_fsspec
+from meshfeed.storage._blob import Blob, is_url
 from meshfeed.storage._paths import kind_by_suffix
 
 READ = 2 << 20
@@ -89,30 +89,6 @@ def index_path(path: str, index_dir: str | None) -> str:
         return path + INDEX_SUFFIX
     digest = hashlib.sha1(path.encode()).hexdigest()[:12]
     return join(index_dir, f"{path.rstrip('/').rsplit('/', 1)[-1]}.{digest}{INDEX_SUFFIX}")
-
-
-def stamp(path: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """What tells a file's version: its size and modification time (local), or its size
-    and ETag (or modification time) behind a URL."""
-    if not is_url(path):
-        info = os.stat(path)
-        return {"size": info.st_size, "mtime_ns": info.st_mtime_ns}
-    fs, inner = require_fsspec().core.url_to_fs(path, **dict(storage_options or {}))
-    info = fs.info(inner)
-    out: dict[str, Any] = {"size": int(info["size"])}
-    for key in ("ETag", "etag", "md5Hash", "LastModified", "mtime", "last_modified"):
-        if info.get(key) is not None:
-            out[key.lower()] = str(info[key])
-            break
-    return out
-
-
-def changed(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
-    """How a file differs from when it was indexed (``None``: it does not)."""
-    for key, value in current.items():
-        if key in recorded and recorded[key] != value:
-            return f"its {key} is {value} now, {recorded[key]} when it was indexed"
-    return None
 
 
 def load_index(

@@ -11,21 +11,29 @@ which ranges a sample needs and what its bytes mean.
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from meshfeed.data._catalog import catalog_dir, changed, quoted, read_catalog, stamp
 from meshfeed.data._sources import check_ids, locate
-from meshfeed.formats._index import Index, changed, kind_of, load_index, stamp
+from meshfeed.data._store import no_catalog
+from meshfeed.formats._index import Index, kind_of, load_index
 from meshfeed.storage._blob import Blob, is_url
 from meshfeed.storage._cache import CACHE_BYTES, ShardCache
+from meshfeed.storage._expect import ChangedError
+from meshfeed.storage._handles import limit_open_files
 from meshfeed.storage._paths import expand_paths
 from meshfeed.storage._remote import merge, remote_pool
 
 Scan = Callable[[Blob], Index]
+INDEX_BYTES = 256 << 20
+"""Bytes of loaded indexes a source keeps, by default (``index_bytes``)."""
 
 
 class IndexedFiles:
@@ -43,8 +51,27 @@ class IndexedFiles:
         retry_s: float,
         cache_dir: str | os.PathLike[str] | None,
         cache_bytes: int = CACHE_BYTES,
+        index_bytes: int = INDEX_BYTES,
+        max_open_files: int | None = None,
     ) -> None:
-        self.paths = expand_paths(files, storage_options, what="files")
+        limit_open_files(max_open_files)
+        if not isinstance(index_bytes, int) or isinstance(index_bytes, bool) or index_bytes < 0:
+            raise ValueError(f"index_bytes={index_bytes!r} must be an int >= 0 (bytes).")
+        patterns = [os.fspath(files)] if isinstance(files, str | os.PathLike) else list(files)
+        self.index_dir = None if index_dir is None else os.fspath(index_dir)
+        self.storage_options = storage_options
+        self._loaded = IndexCache(index_bytes)
+        found = None
+        if not build and patterns and all(isinstance(p, str | os.PathLike) for p in patterns):
+            found = read_catalog(
+                [os.fspath(p) for p in patterns], kind=kind, index_dir=self.index_dir,
+                storage_options=storage_options,
+            )  # fmt: skip
+        if found is not None:  # one request: every file's stamp and samples
+            self.paths = [e["path"] for e in found[1]]
+            self.metas = [e["meta"] for e in found[1]]
+        else:
+            self.paths = expand_paths(files, storage_options, what="files")
         wrong = [p for p in self.paths if kind_of(p) != kind]
         if wrong:
             raise ValueError(
@@ -57,20 +84,55 @@ class IndexedFiles:
                     "cache_dir keeps copies of files behind URLs; drop it for local files."
                 )
             cache = ShardCache(os.fspath(cache_dir), cache_bytes)
-        self.index_dir = None if index_dir is None else os.fspath(index_dir)
-        self.storage_options = storage_options
         blob = functools.partial(
             Blob, storage_options=storage_options, retry_s=retry_s, cache=cache
         )
         self.blobs = [blob(p) for p in self.paths]
-        self.indexes = [self._index(b, scan, build) for b in self.blobs]
-        self.starts = np.cumsum([0] + [ix.samples for ix in self.indexes])
+        if found is None:  # every index read now (and kept, within index_bytes)
+            if not build:
+                where = catalog_dir([os.fspath(p) for p in patterns], self.index_dir)
+                no_catalog(where, f"{len(self.paths)} {kind} files", quoted(patterns))
+            indexes = [self._index(b, scan, build) for b in self.blobs]
+            self.metas = [ix.meta for ix in indexes]
+            for f, ix in enumerate(indexes):
+                self._loaded.put(f, ix)
+        else:
+            for b, meta in zip(self.blobs, self.metas, strict=True):
+                recorded = meta["file"]
+                if is_url(b.path):  # the first read's reply: its size and ETag
+                    b.expect(int(recorded["size"]), etag=recorded.get("etag"))
+                else:  # a stat: its size and modification time, as when it was indexed
+                    b.expect(None, check=functools.partial(_unchanged, recorded))
+        self.starts = np.cumsum([0] + [int(m["samples"]) for m in self.metas])
         self.name = (
             self.paths[0]
             if len(self.paths) == 1
             else f"{self.paths[0]} and {len(self.paths) - 1} more"
         )
         self.remote = is_url(self.paths[0])
+
+    def index(self, f: int) -> Index:
+        """File ``f``'s index: read at its first use (and checked against the catalog),
+        kept while the loaded indexes fit in ``index_bytes``, least recently used
+        dropped first."""
+        found = self._loaded.get(f)
+        if found is not None:
+            return found
+        path = self.paths[f]
+        found = load_index(path, self.index_dir, self.storage_options)
+        if found is None:
+            raise FileNotFoundError(
+                f"{path} has no index (its catalog lists it): build it again with "
+                f"meshfeed.index({path!r}) or `meshfeed index {path}`."
+            )
+        how = changed(self.metas[f]["file"], found.meta["file"])
+        if how is not None:
+            raise ChangedError(
+                f"{path} was indexed again since its catalog was written ({how}); write the "
+                f"catalog again: `meshfeed index` over the files."
+            )
+        self._loaded.put(f, found)
+        return found
 
     def _index(self, blob: Blob, scan: Scan, build: bool) -> Index:
         path = blob.path
@@ -143,8 +205,8 @@ class IndexedFiles:
         """What the samples depend on: each file's name, size and samples, in order (not
         the folder: a state restores where the same files sit at another path)."""
         return [
-            [p.rstrip("/").rsplit("/", 1)[-1], ix.meta["file"]["size"], ix.samples]
-            for p, ix in zip(self.paths, self.indexes, strict=True)
+            [p.rstrip("/").rsplit("/", 1)[-1], m["file"]["size"], int(m["samples"])]
+            for p, m in zip(self.paths, self.metas, strict=True)
         ]
 
 
@@ -178,6 +240,46 @@ class FilesSource:
     def bytes_fetched(self) -> int:
         """Bytes received from the store so far."""
         return self.files.bytes_fetched
+
+
+def _unchanged(recorded: Mapping[str, Any], blob: Blob) -> None:
+    """A local file's first read: refused if its stamp is not the catalog's."""
+    how = changed(recorded, stamp(blob.path, None))
+    if how is not None:
+        raise ChangedError(
+            f"{blob.path} changed since it was indexed ({how}); index it again: "
+            f"meshfeed.index({blob.path!r}) or `meshfeed index {blob.path}` (over all the "
+            "files, for their catalog)."
+        )
+
+
+class IndexCache:
+    """Loaded indexes by file, within a byte budget: least recently used dropped first."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._held: collections.OrderedDict[int, tuple[Index, int]] = collections.OrderedDict()
+        self.bytes = 0
+
+    def get(self, f: int) -> Index | None:
+        with self._lock:
+            found = self._held.get(f)
+            if found is None:
+                return None
+            self._held.move_to_end(f)
+            return found[0]
+
+    def put(self, f: int, index: Index) -> None:
+        size = sum(a.nbytes for a in index.arrays.values())
+        with self._lock:
+            if f in self._held:
+                return
+            self._held[f] = (index, size)
+            self.bytes += size
+            while self.bytes > self.budget and len(self._held) > 1:
+                _, (_, dropped) = self._held.popitem(last=False)
+                self.bytes -= dropped
 
 
 def read_ranges(blob: Blob, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:

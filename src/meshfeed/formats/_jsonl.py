@@ -185,7 +185,7 @@ class JsonlSource(FilesSource):
         out = {}
         for f in np.unique(file).tolist():
             rows = np.flatnonzero(file == f)
-            arrays = self.files.indexes[f].arrays
+            arrays = self.files.index(f).arrays
             starts = arrays["starts"][local[rows]]
             ends = starts + arrays["lengths"][local[rows]]
             if "members" not in arrays:
@@ -212,12 +212,12 @@ class JsonlSource(FilesSource):
                 at = starts
             else:
                 which, needed, _, _ = compressed
-                kind = self.files.indexes[f].meta["compression"]
+                kind = self.files.index(f).meta["compression"]
                 texts = {
                     int(m): inflate_member(kind, raw, name)
                     for m, raw in zip(needed, data[f], strict=True)
                 }
-                members = self.files.indexes[f].arrays["members"]
+                members = self.files.index(f).arrays["members"]
                 lines = [
                     texts[int(m)][s - members[m, 2] : e - members[m, 2]]
                     for m, s, e in zip(which, starts, ends, strict=True)

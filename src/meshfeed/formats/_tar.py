@@ -17,7 +17,6 @@ from typing import Any, Literal
 import numpy as np
 
 from meshfeed.data._sources import FieldSpec, fields_text
-from meshfeed.formats._index import Index
 from meshfeed.formats._indexed import FilesSource, IndexedFiles
 from meshfeed.formats._tar_scan import scan_tar
 from meshfeed.storage._cache import CACHE_BYTES
@@ -96,13 +95,13 @@ class TarSource(FilesSource):
             storage_options=storage_options, retry_s=retry_s, cache_dir=cache_dir,
             cache_bytes=cache_bytes,
         )  # fmt: skip
-        self._exts = sorted({e for ix in self.files.indexes for e in ix.meta["fields"]})
+        self._exts = sorted({e for meta in self.files.metas for e in meta["fields"]})
         unknown = [e for e in decode if e not in self._exts]
         if unknown:
             raise ValueError(
                 f"decode names {unknown}, not extensions of the shards ({self._exts})."
             )
-        self._columns = [self._column_of(ix) for ix in self.files.indexes]
+        self._columns = [self._column_of(meta) for meta in self.files.metas]
         self._missing = self._check_missing(missing)
         self._key = key
         fields = {}
@@ -116,30 +115,43 @@ class TarSource(FilesSource):
             fields[key] = FieldSpec((), OBJECT)
         self._fields = fields
 
-    def _column_of(self, index: Index) -> dict[str, int]:
-        return {ext: j for j, ext in enumerate(index.meta["fields"])}
+    def _column_of(self, meta: Mapping[str, Any]) -> dict[str, int]:
+        return {ext: j for j, ext in enumerate(meta["fields"])}
 
     def _check_missing(self, rule: str) -> set[str]:
         absent = set()
-        for f, (index, columns) in enumerate(zip(self.files.indexes, self._columns, strict=True)):
+        for f, (meta, columns) in enumerate(zip(self.files.metas, self._columns, strict=True)):
             for ext in self._exts:
-                if ext not in columns:
-                    rows = np.arange(index.samples)
-                else:
-                    rows = np.flatnonzero(index.arrays["offsets"][:, columns[ext]] < 0)
-                if len(rows):
-                    if rule == "error":
-                        raise ValueError(
-                            f"{self.files.paths[f]}: sample {self._key_of(f, int(rows[0]))!r} "
-                            f"has no {ext!r} member ({len(rows)} samples of this shard lack "
-                            "one); pass missing='mark' to read them with an empty value and a "
-                            "flag."
-                        )
-                    absent.add(ext)
+                lacking = self._lacking(f, meta, columns, ext)
+                if not lacking:
+                    continue
+                if rule == "error":
+                    arrays = self.files.index(f).arrays
+                    rows = np.flatnonzero(
+                        arrays["offsets"][:, columns[ext]] < 0
+                        if ext in columns
+                        else np.ones(int(meta["samples"]), bool)
+                    )
+                    raise ValueError(
+                        f"{self.files.paths[f]}: sample {self._key_of(f, int(rows[0]))!r} "
+                        f"has no {ext!r} member ({lacking} samples of this shard lack "
+                        "one); pass missing='mark' to read them with an empty value and a "
+                        "flag."
+                    )
+                absent.add(ext)
         return absent
 
+    def _lacking(self, f: int, meta: Mapping[str, Any], columns: dict[str, int], ext: str) -> int:
+        """How many samples of file ``f`` have no ``ext`` member (from the catalog's count,
+        else from the index)."""
+        if ext not in columns:
+            return int(meta["samples"])
+        if "missing" in meta:
+            return int(meta["missing"].get(ext, 0))
+        return int((self.files.index(f).arrays["offsets"][:, columns[ext]] < 0).sum())
+
     def _key_of(self, f: int, row: int) -> str:
-        arrays = self.files.indexes[f].arrays
+        arrays = self.files.index(f).arrays
         a, b = arrays["key_offsets"][row], arrays["key_offsets"][row + 1]
         return arrays["keys"][a:b].tobytes().decode("utf-8", "surrogateescape")
 
@@ -154,7 +166,7 @@ class TarSource(FilesSource):
         out = {}
         for f in np.unique(file).tolist():
             rows = np.flatnonzero(file == f)
-            arrays, columns = self.files.indexes[f].arrays, self._columns[f]
+            arrays, columns = self.files.index(f).arrays, self._columns[f]
             starts, ends, where = [], [], []
             for ext, j in columns.items():
                 offsets = arrays["offsets"][local[rows], j]

@@ -275,7 +275,7 @@ class TFRecordSource(FilesSource):
         out = {}
         for f in np.unique(file).tolist():
             rows = np.flatnonzero(file == f)
-            arrays = self.files.indexes[f].arrays
+            arrays = self.files.index(f).arrays
             starts = arrays["starts"][local[rows]]
             out[f] = (rows, starts, starts + arrays["lengths"][local[rows]] + 4)
         return out

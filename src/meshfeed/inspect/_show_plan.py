@@ -13,7 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from meshfeed.feed._plan import Plan
+from meshfeed.feed._plan import Plan, PodCost
 from meshfeed.feed._timeline import Span, weights_text
 
 _HEADINGS = ("strategy", "rows read", "bytes read", "host->device", "device<->device")
@@ -65,6 +65,7 @@ def show_plan(plan: Plan) -> str:
             f"from {f.url}: {f.requests:.1f} range requests and {_bytes(round(f.bytes))} "
             f"per step on this process (the mean of the next {f.steps} steps)\n"
         )
+    pod = "" if plan.pod is None else _pod(plan.pod)
     ahead = ""
     if plan.schedule:
         ahead = "schedule ahead:\n" + "".join(f"  {_span(s)}\n" for s in plan.schedule)
@@ -72,8 +73,33 @@ def show_plan(plan: Plan) -> str:
         f"plan for global_batch_size={plan.global_batch_size} on {plan.processes} "
         f"process(es); fields: {fields}\nper step and per process ('x each': the same on every "
         "process; 'x/y': process 0/process 1); device<->device: all devices together\n"
-        f"{out.getvalue().rstrip()}\n{plan.summary}\n{fetched}{ahead}"
+        f"{out.getvalue().rstrip()}\n{plan.summary}\n{fetched}{pod}{ahead}"
     )
+
+
+def _pod(pod: PodCost) -> str:
+    """What the pod's hosts ask of the store, at its rate."""
+    kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(pod.startup.items())) or "none"
+    rate = f"{pod.store_rps:,.0f} requests/s"
+    return (
+        f"{pod.processes:,} processes over {pod.url} (the store at {rate}):\n"
+        f"  start-up: {pod.startup_requests:,} request(s) a process ({kinds}); "
+        f"{pod.pod_startup_requests:,} for the pod: {_seconds(pod.startup_seconds)} of the "
+        "store's rate\n"
+        f"  a step: {pod.step_requests:,.1f} requests and {_bytes(round(pod.step_bytes))} a "
+        f"process; {pod.pod_step_requests:,.0f} requests and "
+        f"{_bytes(round(pod.step_bytes * pod.processes))} for the pod: "
+        f"{_seconds(pod.step_seconds)} of the store's rate (a step faster than that waits "
+        f"on the store; mean of the first {pod.steps} steps)\n"
+    )
+
+
+def _seconds(s: float) -> str:
+    if s < 120:
+        return f"{s:,.2f} s"
+    if s < 7200:
+        return f"{s / 60:,.1f} min"
+    return f"{s / 3600:,.1f} h"
 
 
 def _span(span: Span) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from meshfeed.data._bad_records import OnError
+from meshfeed.data._catalog import merge_manifests
 from meshfeed.data._folder import (
     MANIFEST,
     RECORD,
@@ -217,7 +218,7 @@ def prepare_status(
         )
     return _status(
         root, record["plan"], storage_options, complete=record.get("complete") is not None
-    )
+    )[0]
 
 
 def _settings(
@@ -319,28 +320,33 @@ def _write_record(
 def _finish(
     root: str, plan: dict[str, Any], storage_options: Mapping[str, Any] | None
 ) -> PrepareStatus:
-    status = _status(root, plan, storage_options, complete=False)
+    status, manifests = _status(root, plan, storage_options, complete=False)
     if not status.missing:
         totals = {k: getattr(status, k) for k in ("documents", "tokens", "empty", "skipped")}
         complete = {"parts": status.parts, **totals}
-        _write_record(
-            root, {"format": RECORD_FORMAT, "plan": plan, "complete": complete}, storage_options
-        )
+        record = {"format": RECORD_FORMAT, "plan": plan, "complete": complete}
+        # Every part's manifest as one: what a host reads to open the build, from the
+        # record, in one request (open_source), instead of a manifest a part.
+        record["catalog"] = merge_manifests(manifests)
+        _write_record(root, record, storage_options)
         status = dataclasses.replace(status, complete=True)
     return status
 
 
 def _status(
     root: str, plan: dict[str, Any], storage_options: Mapping[str, Any] | None, *, complete: bool
-) -> PrepareStatus:
+) -> tuple[PrepareStatus, list[tuple[str, dict[str, Any] | None]]]:
+    """How far the build is, and each part's ``(folder, manifest or None)``."""
     count = len(plan["parts"])
-    missing = missing_parts(root, count, storage_options)
+    folders = [part_folder(i, count) for i in range(count)]
+    manifests = [(f, read_json(join(root, f, MANIFEST), storage_options)) for f in folders]
+    missing = [i for i, (_, m) in enumerate(manifests) if m is None]
     totals = {"documents": 0, "tokens": 0, "empty": 0, "skipped": 0}
-    for i in sorted(set(range(count)) - set(missing)):
-        manifest = read_json(join(root, part_folder(i, count), MANIFEST), storage_options) or {}
+    for _, manifest in manifests:
         for key in totals:
-            totals[key] += manifest.get("prepare", {}).get(key, 0)
-    return PrepareStatus(
+            totals[key] += (manifest or {}).get("prepare", {}).get(key, 0)
+    status = PrepareStatus(
         out=root, parts=count, done=count - len(missing), missing=missing,
         complete=complete and not missing, **totals,
     )  # fmt: skip
+    return status, manifests

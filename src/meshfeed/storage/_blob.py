@@ -1,30 +1,33 @@
 """One file, local or behind an fsspec URL, read by byte range: ``Blob``.
 
-Locally, ``pread``/``preadv`` on a descriptor kept open (nothing is mapped into the
-process). Behind a URL, ``fetch_ranges`` (``_remote``): every range of a read in flight
-together, nearby ones merged, failures named, passing faults retried. With a
-``ShardCache`` (``open_source(cache_dir=...)``), the first read downloads the object
-whole and later reads ``pread`` the local copy.
+Locally, ``pread``/``preadv`` on a descriptor from the process's pool of open files
+(``_handles``: opened on first use, closed when the least recently used of too many;
+nothing is mapped into the process). Behind a URL, ``fetch_ranges`` (``_remote``): every
+range of a read in flight together, nearby ones merged, failures named, passing faults
+retried. With a ``ShardCache`` (``open_source(cache_dir=...)``), the first read
+downloads the object whole and later reads ``pread`` the local copy.
 
 Every read behind a URL runs on its store's clock (``_clock``), and a Blob is where the
 filesystem for a URL is built: with the storage options and the client's own retries
 off (``reader_options``, ``bound_inner_retries``), so every source, format and Parquet
 reader gets the same filesystem for the same options (fsspec keeps one instance per
 options), and nothing retries under the clock's feet.
+
+What a catalog says of a file is given to ``expect`` and checked at the file's first
+read, not before (``_expect``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
-import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
-from meshfeed.storage._cache import ShardCache
+from meshfeed.storage._cache import LocalCopy, ShardCache
 from meshfeed.storage._clock import clock_for
+from meshfeed.storage._expect import Expectation, first_range
+from meshfeed.storage._handles import HANDLES, Pinned
 from meshfeed.storage._remote import (
     FETCHES,
     RETRY_S,
@@ -36,7 +39,6 @@ from meshfeed.storage._remote import (
     with_retries,
 )
 
-_COPY_LOCK = threading.Lock()  # guards every Blob's descriptor of its cached copy
 T = TypeVar("T")
 
 
@@ -79,8 +81,9 @@ class Blob:
         self.fetched = Counter()  # requests and bytes through fsspec
         self.cache = cache
         self.version = ""  # the content's checksum, where a manifest gives it (for cache)
-        self._fd: int | None = None
-        self._copy: tuple[int, str] | None = None  # (fd, path) of the cache's copy
+        self._copy = LocalCopy()  # the cache's copy, once downloaded
+        self._expected: Expectation | None = None
+        weakref.finalize(self, HANDLES.forget, id(self))
         self._touched = 0.0
         self._size: int | None = None
         if is_url(path):
@@ -121,7 +124,50 @@ class Blob:
         """Bytes ``[start, end)``; fewer if the file ends first."""
         if self._fs is not None:
             return self._cat_ranges([start], [end])[0]
-        return os.pread(self._open(), end - start, start)
+        self._check_first()
+        with self._descriptor() as fd:
+            return os.pread(fd, end - start, start)
+
+    def read_all(self) -> bytes:
+        """The whole file, in one request behind a URL (no size asked first): a manifest
+        or a catalog, read before anything else."""
+        if self._fs is None:
+            with open(self.path, "rb") as f:
+                return f.read()
+        fs, fs_path = self._fs, self._fs_path
+
+        def get() -> bytes:
+            self.fetched.requests += 1
+            FETCHES.add(requests=1)
+            return fs.cat_file(fs_path, start=0)  # "bytes=0-": one GET, no HEAD
+
+        data = self.retried(get)
+        self.fetched.bytes += len(data)
+        FETCHES.add(bytes=len(data))
+        return data
+
+    def expect(
+        self,
+        size: int | None,
+        *,
+        etag: str | None = None,
+        check: Callable[[Blob], None] | None = None,
+    ) -> None:
+        """What a catalog says of this file, checked at its first read (``ChangedError``
+        naming the file if it differs): its ``size`` (``None``: left to ``check``), behind
+        a URL its ``etag`` where the catalog has one, and ``check(blob)`` (a header, a
+        stamp) after that. Until then nothing is asked of the file."""
+        self._size = size if self._fs is not None else None
+        self._expected = Expectation(size, etag, check)
+
+    @property
+    def filesystem(self) -> tuple[Any, str]:
+        """The fsspec filesystem and its path (``None`` and the path, locally)."""
+        return self._fs, self._fs_path
+
+    def _check_first(self) -> None:
+        if self._expected is not None and self._expected.pending:
+            self._expected.settle(self)
 
     def read_into(self, views: Sequence[memoryview], starts: Sequence[int]) -> None:
         """Fills each view from its offset (local files: straight into the view)."""
@@ -140,55 +186,27 @@ class Blob:
                     raise TruncatedError(f"{self.path} ended early: it is truncated.")
                 view[:] = data
             return
-        _pread_into(self._open(), views, starts, self.path)
+        self._check_first()
+        with self._descriptor() as fd:
+            _pread_into(fd, views, starts, self.path)
 
     @property
     def reads_locally(self) -> bool:
         """Whether reads are ``pread`` on a local file (the file, or the cache's copy)."""
-        return self._fs is None or self._copy is not None
+        return self._fs is None or self._copy.present
 
     @property
     def local_copy(self) -> bool:
         """Whether reads go to a local copy (``cache``) now, not to the store."""
-        return self._copy is not None
+        return self._copy.present
 
     def _copy_fd(self) -> int | None:
         """A descriptor of the cache's copy for the caller to close (the copy downloaded on
-        first use), or ``None`` when the object is too big to cache.
-
-        The kept descriptor stays open between reads and is closed only under
-        ``_COPY_LOCK``, never under a read (each read gets a duplicate). A copy evicted
-        meanwhile is closed (its space freed) and fetched again; its use is told to the
-        cache every 30 s.
-        """
+        first use), or ``None`` when the object is too big to cache."""
         assert self.cache is not None
-        with _COPY_LOCK:
-            if self._copy is not None and os.fstat(self._copy[0]).st_nlink == 0:
-                fd, self._copy = self._copy[0], None  # evicted: let its space go
-                os.close(fd)
-            if self._copy is not None:
-                if time.monotonic() - self._touched > 30:
-                    self._touched = time.monotonic()
-                    with contextlib.suppress(FileNotFoundError):
-                        os.utime(self._copy[1])
-                return os.dup(self._copy[0])
-        for attempt in range(2):  # downloads run outside the lock, several at once
-            local = self.cache.path(self.path, self.size(), self._cat_ranges, self.version)
-            if local is None:
-                return None  # too big to cache: read by range
-            try:
-                fd = os.open(local, os.O_RDONLY)
-            except FileNotFoundError:  # evicted by another process meanwhile
-                if attempt:
-                    raise
-                continue
-            with _COPY_LOCK:
-                if self._copy is None:
-                    self._copy, self._touched = (fd, local), time.monotonic()
-                else:  # another thread got there first
-                    os.close(fd)
-                return os.dup(self._copy[0])
-        return None
+        return self._copy.descriptor(
+            lambda: self.cache.path(self.path, self.size(), self._cat_ranges, self.version)  # type: ignore[union-attr]
+        )
 
     def _cat_ranges(self, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
         assert self._fs is not None
@@ -200,27 +218,31 @@ class Blob:
             ends,
             retry_s=self.retry_s,
             counter=self.fetched,
+            first=self._first_range,
         )
 
-    def _open(self) -> int:
-        if self._fd is None:
-            try:
-                self._fd = os.open(self.path, os.O_RDONLY)
-            except FileNotFoundError:
-                raise FileNotFoundError(f"{self.path} does not exist.") from None
-            weakref.finalize(self, os.close, self._fd)
-        return self._fd
+    def _first_range(self, start: int, end: int) -> bytes | None:
+        expected = self._expected
+        if expected is None or not expected.pending:
+            return None
+        return first_range(self, expected, start, end)
 
-    def __del__(self) -> None:
-        if getattr(self, "_copy", None) is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._copy[0])  # type: ignore[index]
+    def _descriptor(self) -> Pinned:
+        """This local file's descriptor from the process's pool, pinned while in use."""
+        return HANDLES.use(id(self), self._open_fd)
+
+    def _open_fd(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.path} does not exist.") from None
 
     def __getstate__(self) -> dict[str, Any]:  # workers reopen the file themselves
-        return {**self.__dict__, "_fd": None, "_copy": None}
+        return {**self.__dict__, "_copy": LocalCopy()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        weakref.finalize(self, HANDLES.forget, id(self))
         if self._fs is not None:  # a filesystem is unpickled from its options alone
             bound_inner_retries(self._fs)
 

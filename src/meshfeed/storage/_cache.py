@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -127,3 +128,60 @@ class ShardCache:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._locks, self._guard, self._reserved = {}, threading.Lock(), 0
+
+
+_COPY_LOCK = threading.Lock()  # guards every LocalCopy's descriptor
+
+
+class LocalCopy:
+    """One object's copy in a ``ShardCache``, held open by the ``Blob`` that reads it.
+
+    The kept descriptor stays open between reads and is closed only under
+    ``_COPY_LOCK``, never under a read (each read gets a duplicate). A copy evicted
+    meanwhile is closed (its space freed) and fetched again; its use is told to the
+    cache every 30 s.
+    """
+
+    def __init__(self) -> None:
+        self._held: tuple[int, str] | None = None  # (fd, path) of the copy
+        self._touched = 0.0
+
+    @property
+    def present(self) -> bool:
+        return self._held is not None
+
+    def descriptor(self, download: Callable[[], str | None]) -> int | None:
+        """A descriptor of the copy for the caller to close, the copy fetched by
+        ``download`` (its local path, or ``None`` when too big to cache) on first use."""
+        with _COPY_LOCK:
+            if self._held is not None and os.fstat(self._held[0]).st_nlink == 0:
+                fd, self._held = self._held[0], None  # evicted: let its space go
+                os.close(fd)
+            if self._held is not None:
+                if time.monotonic() - self._touched > 30:
+                    self._touched = time.monotonic()
+                    with contextlib.suppress(FileNotFoundError):
+                        os.utime(self._held[1])
+                return os.dup(self._held[0])
+        for attempt in range(2):  # downloads run outside the lock, several at once
+            local = download()
+            if local is None:
+                return None  # too big to cache: read by range
+            try:
+                fd = os.open(local, os.O_RDONLY)
+            except FileNotFoundError:  # evicted by another process meanwhile
+                if attempt:
+                    raise
+                continue
+            with _COPY_LOCK:
+                if self._held is None:
+                    self._held, self._touched = (fd, local), time.monotonic()
+                else:  # another thread got there first
+                    os.close(fd)
+                return os.dup(self._held[0])
+        return None
+
+    def __del__(self) -> None:
+        if getattr(self, "_held", None) is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._held[0])  # type: ignore[index]

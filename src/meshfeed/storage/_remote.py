@@ -29,9 +29,11 @@ their own retries, inside the clock.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import contextlib
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -138,12 +140,18 @@ def fetch_ranges(
     *,
     retry_s: float,
     counter: Counter,
+    first: Callable[[int, int], bytes | None] | None = None,
 ) -> list[bytes]:
-    """Bytes ``[starts[i], ends[i])`` of one object, for every ``i``."""
+    """Bytes ``[starts[i], ends[i])`` of one object, for every ``i`` (``first``: asked for
+    the first request's range before the others; ``None`` from it leaves it to them)."""
     requests = merge(starts, ends)
     clock = clock_for(store_name(fs, fs_path))
     lows, highs = [r[0] for r in requests], [r[1] for r in requests]
-    fetched = _fetch(fs, fs_path, url, lows, highs, retry_s, clock, counter)
+    head = first(lows[0], highs[0]) if first is not None and requests else None
+    if head is None:
+        fetched = _fetch(fs, fs_path, url, lows, highs, retry_s, clock, counter)
+    else:
+        fetched = [head, *_fetch(fs, fs_path, url, lows[1:], highs[1:], retry_s, clock, counter)]
     out: list[bytes] = [b""] * len(starts)
     for (lo, _, members), data in zip(requests, fetched, strict=True):
         for i in members:
@@ -205,3 +213,34 @@ def remote_pool() -> concurrent.futures.ThreadPoolExecutor:
                 REMOTE_READS, thread_name_prefix="meshfeed-remote-read"
             )
         return _pool
+
+
+@contextlib.contextmanager
+def counting(url: str, storage_options: Mapping[str, Any] | None) -> Iterator[dict[str, int]]:
+    """Counts the requests this process sends the store behind ``url`` inside the block,
+    by kind: on S3 every request the client sends (``HeadObject``, ``GetObject``,
+    ``ListObjectsV2``, ...: botocore's ``before-send`` event); elsewhere meshfeed's own
+    (``requests``, as ``loader.stats()`` counts them)."""
+    counts: dict[str, int] = collections.Counter()
+    if url.split("://", 1)[0] in _S3:
+        import fsspec
+
+        fs = fsspec.core.url_to_fs(url, **reader_options(url, storage_options))[0]
+        bound_inner_retries(fs)
+        fs.connect()
+        events = fs.s3.meta.events
+
+        def on_send(event_name: str = "", **_: Any) -> None:
+            counts[event_name.rsplit(".", 1)[-1]] += 1
+
+        events.register("before-send.s3", on_send)
+        try:
+            yield counts
+        finally:
+            events.unregister("before-send.s3", on_send)
+        return
+    before = int(FETCHES.values()["requests"])
+    try:
+        yield counts
+    finally:
+        counts["requests"] = int(FETCHES.values()["requests"]) - before

@@ -1,0 +1,160 @@
+"""Open files, bounded per process: ``HANDLES``, least recently used closed first.
+
+A source over many shard files used to keep every file it had read open, so a folder of
+2,048 shards of 2 fields read with a global shuffle ran out of descriptors under the
+soft limit of 1,024 that many machines still set (``OSError: [Errno 24] Too many open
+files``). Every local descriptor a ``Blob`` reads through now comes from one pool per
+process that keeps at most ``limit()`` open: a file is opened on its first read, kept
+while it is read again, and closed when it has been the least recently used of the
+pool's files and another one needs the place.
+
+A read *pins* its descriptor (``use``) for as long as it reads, so no other thread can
+close it under it (a descriptor number closed and reused would read another file); a
+file the pool would have to go over its bound for waits until a read lets one go.
+
+The bound is ``DEFAULT_MAX_OPEN_FILES`` (128), or the ``max_open_files`` of the last
+source opened with one (``limit_open_files``), and never more than half the soft
+``RLIMIT_NOFILE`` (the other half is the process's: sockets, pipes, the libraries' own
+files).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from collections.abc import Callable
+
+DEFAULT_MAX_OPEN_FILES = 128
+
+
+def soft_limit() -> int | None:
+    """The process's soft ``RLIMIT_NOFILE`` (``None`` where there is none to read)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+class Handles:
+    """At most ``limit()`` descriptors open at once, by key; LRU ones closed first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._open: collections.OrderedDict[int, list[int]] = collections.OrderedDict()
+        self._asked = DEFAULT_MAX_OPEN_FILES
+        self._limit: int | None = None  # limit(), read once (a system call)
+        self._waiting = 0  # reads waiting for a descriptor to be let go
+        self.opened = 0  # files opened so far (again after a close included)
+
+    def limit(self) -> int:
+        """The most descriptors this pool keeps open now."""
+        if self._limit is None:
+            soft = soft_limit()
+            self._limit = max(1, min(self._asked, soft // 2) if soft else self._asked)
+        return self._limit
+
+    def ask(self, max_open_files: int) -> None:
+        """Keeps at most ``max_open_files`` open from now on (within half the soft limit)."""
+        with self._lock:
+            self._asked, self._limit = max_open_files, None
+            self._shrink()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def use(self, key: int, opener: Callable[[], int]) -> Pinned:
+        """The descriptor of ``key`` (``opener()`` opens it when it is not open), pinned
+        while the ``with`` block that takes it runs."""
+        return Pinned(self, key, opener)
+
+    def pin(self, key: int, opener: Callable[[], int]) -> list[int]:
+        """``key``'s entry ``[descriptor, pins]``, pinned once more (``unpin`` lets go)."""
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is None:
+                while len(self._open) >= self.limit() and not self._close_one():
+                    self._waiting += 1  # every descriptor is being read: wait for one
+                    self._lock.wait()
+                    self._waiting -= 1
+                entry = self._open[key] = [opener(), 0]
+                self.opened += 1
+            else:
+                self._open.move_to_end(key)
+            entry[1] += 1
+            return entry
+
+    def unpin(self, entry: list[int]) -> None:
+        with self._lock:
+            entry[1] -= 1
+            if entry[1] == 0 and len(self._open) > self.limit():
+                self._shrink()
+            if self._waiting:
+                self._lock.notify_all()
+
+    def forget(self, key: int) -> None:
+        """Closes ``key``'s descriptor if it is open and not being read (its owner is gone)."""
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is not None and entry[1] == 0:
+                del self._open[key]
+                os.close(entry[0])
+
+    def _close_one(self) -> bool:
+        for key, (fd, pins) in self._open.items():  # least recently used first
+            if pins == 0:
+                del self._open[key]
+                os.close(fd)
+                return True
+        return False
+
+    def _shrink(self) -> None:
+        while len(self._open) > self.limit() and self._close_one():
+            pass
+
+    def after_fork(self) -> None:
+        """In a forked child: a lock of its own, no reads in flight (the descriptors it
+        inherited stay, each still its file's)."""
+        self._lock = threading.Condition()
+        self._waiting = 0
+        for entry in self._open.values():
+            entry[1] = 0
+
+
+class Pinned:
+    """``with HANDLES.use(key, opener) as fd``: the descriptor, pinned in the block."""
+
+    __slots__ = ("_entry", "_key", "_opener", "_pool")
+
+    def __init__(self, pool: Handles, key: int, opener: Callable[[], int]) -> None:
+        self._pool, self._key, self._opener = pool, key, opener
+        self._entry: list[int] = []
+
+    def __enter__(self) -> int:
+        self._entry = self._pool.pin(self._key, self._opener)
+        return self._entry[0]
+
+    def __exit__(self, *_: object) -> None:
+        self._pool.unpin(self._entry)
+
+
+HANDLES = Handles()
+"""The process's pool of open files (a forked or spawned worker starts its own)."""
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=HANDLES.after_fork)
+
+
+def limit_open_files(max_open_files: int | None) -> None:
+    """Checks a source's ``max_open_files`` argument and sets the process's bound (``None``
+    leaves it)."""
+    if max_open_files is None:
+        return
+    n = max_open_files
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(
+            f"max_open_files={max_open_files!r} must be an int >= 1 (files open at once in "
+            f"this process; default {DEFAULT_MAX_OPEN_FILES})."
+        )
+    HANDLES.ask(max_open_files)
