@@ -241,6 +241,18 @@ def test_the_pool_of_open_files_closes_the_least_recently_used_and_never_a_pinne
     with pool.use(1, opener), pool.use(3, opener):  # 1 the most recent, pinned: 2 goes
         assert len(pool) == 2
     assert pool.opened == 3 and len(pool) == 2
+
+    def collected(key: int):  # the collector runs a Blob's finalizer inside pin
+        def opener_forgetting() -> int:
+            pool.forget(key)
+            return opener()
+
+        return opener_forgetting
+
+    with pool.use(4, collected(3)):  # no deadlock (1 made room; 3 is closed at the next pin)
+        assert len(pool) == 2
+    with pool.use(4, opener):
+        assert len(pool) == 1
     with pytest.raises(ValueError, match=r"max_open_files=0 must be an int >= 1"):
         meshfeed.open_source(os.devnull, max_open_files=0)
 

@@ -186,6 +186,42 @@ def _selection() -> list[str]:
     return [f"{ratio:.2f}{TIMES}", f"{size:.1f} bytes an example"]
 
 
+def _read_ahead() -> list[str]:
+    def floor(label: str) -> dict[str, float]:
+        return _one("read_ahead.jsonl", "ratio_to_floor", label=label, name="summary:memory")
+
+    before = [r for r in _lines("read_ahead.jsonl", label="before") if "process" in r]
+    deep = [r for r in before if r["depth"] > 2]
+    return [
+        f"{floor('after')['min']:.2f}{TIMES}",
+        f"median {floor('after')['median']:.2f}{TIMES}",
+        f"{len(deep)} process of {len(before)}",
+        f"{min(r['ratio_to_floor'] for r in deep):.2f}{TIMES}",
+    ]
+
+
+def _startup() -> list[str]:
+    after = {
+        r["source"]: r["total"]
+        for r in _lines("startup.jsonl", part="startup", files=10_000, build="after")
+    }
+    assert sorted(after) == ["folder", "parquet", "tar"] and set(after.values()) == {1}
+    folder = _one("startup.jsonl", "total", part="startup", source="folder", files=2048,
+                  build="before")  # fmt: skip
+    tar = _one("startup.jsonl", "requests_per_file", part="startup", source="tar", files=2048,
+               build="before")  # fmt: skip
+    return ["1 request", f"{folder:,} requests", f"{tar:.1f} a tar shard"]
+
+
+def _open_files() -> list[str]:
+    def ratio(files: int) -> str:
+        found = _one("startup.jsonl", "ratio_to_unbounded", part="cache", files=files,
+                     name="bounded")  # fmt: skip
+        return f"{found:.2f}{TIMES}"
+
+    return [ratio(128), ratio(4096)]
+
+
 Checks = dict[str, Callable[[], list[str]]]
 
 BOTH: Checks = {  # rows both pages show, by a start of the first cell common to both
@@ -204,6 +240,9 @@ BOTH: Checks = {  # rows both pages show, by a start of the first cell common to
     "a killed process ends the job": _lost,
     "`fit` writing to a tensorboardX `SummaryWriter`": _writers,
     "counting behind `loader.stats()`": _stats,
+    "the default read-ahead over rows in memory": _read_ahead,
+    "a host opening data on S3, 10,000 files": _startup,
+    "reads through at most 128 open files": _open_files,
 }
 CHECKED: dict[Path, Checks] = {
     README: BOTH,

@@ -85,7 +85,8 @@ class PodCost:
 
     @property
     def pod_startup_requests(self) -> int:
-        """Every host's, together: what the store serves before the pod's first step."""
+        """Every host's start-up requests together, which the store serves before the
+        pod's first step."""
         return self.processes * self.startup_requests
 
     @property
@@ -100,8 +101,9 @@ class PodCost:
 
     @property
     def step_seconds(self) -> float:
-        """One step's requests, every host's, at the store's rate: a step faster than
-        this waits on the store (or needs a store that serves more)."""
+        """Seconds of the store's rate that one step's requests take, every host's
+        together; a step faster than this waits on the store (or needs one that serves
+        more)."""
         return self.pod_step_requests / self.store_rps
 
 

@@ -27,7 +27,7 @@ from typing import IO, Any, TypeVar
 from meshfeed.storage._cache import LocalCopy, ShardCache
 from meshfeed.storage._clock import clock_for
 from meshfeed.storage._expect import Expectation, first_range
-from meshfeed.storage._handles import HANDLES, Pinned
+from meshfeed.storage._handles import HANDLES, KEYS
 from meshfeed.storage._remote import (
     FETCHES,
     RETRY_S,
@@ -83,7 +83,8 @@ class Blob:
         self.version = ""  # the content's checksum, where a manifest gives it (for cache)
         self._copy = LocalCopy()  # the cache's copy, once downloaded
         self._expected: Expectation | None = None
-        weakref.finalize(self, HANDLES.forget, id(self))
+        self._key = next(KEYS)  # its descriptor's in HANDLES
+        weakref.finalize(self, HANDLES.forget, self._key)
         self._touched = 0.0
         self._size: int | None = None
         if is_url(path):
@@ -124,9 +125,13 @@ class Blob:
         """Bytes ``[start, end)``; fewer if the file ends first."""
         if self._fs is not None:
             return self._cat_ranges([start], [end])[0]
-        self._check_first()
-        with self._descriptor() as fd:
-            return os.pread(fd, end - start, start)
+        if self._expected is not None:
+            self._check_first()
+        entry = HANDLES.pin(self._key, self._open_fd)
+        try:
+            return os.pread(entry[0], end - start, start)
+        finally:
+            HANDLES.unpin(entry)
 
     def read_all(self) -> bytes:
         """The whole file, in one request behind a URL (no size asked first): a manifest
@@ -166,8 +171,10 @@ class Blob:
         return self._fs, self._fs_path
 
     def _check_first(self) -> None:
-        if self._expected is not None and self._expected.pending:
-            self._expected.settle(self)
+        expected = self._expected
+        if expected is not None and expected.pending:  # not pending: checked, or checking
+            expected.settle(self)  # (its check reads the file: back here, not pending)
+            self._expected = None  # checked: later reads skip this
 
     def read_into(self, views: Sequence[memoryview], starts: Sequence[int]) -> None:
         """Fills each view from its offset (local files: straight into the view)."""
@@ -186,9 +193,13 @@ class Blob:
                     raise TruncatedError(f"{self.path} ended early: it is truncated.")
                 view[:] = data
             return
-        self._check_first()
-        with self._descriptor() as fd:
-            _pread_into(fd, views, starts, self.path)
+        if self._expected is not None:
+            self._check_first()
+        entry = HANDLES.pin(self._key, self._open_fd)  # pinned: no thread closes it under us
+        try:
+            _pread_into(entry[0], views, starts, self.path)
+        finally:
+            HANDLES.unpin(entry)
 
     @property
     def reads_locally(self) -> bool:
@@ -225,11 +236,9 @@ class Blob:
         expected = self._expected
         if expected is None or not expected.pending:
             return None
-        return first_range(self, expected, start, end)
-
-    def _descriptor(self) -> Pinned:
-        """This local file's descriptor from the process's pool, pinned while in use."""
-        return HANDLES.use(id(self), self._open_fd)
+        data = first_range(self, expected, start, end)
+        self._expected = None  # checked (first_range raised if the file changed)
+        return data
 
     def _open_fd(self) -> int:
         try:
@@ -242,7 +251,8 @@ class Blob:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        weakref.finalize(self, HANDLES.forget, id(self))
+        self._key = next(KEYS)  # its descriptor's in HANDLES
+        weakref.finalize(self, HANDLES.forget, self._key)
         if self._fs is not None:  # a filesystem is unpickled from its options alone
             bound_inner_retries(self._fs)
 

@@ -21,6 +21,7 @@ files).
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import threading
 from collections.abc import Callable
@@ -42,11 +43,13 @@ class Handles:
     """At most ``limit()`` descriptors open at once, by key; LRU ones closed first."""
 
     def __init__(self) -> None:
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()  # taken in C: a Condition's own "with" is Python
+        self._freed = threading.Condition(self._lock)  # a pinned descriptor let go
         self._open: collections.OrderedDict[int, list[int]] = collections.OrderedDict()
         self._asked = DEFAULT_MAX_OPEN_FILES
         self._limit: int | None = None  # limit(), read once (a system call)
         self._waiting = 0  # reads waiting for a descriptor to be let go
+        self._gone: collections.deque[int] = collections.deque()  # keys whose owner is gone
         self.opened = 0  # files opened so far (again after a close included)
 
     def limit(self) -> int:
@@ -73,11 +76,13 @@ class Handles:
     def pin(self, key: int, opener: Callable[[], int]) -> list[int]:
         """``key``'s entry ``[descriptor, pins]``, pinned once more (``unpin`` lets go)."""
         with self._lock:
+            if self._gone:
+                self._close_gone()
             entry = self._open.get(key)
             if entry is None:
                 while len(self._open) >= self.limit() and not self._close_one():
                     self._waiting += 1  # every descriptor is being read: wait for one
-                    self._lock.wait()
+                    self._freed.wait()
                     self._waiting -= 1
                 entry = self._open[key] = [opener(), 0]
                 self.opened += 1
@@ -92,11 +97,17 @@ class Handles:
             if entry[1] == 0 and len(self._open) > self.limit():
                 self._shrink()
             if self._waiting:
-                self._lock.notify_all()
+                self._freed.notify_all()
 
     def forget(self, key: int) -> None:
-        """Closes ``key``'s descriptor if it is open and not being read (its owner is gone)."""
-        with self._lock:
+        """``key``'s owner is gone: its descriptor is closed at the next ``pin``. Taking no
+        lock, as it runs from a finalizer, which the collector may call anywhere -- inside
+        ``pin`` itself, say (keys are never reused, so a later owner gets none of it)."""
+        self._gone.append(key)
+
+    def _close_gone(self) -> None:
+        while self._gone:
+            key = self._gone.popleft()
             entry = self._open.get(key)
             if entry is not None and entry[1] == 0:
                 del self._open[key]
@@ -117,7 +128,8 @@ class Handles:
     def after_fork(self) -> None:
         """In a forked child: a lock of its own, no reads in flight (the descriptors it
         inherited stay, each still its file's)."""
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
         self._waiting = 0
         for entry in self._open.values():
             entry[1] = 0
@@ -139,6 +151,9 @@ class Pinned:
     def __exit__(self, *_: object) -> None:
         self._pool.unpin(self._entry)
 
+
+KEYS = itertools.count()
+"""Keys for ``HANDLES``, one per owner and never reused (an ``id`` is, once its object is gone)."""
 
 HANDLES = Handles()
 """The process's pool of open files (a forked or spawned worker starts its own)."""
