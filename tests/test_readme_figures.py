@@ -188,7 +188,9 @@ def _selection() -> list[str]:
 
 def _read_ahead() -> list[str]:
     def floor(label: str) -> dict[str, float]:
-        return _one("read_ahead.jsonl", "ratio_to_floor", label=label, name="summary:memory")
+        found = _lines("read_ahead.jsonl", label=label, name="summary:memory")
+        assert len(found) == 1, f"read_ahead.jsonl: {len(found)} summaries of {label}"
+        return found[0]["ratio_to_floor"]
 
     before = [r for r in _lines("read_ahead.jsonl", label="before") if "process" in r]
     deep = [r for r in before if r["depth"] > 2]
