@@ -75,6 +75,15 @@ def _parquets(tmp: Path, files: int) -> Path:
     return folder
 
 
+def _catalogued(server, folder: Path, pattern: str, name: str) -> str:
+    """``folder``'s files indexed (tar: indexes and the catalog; Parquet: the footers'
+    catalog only) and uploaded; their URL."""
+    meshfeed.index(str(folder / pattern), progress=False)
+    url = f"s3://data/{name}"
+    _upload(server, folder, url)
+    return url
+
+
 def _startup(proxy, open_it) -> tuple[dict[str, int], object]:
     proxy.reset()
     source = open_it()
@@ -100,10 +109,7 @@ def test_a_folder_opens_with_one_request_whatever_its_shard_count(server, proxy,
 
 @pytest.mark.parametrize("shards", [8, 1024])
 def test_indexed_tar_shards_open_from_their_catalog(server, proxy, tmp_path, shards):
-    folder = _tars(tmp_path, shards)
-    meshfeed.index(str(folder / "*.tar"), progress=False)  # indexes and the catalog
-    url = f"s3://data/catalog-tars-{shards}"
-    _upload(server, folder, url)
+    url = _catalogued(server, _tars(tmp_path, shards), "*.tar", f"catalog-tars-{shards}")
     options = _options(server, proxy)
     counts, source = _startup(
         proxy, lambda: meshfeed.TarSource(f"{url}/*.tar", storage_options=options)
@@ -116,10 +122,7 @@ def test_indexed_tar_shards_open_from_their_catalog(server, proxy, tmp_path, sha
 
 @pytest.mark.parametrize("files", [8, 256])
 def test_parquet_files_open_from_their_catalog(server, proxy, tmp_path, files):
-    folder = _parquets(tmp_path, files)
-    meshfeed.index(str(folder / "*.parquet"), progress=False)  # footers: the catalog only
-    url = f"s3://data/catalog-parquet-{files}"
-    _upload(server, folder, url)
+    url = _catalogued(server, _parquets(tmp_path, files), "*.parquet", f"catalog-pq-{files}")
     options = _options(server, proxy)
     counts, source = _startup(
         proxy, lambda: meshfeed.ParquetSource(f"{url}/train-*.parquet", storage_options=options)

@@ -22,7 +22,7 @@ import numpy as np
 from meshfeed.data._ragged import Ragged, empty
 from meshfeed.data._sources import check_ids
 from meshfeed.storage._blob import Blob
-from meshfeed.storage._expect import ChangedError
+from meshfeed.storage._expect import WRITE_AGAIN, ChangedError
 
 _MAGIC = b"\x93NUMPY"
 LOCAL_GAP = 16 << 10  # local runs closer than this are read as one
@@ -190,8 +190,7 @@ class NpyRows(RowFile):
         if (shape, dtype) != want:
             raise ChangedError(
                 f"{self.name} holds {shape} {dtype}, its catalog says {want[0]} {want[1]}: "
-                "it changed since the catalog was written. Write the data (or its catalog: "
-                "`meshfeed index`) again."
+                f"it changed since the catalog was written. {WRITE_AGAIN}"
             )
 
     def check_size(self, size: int | None = None) -> None:

@@ -20,7 +20,7 @@ from meshfeed.storage._remote import FETCHES, Counter
 
 T = TypeVar("T")
 
-_AGAIN = "Write the data (or its catalog: `meshfeed index`) again."
+WRITE_AGAIN = "Write the data (or its catalog: `meshfeed index`) again."
 
 
 class Blob(Protocol):
@@ -59,12 +59,12 @@ class Expectation:
             if self.size is not None and got != self.size:
                 raise ChangedError(
                     f"{blob.path} is {got} bytes, its catalog says {self.size}: it changed "
-                    f"since the catalog was written (truncated or replaced). {_AGAIN}"
+                    f"since the catalog was written (truncated or replaced). {WRITE_AGAIN}"
                 )
             if self.etag and got_etag and got_etag.strip('"') != self.etag.strip('"'):
                 raise ChangedError(
                     f"{blob.path} has ETag {got_etag}, its catalog says {self.etag}: it was "
-                    f"replaced since the catalog was written. {_AGAIN}"
+                    f"replaced since the catalog was written. {WRITE_AGAIN}"
                 )
             self.pending = False  # before check: it reads the file itself
             if self.check is not None:
