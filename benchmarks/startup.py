@@ -73,7 +73,7 @@ print(json.dumps({"seconds": time.perf_counter() - start}))
 
 READ = """
 import hashlib, json, os, resource, sys, time
-path, limit = sys.argv[1], int(sys.argv[2])
+path, limit, prefetch = sys.argv[1], int(sys.argv[2]), sys.argv[4]
 if limit > 128:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -83,7 +83,7 @@ import jax, meshfeed
 source = meshfeed.open_source(path, max_open_files=limit)
 loader = meshfeed.Loader(source, global_batch_size=512, num_epochs=None, shuffle=True,
                          sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=8)),
-                         prefetch=0)
+                         prefetch=int(prefetch) if prefetch.isdigit() else prefetch)
 it = iter(loader)
 for _ in range(10):
     jax.block_until_ready(next(it))
@@ -178,7 +178,7 @@ def startup(counts: list[int], src: str | None, smoke: bool, before_max: int) ->
         server.close()
 
 
-def cache(rounds: int, seconds: float, shards: int, per_shard: int) -> None:
+def cache(rounds: int, seconds: float, shards: int, per_shard: int, prefetch: str = "auto") -> None:
     import meshfeed
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,7 +197,7 @@ def cache(rounds: int, seconds: float, shards: int, per_shard: int) -> None:
             for name in names[r % 2 :] + names[: r % 2]:
                 out = subprocess.run(
                     [sys.executable, "-c", READ, str(Path(tmp) / "d"), str(limits[name]),
-                     str(seconds)],
+                     str(seconds), prefetch],
                     capture_output=True, text=True, check=False,
                 )  # fmt: skip
                 if out.returncode:

@@ -38,16 +38,15 @@ class Model:
         depth = climb.start(now, cap, 0)
         depths = []
         for step in range(1, steps):
-            threads = max(1, min(depth - 1, climb.threads()))
+            threads = max(1, min(depth - 1, climb.threads())) if depth else 0  # 0: inline
             step_s = 1.0 / self.rate(depth, threads)
             step_s *= math.exp(self.rng.normal(0.0, self.noise))
-            if self.pauses and self.rng.random() < 0.002:
-                step_s += 0.5  # the loop away: an evaluation, a checkpoint
+            paused = self.pauses and self.rng.random() < 0.002
             own = min(step_s, self.own_s * math.exp(self.rng.normal(0.0, 0.1)))
             waited = step_s - own if step_s > own * 1.05 else 0.0
             ready = 0 if waited else depth - 1
             climb.begin(now)
-            now += step_s
+            now += step_s + (0.5 if paused else 0.0)  # the loop away: an evaluation, say
             climb.read(now, step_s, step_s * self.busy_share(threads))
             depth = climb.took(step, now, waited, ready)
             depths.append(depth)
@@ -60,9 +59,12 @@ def memory(seed: int) -> Model:
     as if it waited -- the climb must find out from the rates alone."""
 
     def rate(depth, threads):
+        if depth == 0:  # inline: no hand-off between threads
+            return 2200.0
         return 2000.0 / (1 + 0.08 * max(0, threads - 1))
 
-    return Model(rate, busy_share=lambda t: 0.4, read_s=5e-4, own_s=4.2e-4, seed=seed)
+    busy = lambda t: 0.4 if t else 0.95  # noqa: E731 (inline: its own thread, no queue)
+    return Model(rate, busy_share=busy, read_s=5e-4, own_s=4.2e-4, seed=seed)
 
 
 def store(seed: int) -> Model:
@@ -70,7 +72,7 @@ def store(seed: int) -> Model:
     must be in flight."""
 
     def rate(depth, threads):
-        return min(2000.0, threads / 0.020)
+        return min(2000.0, threads / 0.020) if depth else 1 / 0.0205
 
     return Model(rate, busy_share=lambda t: 0.01, read_s=0.020, own_s=5e-4, seed=seed)
 
@@ -80,12 +82,16 @@ def peaked(seed: int) -> Model:
     costs (threads queueing), shallower starves."""
 
     def rate(depth, threads):
+        if depth == 0:
+            return 1 / 0.008
         return min(1000.0, threads / 0.007) / (1 + 0.05 * max(0, threads - 7))
 
     return Model(rate, busy_share=lambda t: 0.3, read_s=0.007, own_s=1e-3, seed=seed)
 
 
 def _true_rate(model: Model, depth: int) -> float:
+    if depth == 0:
+        return model.rate(0, 0)
     threads = max(1, min(depth - 1, depth if model.busy_share(2) < 0.5 else CORES))
     return model.rate(depth, threads)
 
@@ -110,7 +116,7 @@ def test_in_memory_reads_stay_shallow_despite_contended_readers_that_look_waitin
     model.noise = noise
     climb, depths = model.run(40_000)
     tail = depths[-20_000:]
-    assert tail.count(START_DEPTH) / len(tail) > 0.9, climb.moves
+    assert sum(d <= START_DEPTH for d in tail) / len(tail) > 0.9, climb.moves
     assert climb.threads() <= CORES
 
 
@@ -144,13 +150,13 @@ def test_a_depth_that_stops_paying_is_left_when_the_source_stops_waiting():
     now = 100.0
     depth = depths[-1]
     for step in range(20_000, 60_000):
-        threads = max(1, min(depth - 1, climb.threads()))
+        threads = max(1, min(depth - 1, climb.threads())) if depth else 0
         step_s = math.exp(warm.rng.normal(0.0, 0.3)) / warm.rate(depth, threads)
         climb.begin(now)
         now += step_s
         climb.read(now, step_s, 0.8 * step_s)  # readers compute now
-        depth = climb.took(step, now, 0.0, depth - 1)
-    assert depth == START_DEPTH, list(climb.moves)
+        depth = climb.took(step, now, 0.0 if depth else step_s, max(0, depth - 1))
+    assert depth <= START_DEPTH, list(climb.moves)
     assert climb.threads() <= CORES
 
 
@@ -175,3 +181,40 @@ def test_with_record_workers_the_depth_only_grows():
         "start",
         "feeding record workers that had nothing in hand",
     ]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("inline_gain", [1.1, 0.75])
+def test_reads_that_compute_go_inline_only_where_inline_is_faster(seed, inline_gain):
+    """Reading in the consumer's thread has no hand-off: on rows in memory it beat a
+    reader thread here (1.1x), with a gather that releases the GIL it loses (0.75x).
+    The climb tries it and keeps whichever its rates say."""
+    model = memory(seed)
+    threaded = model.rate
+
+    def rate(depth, threads):
+        return threaded(2, 1) * inline_gain if depth == 0 else threaded(depth, threads)
+
+    model.rate = rate
+    climb, depths = model.run(40_000)
+    tail = depths[-20_000:]
+    want = 0 if inline_gain > 1 else START_DEPTH
+    assert tail.count(want) / len(tail) > 0.9, list(climb.moves)
+
+
+def test_inline_reads_that_start_to_wait_read_ahead_again():
+    """Inline on a source in memory; then the source waits 20 ms a read (a cache
+    dropped): the next window sees readers that wait, and the depth climbs."""
+    climb, depths = memory(3).run(20_000)
+    assert depths[-1] == 0, list(climb.moves)
+    slow = store(3)
+    now, depth = 100.0, 0
+    for step in range(20_000, 24_000):
+        threads = max(1, min(depth - 1, climb.threads())) if depth else 0
+        step_s = math.exp(slow.rng.normal(0.0, 0.3)) / slow.rate(depth, threads)
+        own = min(step_s, 5e-4)
+        climb.begin(now)
+        now += step_s
+        climb.read(now, step_s, 0.01 * step_s)
+        depth = climb.took(step, now, step_s - own, 0)
+    assert depth >= 16, list(climb.moves)

@@ -1,3 +1,5 @@
+import subprocess
+import sys
 import threading
 import time
 
@@ -165,3 +167,61 @@ def test_an_error_in_a_step_read_ahead_is_raised_at_that_step():
     with pytest.raises(RuntimeError, match="read of id 500 failed"):
         list(loader)
     assert loader.step == 500 // 16  # every batch before the failing one was handed out
+
+
+def test_auto_at_depth_zero_reads_each_step_on_the_consumers_thread_in_order():
+    """The climb may settle inline (no hand-off, where a reader thread costs more than
+    it hides): the consumer then reads its own steps, an error raised at its step."""
+    threads: dict[int, int] = {}
+
+    def produce(step):
+        threads[step] = threading.get_ident()
+        if step == 40:
+            raise RuntimeError("step 40 failed")
+        return np.full(4, step)
+
+    ahead = Prefetcher(produce, start=0, end=None, depth=None, budget_bytes=1 << 20)
+    try:
+        got = [int(next(ahead)[1][0]) for _ in range(10)]
+        with ahead._lock:  # where the climb's trial inline puts it
+            ahead._climb.depth = 0
+            ahead._set_depth(0)
+        got += [int(next(ahead)[1][0]) for _ in range(30)]
+        assert got == list(range(40))
+        here = threading.get_ident()
+        assert all(threads[s] == here for s in range(12, 40))  # 10, 11: read ahead before
+        assert ahead.ask is not None and ahead.ask[2] == 0
+        with pytest.raises(RuntimeError, match="step 40 failed"):
+            next(ahead)
+        with pytest.raises(StopIteration):
+            next(ahead)
+    finally:
+        ahead.close()
+
+
+EXITS_WITH_LOADERS_OPEN = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import numpy as np, meshfeed
+mesh = meshfeed.make_mesh(data=8)
+source = meshfeed.ArraySource({"x": np.arange(4096 * 64, dtype=np.float32).reshape(4096, 64)})
+iters = []
+for p in (4, "auto") * 6:
+    loader = meshfeed.Loader(source, global_batch_size=64, num_epochs=None, prefetch=p,
+                             sharding=meshfeed.batch_sharding(mesh))
+    iters.append(iter(loader))
+    for _ in range(3):
+        next(iters[-1])
+"""
+
+
+def test_a_process_that_ends_with_loaders_never_closed_exits():
+    """At exit the loaders' generators are closed while their daemon readers are frozen,
+    one maybe holding the read-ahead's lock: waiting on it hung the exit in about one
+    process of three (this script) before; close() now lets go at once there."""
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", EXITS_WITH_LOADERS_OPEN], timeout=60, capture_output=True
+        )
+        assert done.returncode == 0, done.stderr.decode()[-2000:]

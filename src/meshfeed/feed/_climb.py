@@ -40,12 +40,21 @@ The rules now:
 - Down, when the readers compute (the depth cannot help them: a start misjudged, a
   store that stopped waiting), when a window had three quarters of the depth ready at
   every ask (half the depth would still have had a quarter to spare), or right after a
-  trial up did not pay: half the depth, never below 2. It stays if its rate is within
+  trial up did not pay: half the depth; below 2, *inline* (depth 0: the consumer reads
+  each step itself, no thread, no hand-off). It stays if its rate is within
   ``DOWN_LOSS`` of the old one with no new wait, or beat it by the margin. Not with
   record workers: there a step "ready" is a step in the workers' hands, whose wait for
   rows the read-ahead does not see, and a step ahead costs shared memory only; the
   depth only grows there, doubled (to ``FEED_DEPTH`` at most) when the loop waited on
   workers that had nothing in hand (``fed``).
+- Inline, a trial against reading ahead is judged on rates alone (inline waits on
+  every read by design): it stays if faster by half the margin. Inline was measured
+  1.1-1.4x a reader thread here on rows in memory and on a folder of small shards,
+  where a thread's hand-offs and its queue for the GIL cost more than they hide; a
+  gather that releases the GIL for long loses inline. From inline the read-ahead comes
+  back (8 deep when reads wait, else 2) when the rate falls a quarter below the one
+  inline was kept at, when reads wait (as often as trials up are due), and every
+  ``MAX_WAIT`` windows to check.
 - A trial that went back makes the next one the same way wait twice as many windows
   (from one, at most ``MAX_WAIT``); one that stayed resets the wait. A run pays for
   failed trials less and less often, and a source that changes is followed both ways.
@@ -141,9 +150,14 @@ class _Window:
         if self._in_flight == 0:
             self._span += now - self._span_from
 
-    def reads_waited(self) -> bool:
-        """The reads so far spent most of their wall time off the CPU."""
-        return self._reads > 0 and self._busy < 0.5 * self._wall
+    def reads_waited(self, now: float) -> bool:
+        """The reads so far spent most of the time some read was in flight off the CPU
+        (their CPU time summed: reads that queue for the GIL beside each other do not
+        look like reads that wait)."""
+        return self._reads > 0 and self._busy < 0.5 * self._in_flight_span(now)
+
+    def _in_flight_span(self, now: float) -> float:
+        return self._span + (now - self._span_from if self._in_flight else 0.0)
 
     def step(self, now: float, waited_s: float, ready: int) -> None:
         self._own.append(now - self._last - waited_s)
@@ -164,8 +178,7 @@ class _Window:
         if spent < MIN_WINDOW_S:  # a pause made it look long enough: go on
             self._close_at = len(self._own) + len(self._own) // 4 + 1
             return None
-        span = self._span + (now - self._span_from if self._in_flight else 0.0)
-        self.readers_wait = self._reads > 0 and self._busy < 0.5 * span
+        self.readers_wait = self.reads_waited(now)
         self.own_s = own / len(self._own)
         self.read_s = self._wall / self._reads if self._reads else 0.0
         self.least = int(self._least_ready)
@@ -185,7 +198,7 @@ class Climb:
         self._cores = cores or available_cores()
         self._workers = workers  # reads hand rows to record workers: no trials down
         self._window = _Window(now)
-        self.depth, self._cap, self._floor = START_DEPTH, START_DEPTH, START_DEPTH
+        self.depth, self._cap = START_DEPTH, START_DEPTH
         self.readers_wait = False
         self._held: list[tuple[float, float]] = []  # (rate, wait share) at this depth
         self._trial: _Trial | None = None
@@ -194,6 +207,7 @@ class Climb:
         self._since = {"up": 0, "down": 0}  # windows since the last trial each way
         self._first_up = True
         self._fed_at = 0  # the step the depth last grew to feed record workers at
+        self._inline_rate = 0.0  # the rate inline was last judged at
         self.moves: collections.deque[dict[str, Any]] = collections.deque(maxlen=_KEPT)
 
     # Reads, from the readers' threads.
@@ -211,9 +225,8 @@ class Climb:
     def start(self, now: float, cap: int, step: int) -> int:
         """The depth to read at once the first step is read, within ``cap`` steps."""
         self._cap = max(1, cap)
-        self.readers_wait = self._window.reads_waited()
+        self.readers_wait = self._window.reads_waited(now)
         start = START_DEPTH_WAITING if self.readers_wait else START_DEPTH
-        self._floor = min(START_DEPTH, self._cap)
         why = "start: the first reads waited" if self.readers_wait else "start"
         self._move(step, min(start, self._cap), why, now)
         return self.depth
@@ -259,6 +272,15 @@ class Climb:
     def _hold(self, step: int, window: tuple[float, float], now: float) -> None:
         """A window at a settled depth: start a trial up or down, or hold."""
         self._held = [*self._held[-1:], window]
+        if self.depth == 0:  # inline: read ahead again when the rate fell from the one
+            # inline was kept at (the loop or the source changed), when reads wait (as
+            # often as trials up are due), or every MAX_WAIT windows, to check
+            slower = window[0] < (1 - MAX_MARGIN / 2) * self._inline_rate
+            due = self._since["up"] >= (self._waits_for["up"] if self.readers_wait else MAX_WAIT)
+            if slower or due:  # as deep as a start whose first reads waited, if they do
+                depth = START_DEPTH_WAITING if self.readers_wait else START_DEPTH
+                self._try(step, min(self._cap, depth), now)
+            return
         if window[1] >= WAIT_SHARE and self.readers_wait and self.depth < self._cap:
             if self._since["up"] >= self._waits_for["up"]:
                 self._try(step, min(self._cap, self._up_factor() * self.depth), now)
@@ -271,8 +293,9 @@ class Climb:
     def _try_down(self, step: int, now: float) -> None:
         if self._workers:  # a step ahead is a step in the workers' hands: shared memory only
             return
-        if self.depth > self._floor and self._since["down"] >= self._waits_for["down"]:
-            self._try(step, max(self._floor, self.depth // 2), now)
+        if self.depth > 0 and self._since["down"] >= self._waits_for["down"]:
+            half = self.depth // 2  # below START_DEPTH: inline (the consumer reads)
+            self._try(step, half if half >= START_DEPTH else 0, now)
 
     def _up_factor(self) -> int:
         """Twice; the first time, up to four times, toward twice a read over a step."""
@@ -286,7 +309,10 @@ class Climb:
         was = self.depth
         self._trial = _Trial(was, list(self._held))
         self._since["up" if depth > was else "down"] = 0
-        self._move(step, depth, "trial deeper" if depth > was else "trial shallower", now)
+        why = "trial deeper" if depth > was else "trial shallower"
+        if 0 in (was, depth):
+            why = "trial inline" if depth == 0 else "trial reading ahead"
+        self._move(step, depth, why, now)
 
     def _judge(self, step: int, window: tuple[float, float], now: float) -> None:
         trial = self._trial
@@ -304,6 +330,8 @@ class Climb:
         up = self.depth > trial.was
         if noise > NOISY:  # the windows disagree among themselves: no verdict, no move
             stays = False
+        elif 0 in (self.depth, trial.was):  # inline waits on every read: rates alone
+            stays = new_rate > base_rate * (1 + margin / 2)
         elif up:  # it paid in rate, or it took half the wait away at no loss of rate
             stays = new_rate > base_rate * (1 + margin) or (
                 new_wait < 0.5 * base_wait and new_rate >= base_rate * (1 - DOWN_LOSS)
@@ -319,6 +347,8 @@ class Climb:
                  "margin": round(margin, 3)}  # fmt: skip
         self._trial = None
         self._first_up = self._first_up and not up
+        if 0 in (self.depth, trial.was):
+            self._inline_rate = new_rate if self.depth == 0 else base_rate
         if stays:
             self._waits_for[direction] = 1
             self._held = list(trial.windows)

@@ -22,7 +22,8 @@ first steps ready together rather than one by one. Then it reads 2 ahead on one 
 (8, when the first read spent most of its time waiting; the threads it no longer needs
 end), and ``_climb`` moves the depth by trials judged on the steps per second measured
 before and after, beyond their noise: deeper while the consumer waits on readers that
-wait, shallower while readers compute or the steps ahead go unused -- within
+wait, shallower while readers compute or the steps ahead go unused, down to inline
+(depth 0: the consumer reads each step itself while the readers sleep) -- within
 ``budget_bytes`` of batches ahead (the first batch's size tells how many), 128 steps
 and 32 threads. Readers that compute (a numpy gather, a transform in this process) get
 at most a thread a core: more only queue for the GIL, and 16 of them halved the rate of
@@ -45,6 +46,7 @@ has one iteration path whichever it uses.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -320,6 +322,8 @@ class Prefetcher(Iterator[tuple[int, Any]]):
                 raise StopIteration
             self.ask = (step in self._ready, len(self._ready), self.depth)
             asked = time.perf_counter() if self._auto else 0.0
+            if self.depth == 0 and self._claim <= step:  # inline: this thread reads it
+                self._read_here(step)
             if step not in self._ready:
                 self._waiting = True
                 while step not in self._ready:
@@ -334,14 +338,38 @@ class Prefetcher(Iterator[tuple[int, Any]]):
                 self._set_depth(self._climb.took(step, now, now - asked, self.ask[1]))
             # Idle readers wake at three quarters of the depth left ahead (a read that
             # starts later than that may not be done in time on a busy host).
-            if self._idle and self._claim - self.next_step <= self.depth * 3 // 4:
+            if self._idle and self.depth and self._claim - self.next_step <= self.depth * 3 // 4:
                 self._readers.notify(self._idle)
         if isinstance(item, _Failed):
             raise item.error
         return step, item
 
+    def _read_here(self, step: int) -> None:
+        """Reads ``step`` on the consumer's thread (depth 0, "auto" inline), the lock let
+        go meanwhile; the step is then ready (or failed) as if a reader had read it."""
+        self._claim = step + 1
+        wall, busy = time.perf_counter(), time.thread_time()
+        self._climb.begin(wall)
+        self._lock.release()
+        try:
+            item = self._produce(step)
+        except BaseException as error:  # raised below, when the consumer takes the step
+            item = _Failed(error)
+        finally:
+            self._lock.acquire()
+        now = time.perf_counter()
+        self._climb.read(now, now - wall, time.thread_time() - busy)
+        if self._stopped:  # closed from another thread meanwhile
+            self._ready.drop(item)
+            raise StopIteration
+        self._ready.put(step, item)
+        if isinstance(item, _Failed) and (self._stop_at is None or step < self._stop_at):
+            self._stop_at = step + 1
+
     def close(self) -> None:
         """Stops the threads and drops the batches they read ahead."""
+        if sys.is_finalizing():  # a loader never closed, at exit: the daemon readers are
+            return  # frozen now, one may hold the lock (waiting on it hung the exit)
         with self._lock:
             self._stopped = True
             self._ready.drop()

@@ -23,6 +23,7 @@ An error in placing a step is raised on the loop's thread when it reaches that s
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -138,6 +139,8 @@ class Placer:
 
     def close(self) -> None:
         """Stops the threads, drops the placed steps, and closes the read-ahead."""
+        if sys.is_finalizing():  # a loader never closed, at exit: the daemon readers are
+            return  # frozen now, one may hold the lock (waiting on it hung the exit)
         with self._lock:
             self._stopped = True
             self._ready.clear()

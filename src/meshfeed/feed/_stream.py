@@ -121,7 +121,7 @@ class Stream:
             counts[6] += 1
             counts[7] += ready
             counts[8] += steps_ready
-            counts[9] += min(1.0, steps_ready / depth)
+            counts[9] += min(1.0, steps_ready / depth) if depth else 0.0  # 0: inline
 
     def counts(self) -> dict[str, float]:
         """The consumer's counts (``CONSUMER``) since the stream was made."""
