@@ -87,6 +87,7 @@ CLIP = 20  # a step counts at most this many times the window's median step time
 MAX_WAIT = 256  # windows before a trial after trials that went back: 1, doubling up to this
 _MAX_FIRST_STEP = 4  # the first trial up multiplies the depth by at most this
 _KEPT = 16  # moves kept for stats()
+_KEPT_RATES = 32  # window rates kept a mode (inline, reading ahead) to judge between them
 
 
 def available_cores() -> int:
@@ -208,6 +209,12 @@ class Climb:
         self._first_up = True
         self._fed_at = 0  # the step the depth last grew to feed record workers at
         self._inline_rate = 0.0  # the rate inline was last judged at
+        # Window rates inline (True) and reading ahead (False):
+        # inline against a reader thread is a small difference in noisy windows, judged
+        # on every window of both seen lately, not on the two of one trial.
+        self._rates: dict[bool, collections.deque[float]] = {
+            mode: collections.deque(maxlen=_KEPT_RATES) for mode in (True, False)
+        }
         self.moves: collections.deque[dict[str, Any]] = collections.deque(maxlen=_KEPT)
 
     # Reads, from the readers' threads.
@@ -262,6 +269,7 @@ class Climb:
         if window is None:
             return self.depth
         self.readers_wait = self._window.readers_wait
+        self._rates[self.depth == 0].append(window[0])
         self._since = {k: v + 1 for k, v in self._since.items()}
         if self._trial is None:
             self._hold(step, window, now)
@@ -277,6 +285,9 @@ class Climb:
             # often as trials up are due), or every MAX_WAIT windows, to check
             slower = window[0] < (1 - MAX_MARGIN / 2) * self._inline_rate
             due = self._since["up"] >= (self._waits_for["up"] if self.readers_wait else MAX_WAIT)
+            if slower:  # what was measured before is another loop's, or another source's
+                for rates in self._rates.values():
+                    rates.clear()
             if slower or due:  # as deep as a start whose first reads waited, if they do
                 depth = START_DEPTH_WAITING if self.readers_wait else START_DEPTH
                 self._try(step, min(self._cap, depth), now)
@@ -328,9 +339,16 @@ class Climb:
         noise = max(_spread(base), _spread(new))
         margin = min(MAX_MARGIN, max(MIN_GAIN, 2 * noise))
         up = self.depth > trial.was
-        if noise > NOISY:  # the windows disagree among themselves: no verdict, no move
+        inline_trial = 0 in (self.depth, trial.was)
+        lately = inline_trial and min(map(len, self._rates.values())) >= TRIAL_WINDOWS
+        if lately:
+            # Whichever mode's windows ran faster, all seen lately (median: a pause or a
+            # trial's own first windows do not decide).
+            inline, ahead = (statistics.median(self._rates[mode]) for mode in (True, False))
+            stays = (inline > ahead) == (self.depth == 0)
+        elif noise > NOISY:  # the windows disagree among themselves: no verdict, no move
             stays = False
-        elif 0 in (self.depth, trial.was):  # inline waits on every read: rates alone
+        elif inline_trial:  # inline waits on every read by design: rates alone
             stays = new_rate > base_rate * (1 + margin / 2)
         elif up:  # it paid in rate, or it took half the wait away at no loss of rate
             stays = new_rate > base_rate * (1 + margin) or (
@@ -355,7 +373,7 @@ class Climb:
             self._note(step, trial.was, self.depth, f"kept: {direction} paid", rates)
             return
         self._waits_for[direction] = min(MAX_WAIT, 2 * self._waits_for[direction])
-        why = "too noisy to judge" if noise > NOISY else "did not pay"
+        why = "too noisy to judge" if noise > NOISY and not lately else "did not pay"
         self._move(step, trial.was, f"back: {direction} {why}", now, rates)
         self._held = list(trial.base)
         if up:  # deeper did not pay: maybe shallower does (a start too deep, say)
