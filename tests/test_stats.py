@@ -144,3 +144,23 @@ def test_counts_from_many_threads_are_exact_after_the_threads_end():
     tally.add(seconds=1.0)  # by name, from this thread
     assert tally.values() == {"calls": 160_000, "seconds": 80_001.0}
     assert tally.updates == 160_001
+
+
+def test_stats_count_the_files_opened_past_the_bound(tmp_path):
+    """A global shuffle over more files than ``max_open_files``: stats() says how many
+    were opened (again after a close) and that no more than the bound stayed open."""
+    from meshfeed.storage._handles import DEFAULT_MAX_OPEN_FILES, HANDLES
+
+    meshfeed.write_source(tmp_path / "d", {"x": np.arange(256, dtype=np.int32)}, shard_size=8)
+    try:
+        source = meshfeed.open_source(tmp_path / "d", max_open_files=4)  # 32 files
+        mesh = meshfeed.make_mesh(data=jax.device_count())
+        loader = meshfeed.Loader(source, global_batch_size=64, shuffle=True, prefetch=0,
+                                 sharding=meshfeed.batch_sharding(mesh))  # fmt: skip
+        seen = np.sort(np.concatenate([np.asarray(b["x"]) for b in loader]))
+        files = loader.stats()["source"]["files"]
+    finally:
+        HANDLES.ask(DEFAULT_MAX_OPEN_FILES)
+    assert (seen == np.arange(256)).all()
+    assert files["max_open_files"] == 4 and files["open"] <= 4
+    assert 32 < files["opened"] <= 256  # each file at least once, some again; a read at most

@@ -52,8 +52,8 @@ The rules now:
   1.1-1.4x a reader thread here on rows in memory and on a folder of small shards,
   where a thread's hand-offs and its queue for the GIL cost more than they hide; a
   gather that releases the GIL for long loses inline. From inline the read-ahead comes
-  back (8 deep when reads wait, else 2) when the rate falls a quarter below the one
-  inline was kept at, when reads wait (as often as trials up are due), and every
+  back (8 deep when reads wait, else 2) when the rate falls to half the one inline
+  was kept at, when reads wait (as often as trials up are due), and every
   ``MAX_WAIT`` windows to check.
 - A trial that went back makes the next one the same way wait twice as many windows
   (from one, at most ``MAX_WAIT``); one that stayed resets the wait. A run pays for
@@ -283,7 +283,7 @@ class Climb:
         if self.depth == 0:  # inline: read ahead again when the rate fell from the one
             # inline was kept at (the loop or the source changed), when reads wait (as
             # often as trials up are due), or every MAX_WAIT windows, to check
-            slower = window[0] < (1 - MAX_MARGIN / 2) * self._inline_rate
+            slower = window[0] < 0.5 * self._inline_rate  # not noise, nor a cold cache
             due = self._since["up"] >= (self._waits_for["up"] if self.readers_wait else MAX_WAIT)
             if slower:  # what was measured before is another loop's, or another source's
                 for rates in self._rates.values():
@@ -383,7 +383,9 @@ class Climb:
         self, step: int, depth: int, why: str, now: float, rates: dict[str, Any] | None = None
     ) -> None:
         was, self.depth = self.depth, depth
-        self._settle = max(was, depth)
+        # The steps ahead fill or drain; to or from inline, a window's worth more: the
+        # first steps after the switch ran ~20% slower here, whichever way it went.
+        self._settle = max(was, depth) + (MIN_WINDOW_STEPS if 0 in (was, depth) else 0)
         self._held = []
         self._window.reset(now)
         self._note(step, was, depth, why, rates)

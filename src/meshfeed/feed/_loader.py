@@ -74,8 +74,11 @@ class Loader(OptionAttributes, AssemblyViews):
         background threads, several at once. ``"auto"`` (default) reads the first
         steps together, starts at 2 (8 for a slow source) and moves by trials judged
         on the steps per second before and after: deeper while the loop waits on a
-        slow source, shallower where depth does not pay (``loader.prefetch_depth``
-        says where it is, ``loader.stats()`` its moves and why); an int fixes it;
+        slow source, shallower where depth does not pay, down to 0 (the loop reads
+        each step itself, where a reader thread's hand-offs cost more than they hide:
+        rows in memory, many small shards) while that runs faster
+        (``loader.prefetch_depth`` says where it is, ``loader.stats()`` its moves and
+        why); an int fixes it;
         0 reads each step on demand (record workers hold the steps read ahead).
         ``state()`` counts only the batches handed out.
       prefetch_bytes: the most bytes of batches read ahead (default 256 MiB).

@@ -4,8 +4,8 @@ Each stage counts as it goes -- the source's reads (``SourceRows``), the record
 transform (``RecordStage``, with the seconds its workers report) and the batch
 ``transform`` (``StepReader``) in a ``Tally`` each, the consumer in a list of its own
 (``Stream.counts``: its ``next()``, the placing on the devices, the read-ahead's fill at
-each ask), this process's reads behind URLs in ``storage``'s ``FETCHES`` (shared by
-every source of the process) -- and ``PipelineStats`` reads them all and reports what
+each ask), this process's reads behind URLs in ``storage``'s ``FETCHES`` and its files
+opened in ``HANDLES`` (both shared by every source of the process) -- and ``PipelineStats`` reads them all and reports what
 happened since the loader was built or since the last ``stats(reset=True)``, as a
 JSON-able dict.
 """
@@ -18,6 +18,7 @@ from typing import Any
 from meshfeed.core._tally import Tally, since
 from meshfeed.feed._reader import StepReader
 from meshfeed.feed._stream import Stream
+from meshfeed.storage._handles import HANDLES
 from meshfeed.storage._remote import FETCHES
 
 _Raw = dict[str, dict[str, float]]
@@ -42,6 +43,7 @@ class PipelineStats:
         raw = {
             "source": self._source.values(),
             "url": FETCHES.values(),
+            "files": {"opened": float(HANDLES.opened)},
             "transform": self._reader.tally.values(),
             "consumer": self._stream.counts(),
         }
@@ -77,6 +79,11 @@ class PipelineStats:
                 "seconds": source["seconds"],
                 "skipped": int(source["skipped"]),
                 "url": {k: int(v) for k, v in d["url"].items()},
+                "files": {  # this process's local files (HANDLES, shared by its sources)
+                    "opened": int(d["files"]["opened"]),
+                    "open": len(HANDLES),
+                    "max_open_files": HANDLES.limit(),
+                },
             },
             "record_transform": None,
             "transform": None,
