@@ -14,7 +14,7 @@ sources:
 
 Each process is fresh (a new interpreter: the read-ahead starts from nothing, as in a
 user's job) and times, after 300 steps of warm-up each (100 for ``records``), the
-default loader (``prefetch="auto"``), fixed depths (``prefetch=0, 1, 2, 4, 16``; 0 reads in
+default loader (``prefetch="auto"``), fixed depths (``prefetch=0, 1, 2, 16``; 0 reads in
 the loop, no thread), and a
 second ``prefetch=1`` loader whose ratio to the first is the measurement's own noise:
 ``noise``) and the floor (a numpy gather of the same ids from the same arrays, then
@@ -53,7 +53,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ("memory", "mmap", "folder", "records")
-FIXED = (0, 1, 2, 4, 16)
+FIXED = (0, 1, 2, 16)
 BATCH, RECORDS_BATCH = 512, 256
 
 
