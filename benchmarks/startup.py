@@ -178,7 +178,7 @@ def startup(counts: list[int], src: str | None, smoke: bool, before_max: int) ->
         server.close()
 
 
-def cache(rounds: int, seconds: float, shards: int, per_shard: int, prefetch: str = "auto") -> None:
+def cache(rounds: int, seconds: float, shards: int, per_shard: int, prefetch: str = "0") -> None:
     import meshfeed
 
     with tempfile.TemporaryDirectory() as tmp:

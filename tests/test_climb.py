@@ -130,8 +130,8 @@ def test_a_store_that_waits_climbs_until_reads_are_hidden(seed):
 def test_every_move_is_told_with_its_reason_and_rates():
     climb, _ = store(0).run(700)
     moves = list(climb.moves)
-    assert moves[0] == {"step": 0, "depth": 8, "was": 2, "why": "start: the first reads waited"}
-    assert moves[1]["why"] == "trial deeper" and moves[1]["was"] == 8
+    assert moves[0] == {"step": 0, "depth": 16, "was": 2, "why": "start: the first reads waited"}
+    assert moves[1]["why"] == "trial deeper" and moves[1]["was"] == 16
     kept = [m for m in moves if m["why"] == "kept: up paid"]
     assert kept and all(m["rate_after"] > m["rate_before"] * (1 + m["margin"]) for m in kept)
     climb, _ = memory(0).run(2_000)

@@ -52,7 +52,7 @@ The rules now:
   1.1-1.4x a reader thread here on rows in memory and on a folder of small shards,
   where a thread's hand-offs and its queue for the GIL cost more than they hide; a
   gather that releases the GIL for long loses inline. From inline the read-ahead comes
-  back (8 deep when reads wait, else 2) when the rate falls to half the one inline
+  back (16 deep when reads wait, else 2) when the rate falls to half the one inline
   was kept at, when reads wait (as often as trials up are due), and every
   ``MAX_WAIT`` windows to check.
 - A trial that went back makes the next one the same way wait twice as many windows
@@ -73,7 +73,7 @@ import statistics
 from typing import Any
 
 START_DEPTH = 2  # also the least "auto" reads ahead: one reader thread and a step ready
-START_DEPTH_WAITING = 8  # a source whose first reads spent most of their time waiting
+START_DEPTH_WAITING = 16  # first reads that waited: as deep as they were read (_SPECULATE_DEPTH)
 FEED_DEPTH = 16  # the most steps "auto" reads ahead to keep record workers busy
 MIN_WINDOW_S = 0.05  # the shortest window
 MIN_WINDOW_STEPS = 16  # the fewest steps in a window
@@ -360,6 +360,7 @@ class Climb:
                 and new_wait <= max(WAIT_SHARE, 1.5 * base_wait)
             )
         direction = "up" if up else "down"
+        self._since[direction] = 0  # the wait before the next trial counts from its end
         rates = {"rate_before": round(base_rate, 2), "rate_after": round(new_rate, 2),
                  "wait_before": round(base_wait, 4), "wait_after": round(new_wait, 4),
                  "margin": round(margin, 3)}  # fmt: skip

@@ -72,7 +72,7 @@ class Loader(OptionAttributes, AssemblyViews):
         process loads, applied before they go to devices. It must keep the row count.
       prefetch: steps read ahead (source, record transforms, ``transform``) on
         background threads, several at once. ``"auto"`` (default) reads the first
-        steps together, starts at 2 (8 for a slow source) and moves by trials judged
+        steps together, starts at 2 (16 for a slow source) and moves by trials judged
         on the steps per second before and after: deeper while the loop waits on a
         slow source, shallower where depth does not pay, down to 0 (the loop reads
         each step itself, where a reader thread's hand-offs cost more than they hide:

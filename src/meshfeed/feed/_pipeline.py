@@ -19,7 +19,7 @@ adapts. While the consumer reads the first step, the next ones are read beside i
 deep (within ``budget_bytes``, when the source's fields give a step's size before any
 read: no transform, nothing ragged), so that a source that waits 20 ms a read has its
 first steps ready together rather than one by one. Then it reads 2 ahead on one thread
-(8, when the first read spent most of its time waiting; the threads it no longer needs
+(16, when the first reads spent most of their time waiting; the threads it no longer needs
 end), and ``_climb`` moves the depth by trials judged on the steps per second measured
 before and after, beyond their noise: deeper while the consumer waits on readers that
 wait, shallower while readers compute or the steps ahead go unused, down to inline
