@@ -305,8 +305,10 @@ class Climb:
         if self._workers:  # a step ahead is a step in the workers' hands: shared memory only
             return
         if self.depth > 0 and self._since["down"] >= self._waits_for["down"]:
-            half = self.depth // 2  # below START_DEPTH: inline (the consumer reads)
-            self._try(step, half if half >= START_DEPTH else 0, now)
+            half = self.depth // 2  # below START_DEPTH: inline (the consumer reads);
+            # for reads that wait, only every MAX_WAIT windows (inline waits them all)
+            if half >= START_DEPTH or not self.readers_wait or self._since["down"] >= MAX_WAIT:
+                self._try(step, half if half >= START_DEPTH else 0, now)
 
     def _up_factor(self) -> int:
         """Twice; the first time, up to four times, toward twice a read over a step."""

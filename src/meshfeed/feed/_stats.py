@@ -5,9 +5,9 @@ transform (``RecordStage``, with the seconds its workers report) and the batch
 ``transform`` (``StepReader``) in a ``Tally`` each, the consumer in a list of its own
 (``Stream.counts``: its ``next()``, the placing on the devices, the read-ahead's fill at
 each ask), this process's reads behind URLs in ``storage``'s ``FETCHES`` and its files
-opened in ``HANDLES`` (both shared by every source of the process) -- and ``PipelineStats`` reads them all and reports what
-happened since the loader was built or since the last ``stats(reset=True)``, as a
-JSON-able dict.
+opened in ``HANDLES`` (both shared by every source of the process) -- and
+``PipelineStats`` reads them all and reports what happened since the loader was built
+or since the last ``stats(reset=True)``, as a JSON-able dict.
 """
 
 from __future__ import annotations
