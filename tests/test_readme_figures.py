@@ -190,7 +190,7 @@ def _read_ahead() -> list[str]:
     after = {
         r["source"]: r["ratio_to_best_fixed"]
         for r in _lines("read_ahead.jsonl", label="after")
-        if "ratio_to_best_fixed" in r and r["name"].startswith("summary:")
+        if "ratio_to_best_fixed" in r and r.get("name", "").startswith("summary:")
     }
     assert sorted(after) == ["folder", "memory", "mmap"], after
     deep = [
