@@ -72,18 +72,17 @@ import os
 import statistics
 from typing import Any
 
+from meshfeed.feed._window import MIN_WINDOW_STEPS, Window
+
 START_DEPTH = 2  # also the least "auto" reads ahead: one reader thread and a step ready
 START_DEPTH_WAITING = 16  # first reads that waited: as deep as they were read (_SPECULATE_DEPTH)
 FEED_DEPTH = 16  # the most steps "auto" reads ahead to keep record workers busy
-MIN_WINDOW_S = 0.05  # the shortest window
-MIN_WINDOW_STEPS = 16  # the fewest steps in a window
 TRIAL_WINDOWS = 2  # windows a trial depth is judged on
 WAIT_SHARE = 0.01  # the consumer's wait, over a window's time, that asks for a deeper trial
 MIN_GAIN = 0.10  # a deeper trial pays only if its rate beats the old one by this, at least
 MAX_MARGIN = 0.5  # the noise margin, at most (a doubling of a waiting source gains ~2x)
 NOISY = MAX_MARGIN / 2  # windows whose rates spread more than this judge nothing
 DOWN_LOSS = 0.05  # a shallower trial stays if its rate is within this of the old one
-CLIP = 20  # a step counts at most this many times the window's median step time
 MAX_WAIT = 256  # windows before a trial after trials that went back: 1, doubling up to this
 _MAX_FIRST_STEP = 4  # the first trial up multiplies the depth by at most this
 _KEPT = 16  # moves kept for stats()
@@ -112,80 +111,31 @@ class _Trial:
         self.windows: list[tuple[float, float]] = []  # (rate, wait share) at the new depth
 
 
-class _Window:
-    """What one window measured: the reads (CPU and wall time, the time some read was
-    in flight) and the consumer's steps (its own time and its wait, the fewest steps
-    ready at an ask). Its last close leaves what the climb judges by in ``own_s``,
-    ``read_s``, ``least`` and ``readers_wait``."""
+class _Modes:
+    """Window rates inline and reading ahead, the latest ``_KEPT_RATES`` of each: inline
+    against a reader thread is a small difference in noisy windows (0-30% in windows
+    that spread ~20% here), judged on every window of both seen lately, not on the two
+    of one trial."""
 
-    def __init__(self, now: float) -> None:
-        self._in_flight = 0
-        self._last = now  # when the consumer last took a step
-        self._own: list[float] = []  # the consumer's own time each step (not waiting)
-        self._waits: list[float] = []
-        self.own_s = self.read_s = 0.0
-        self.least = 0
-        self.readers_wait = False
-        self.reset(now)
+    def __init__(self) -> None:
+        self._rates = {mode: collections.deque(maxlen=_KEPT_RATES) for mode in (True, False)}
+        self.inline_rate = 0.0  # the rate inline was last judged at
 
-    def reset(self, now: float) -> None:
-        """Start a new window at ``now`` (a read in flight counts from now)."""
-        self._from = self._span_from = now
-        self._own.clear()
-        self._waits.clear()
-        self._close_at = MIN_WINDOW_STEPS
-        self._least_ready = math.inf
-        self._busy = self._wall = self._span = 0.0
-        self._reads = 0
+    def add(self, inline: bool, rate: float) -> None:
+        self._rates[inline].append(rate)
 
-    def begin(self, now: float) -> None:
-        if self._in_flight == 0:
-            self._span_from = now
-        self._in_flight += 1
+    def forget(self) -> None:
+        """What was measured is another loop's, or another source's."""
+        for rates in self._rates.values():
+            rates.clear()
 
-    def read(self, now: float, wall_s: float, busy_s: float) -> None:
-        self._wall += wall_s
-        self._busy += busy_s
-        self._reads += 1
-        self._in_flight -= 1
-        if self._in_flight == 0:
-            self._span += now - self._span_from
-
-    def reads_waited(self, now: float) -> bool:
-        """The reads so far spent most of the time some read was in flight off the CPU
-        (their CPU time summed: reads that queue for the GIL beside each other do not
-        look like reads that wait)."""
-        return self._reads > 0 and self._busy < 0.5 * self._in_flight_span(now)
-
-    def _in_flight_span(self, now: float) -> float:
-        return self._span + (now - self._span_from if self._in_flight else 0.0)
-
-    def step(self, now: float, waited_s: float, ready: int) -> None:
-        self._own.append(now - self._last - waited_s)
-        self._waits.append(waited_s)
-        self._last = now
-        self._least_ready = min(self._least_ready, ready)
-
-    def full(self, now: float) -> bool:
-        return len(self._own) >= self._close_at and now - self._from >= MIN_WINDOW_S
-
-    def close(self, now: float) -> tuple[float, float] | None:
-        """The window's (rate, wait share), or ``None`` while it is too short once the
-        consumer's pauses are clipped; the readers' waiting is judged on it too."""
-        most = CLIP * statistics.median(self._own)
-        own = sum(min(t, most) for t in self._own)
-        waited = sum(self._waits)
-        spent = max(own + waited, 1e-9)
-        if spent < MIN_WINDOW_S:  # a pause made it look long enough: go on
-            self._close_at = len(self._own) + len(self._own) // 4 + 1
+    def inline_faster(self) -> bool | None:
+        """Whether inline's windows ran faster (medians: a pause or a trial's first
+        windows do not decide); ``None`` until each mode has ``TRIAL_WINDOWS``."""
+        if min(map(len, self._rates.values())) < TRIAL_WINDOWS:
             return None
-        self.readers_wait = self.reads_waited(now)
-        self.own_s = own / len(self._own)
-        self.read_s = self._wall / self._reads if self._reads else 0.0
-        self.least = int(self._least_ready)
-        window = (len(self._own) / spent, waited / spent)
-        self.reset(now)
-        return window
+        inline, ahead = (statistics.median(self._rates[mode]) for mode in (True, False))
+        return inline > ahead
 
 
 class Climb:
@@ -198,7 +148,7 @@ class Climb:
     def __init__(self, now: float, *, workers: bool = False, cores: int | None = None) -> None:
         self._cores = cores or available_cores()
         self._workers = workers  # reads hand rows to record workers: no trials down
-        self._window = _Window(now)
+        self._window = Window(now)
         self.depth, self._cap = START_DEPTH, START_DEPTH
         self.readers_wait = False
         self._held: list[tuple[float, float]] = []  # (rate, wait share) at this depth
@@ -208,13 +158,7 @@ class Climb:
         self._since = {"up": 0, "down": 0}  # windows since the last trial each way
         self._first_up = True
         self._fed_at = 0  # the step the depth last grew to feed record workers at
-        self._inline_rate = 0.0  # the rate inline was last judged at
-        # Window rates inline (True) and reading ahead (False):
-        # inline against a reader thread is a small difference in noisy windows, judged
-        # on every window of both seen lately, not on the two of one trial.
-        self._rates: dict[bool, collections.deque[float]] = {
-            mode: collections.deque(maxlen=_KEPT_RATES) for mode in (True, False)
-        }
+        self._modes = _Modes()
         self.moves: collections.deque[dict[str, Any]] = collections.deque(maxlen=_KEPT)
 
     # Reads, from the readers' threads.
@@ -229,10 +173,13 @@ class Climb:
 
     # The depth.
 
-    def start(self, now: float, cap: int, step: int) -> int:
-        """The depth to read at once the first step is read, within ``cap`` steps."""
+    def start(self, now: float, cap: int, step: int, cpu_share: float | None = None) -> int:
+        """The depth to read at once the first step is read, within ``cap`` steps; the
+        first reads waited when the process used under half a core while the first was
+        read (``cpu_share``), or, without it, by the window's reads."""
         self._cap = max(1, cap)
-        self.readers_wait = self._window.reads_waited(now)
+        waited = self._window.reads_waited(now) if cpu_share is None else cpu_share < 0.5
+        self.readers_wait = waited
         start = START_DEPTH_WAITING if self.readers_wait else START_DEPTH
         why = "start: the first reads waited" if self.readers_wait else "start"
         self._move(step, min(start, self._cap), why, now)
@@ -269,7 +216,7 @@ class Climb:
         if window is None:
             return self.depth
         self.readers_wait = self._window.readers_wait
-        self._rates[self.depth == 0].append(window[0])
+        self._modes.add(self.depth == 0, window[0])
         self._since = {k: v + 1 for k, v in self._since.items()}
         if self._trial is None:
             self._hold(step, window, now)
@@ -283,11 +230,10 @@ class Climb:
         if self.depth == 0:  # inline: read ahead again when the rate fell from the one
             # inline was kept at (the loop or the source changed), when reads wait (as
             # often as trials up are due), or every MAX_WAIT windows, to check
-            slower = window[0] < 0.5 * self._inline_rate  # not noise, nor a cold cache
+            slower = window[0] < 0.5 * self._modes.inline_rate  # not noise, nor a cold cache
             due = self._since["up"] >= (self._waits_for["up"] if self.readers_wait else MAX_WAIT)
             if slower:  # what was measured before is another loop's, or another source's
-                for rates in self._rates.values():
-                    rates.clear()
+                self._modes.forget()
             if slower or due:  # as deep as a start whose first reads waited, if they do
                 depth = START_DEPTH_WAITING if self.readers_wait else START_DEPTH
                 self._try(step, min(self._cap, depth), now)
@@ -342,12 +288,9 @@ class Climb:
         margin = min(MAX_MARGIN, max(MIN_GAIN, 2 * noise))
         up = self.depth > trial.was
         inline_trial = 0 in (self.depth, trial.was)
-        lately = inline_trial and min(map(len, self._rates.values())) >= TRIAL_WINDOWS
-        if lately:
-            # Whichever mode's windows ran faster, all seen lately (median: a pause or a
-            # trial's own first windows do not decide).
-            inline, ahead = (statistics.median(self._rates[mode]) for mode in (True, False))
-            stays = (inline > ahead) == (self.depth == 0)
+        faster = self._modes.inline_faster() if inline_trial else None
+        if faster is not None:  # whichever mode's windows ran faster lately
+            stays = faster == (self.depth == 0)
         elif noise > NOISY:  # the windows disagree among themselves: no verdict, no move
             stays = False
         elif inline_trial:  # inline waits on every read by design: rates alone
@@ -368,15 +311,15 @@ class Climb:
                  "margin": round(margin, 3)}  # fmt: skip
         self._trial = None
         self._first_up = self._first_up and not up
-        if 0 in (self.depth, trial.was):
-            self._inline_rate = new_rate if self.depth == 0 else base_rate
+        if inline_trial:
+            self._modes.inline_rate = new_rate if self.depth == 0 else base_rate
         if stays:
             self._waits_for[direction] = 1
             self._held = list(trial.windows)
             self._note(step, trial.was, self.depth, f"kept: {direction} paid", rates)
             return
         self._waits_for[direction] = min(MAX_WAIT, 2 * self._waits_for[direction])
-        why = "too noisy to judge" if noise > NOISY and not lately else "did not pay"
+        why = "too noisy to judge" if noise > NOISY and faster is None else "did not pay"
         self._move(step, trial.was, f"back: {direction} {why}", now, rates)
         self._held = list(trial.base)
         if up:  # deeper did not pay: maybe shallower does (a start too deep, say)

@@ -153,14 +153,10 @@ class Inline:
 
 
 class Prefetcher(Iterator[tuple[int, Any]]):
-    """Yields ``(step, produce(step))`` for ``step`` in ``[start, end)``, produced ahead.
-
-    ``depth``: steps ahead, each read by its own thread; ``None`` adapts it (see above).
-    ``produce`` must be safe to call from several threads at once for different steps.
-    ``steps_ahead``, if given, bounds the depth once the first step is read (the record
-    workers' shared memory: ``None`` for no bound); ``workers``: reads hand rows to
-    record workers and return. ``ask``: the last ``next``'s find.
-    """
+    """``(step, produce(step))`` for ``step`` in ``[start, end)``, read ``depth`` ahead
+    (``None``: adapting, see above) on threads, ``produce`` called by several at once.
+    ``steps_ahead`` bounds the depth once the first step is read (the record workers'
+    shared memory); ``workers``: reads hand rows to record workers and return."""
 
     def __init__(
         self,
@@ -183,53 +179,42 @@ class Prefetcher(Iterator[tuple[int, Any]]):
         self._consumer = threading.Condition(self._lock)
         self._readers = threading.Condition(self._lock)
         self._ready = _Ready()
-        self._waiting, self._idle = False, 0  # the consumer sleeps; readers asleep
-        self._stopped = False  # closed
+        self._waiting, self._idle, self._stopped = False, 0, False  # consumer asleep, readers
         self._climb = Climb(time.perf_counter(), workers=workers)
-        self._threads: list[threading.Thread] = []
-        self._growers: list[threading.Thread] = []  # threads that start readers
-        self._claim = start
-        self._stop_at = end  # no claims from here on (the end, or a step that failed)
+        self._threads, self._growers = [], []  # readers, threads that start readers
+        self._claim, self._stop_at = start, end  # _stop_at: the end, or a step that failed
         self.depth = 1  # steps read ahead now (with "auto", what it has adapted to)
         if self._auto and step_bytes and (end is None or start < end):
-            # While the first step is read here, the next ones are read beside it, as
-            # deep as a slow source starts (within the budget): a source that waits
-            # 20 ms a read then has its first steps ready together instead of one by one.
+            # The next steps read beside the first: a slow source's come ready together.
             self.depth = max(1, min(_SPECULATE_DEPTH, budget_bytes // step_bytes))
             self._claim += 1  # the first step is this thread's
             self._grow()
-        item = None
+        item, cpu_share = None, None
         if end is None or start < end:  # the first step here, on the consumer's thread
-            wall, busy = time.perf_counter(), time.thread_time()
+            wall, cpu = time.perf_counter(), time.process_time()
             with self._lock:
-                self._climb.begin(wall)
-            try:
-                item = produce(start)
-            except BaseException:
-                self.close()
-                raise
-            with self._lock:
-                self._ready.put(start, item)
-                now = time.perf_counter()
-                self._climb.read(now, now - wall, time.thread_time() - busy)
+                item = self._read(start)
+                self._keep(start, item)
                 self._claim = max(self._claim, start + 1)
+            # The process's CPU share: reads that wait leave it idle, queueing ones do not.
+            cpu_share = (time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
+            if isinstance(item, _Failed):
+                self.close()
+                raise item.error
         with self._lock:
             self._cap = _cap(budget_bytes, item, steps_ahead)
             if depth is None:
-                self.depth = self._climb.start(time.perf_counter(), self._cap, start)
+                self.depth = self._climb.start(time.perf_counter(), self._cap, start, cpu_share)
             else:
                 self.depth = min(depth, self._cap)
-            if len(self._threads) < self._threads_wanted():
-                self._grow()
+            self._grow()
             if self._idle:
                 self._readers.notify(self._idle)
 
     def _threads_wanted(self) -> int:
-        """Reader threads for the depth: with "auto", one fewer (a step stays ready while
-        one is read) and no more than can do useful work (``Climb.threads``)."""
-        if self._auto:
-            return max(1, min(self.depth - 1, self._climb.threads(), MAX_THREADS))
-        return min(self.depth, MAX_THREADS)
+        """Reader threads for the depth ("auto": one fewer, at most ``Climb.threads``)."""
+        auto = max(1, min(self.depth - 1, self._climb.threads()))
+        return min(auto if self._auto else self.depth, MAX_THREADS)
 
     @property
     def threads(self) -> int:
@@ -249,6 +234,9 @@ class Prefetcher(Iterator[tuple[int, Any]]):
 
     def _grow(self) -> None:
         """Starts readers up to the depth's on a thread of its own (a start waits ~0.1 ms)."""
+        growing = self._growers and self._growers[-1].is_alive()
+        if growing or len(self._threads) >= self._threads_wanted():
+            return
         grower = threading.Thread(target=self._start_threads, name="meshfeed-prefetch", daemon=True)
         self._growers.append(grower)
         grower.start()
@@ -263,8 +251,8 @@ class Prefetcher(Iterator[tuple[int, Any]]):
             thread.start()
 
     def _run(self) -> None:
-        while True:
-            with self._lock:
+        with self._lock:
+            while True:
                 while not self._stopped and (
                     (self._stop_at is not None and self._claim >= self._stop_at)
                     or self._claim - self.next_step >= self.depth
@@ -279,38 +267,45 @@ class Prefetcher(Iterator[tuple[int, Any]]):
                     return
                 step = self._claim
                 self._claim += 1
-                wall, busy = time.perf_counter(), time.thread_time()
-                self._climb.begin(wall)
-            try:
-                item = self._produce(step)
-            except BaseException as error:  # surfaced in the consumer, not lost in the thread
-                item = _Failed(error)
-            with self._lock:
-                now = time.perf_counter()
-                self._climb.read(now, now - wall, time.thread_time() - busy)
-                if self._stopped:
-                    self._ready.drop(item)
+                if not self._keep(step, self._read(step)):
                     return
-                self._ready.put(step, item)
-                if isinstance(item, _Failed) and (self._stop_at is None or step < self._stop_at):
-                    self._stop_at = step + 1
                 if self._waiting and step == self.next_step:
                     self._consumer.notify()
 
+    def _read(self, step: int) -> Any:
+        """``produce(step)`` (or its error), timed for the climb, the lock let go meanwhile."""
+        wall, busy = time.perf_counter(), time.thread_time()
+        self._climb.begin(wall)
+        self._lock.release()
+        try:
+            item = self._produce(step)
+        except BaseException as error:  # surfaced in the consumer, not lost in the thread
+            item = _Failed(error)
+        finally:
+            self._lock.acquire()
+        now = time.perf_counter()
+        self._climb.read(now, now - wall, time.thread_time() - busy)
+        return item
+
+    def _keep(self, step: int, item: Any) -> bool:
+        """Holds ``item`` as ``step``'s; ``False`` (dropped) when closed meanwhile."""
+        if self._stopped:
+            self._ready.drop(item)
+            return False
+        self._ready.put(step, item)
+        if isinstance(item, _Failed) and (self._stop_at is None or step < self._stop_at):
+            self._stop_at = step + 1
+        return True
+
     def _set_depth(self, depth: int) -> None:
-        """Reads ``depth`` steps ahead from now on, with the threads that takes (with
-        "auto", the threads useful may change at the same depth)."""
-        if depth != self.depth:
-            self.depth = depth
-            if self._idle:
-                self._readers.notify(self._idle)
-        growing = self._growers and self._growers[-1].is_alive()
-        if len(self._threads) < self._threads_wanted() and not growing:
-            self._grow()
+        """Reads ``depth`` steps ahead from now on, with the threads that takes."""
+        if depth != self.depth and self._idle:
+            self._readers.notify(self._idle)
+        self.depth = depth
+        self._grow()
 
     def feed_workers(self) -> None:
-        """The loop waited on record workers while some had nothing in hand: "auto"
-        reads deeper (``Climb.fed``)."""
+        """The loop waited on idle record workers: "auto" reads deeper (``Climb.fed``)."""
         with self._lock:
             if self._auto:
                 self._set_depth(self._climb.fed(self.next_step, time.perf_counter()))
@@ -323,7 +318,9 @@ class Prefetcher(Iterator[tuple[int, Any]]):
             self.ask = (step in self._ready, len(self._ready), self.depth)
             asked = time.perf_counter() if self._auto else 0.0
             if self.depth == 0 and self._claim <= step:  # inline: this thread reads it
-                self._read_here(step)
+                self._claim = step + 1
+                if not self._keep(step, self._read(step)):  # closed meanwhile
+                    raise StopIteration
             if step not in self._ready:
                 self._waiting = True
                 while step not in self._ready:
@@ -336,35 +333,12 @@ class Prefetcher(Iterator[tuple[int, Any]]):
             if self._auto:
                 now = time.perf_counter()
                 self._set_depth(self._climb.took(step, now, now - asked, self.ask[1]))
-            # Idle readers wake at three quarters of the depth left ahead (a read that
-            # starts later than that may not be done in time on a busy host).
+            # Idle readers wake at 3/4 of the depth left ahead (later may be too late).
             if self._idle and self.depth and self._claim - self.next_step <= self.depth * 3 // 4:
                 self._readers.notify(self._idle)
         if isinstance(item, _Failed):
             raise item.error
         return step, item
-
-    def _read_here(self, step: int) -> None:
-        """Reads ``step`` on the consumer's thread (depth 0, "auto" inline), the lock let
-        go meanwhile; the step is then ready (or failed) as if a reader had read it."""
-        self._claim = step + 1
-        wall, busy = time.perf_counter(), time.thread_time()
-        self._climb.begin(wall)
-        self._lock.release()
-        try:
-            item = self._produce(step)
-        except BaseException as error:  # raised below, when the consumer takes the step
-            item = _Failed(error)
-        finally:
-            self._lock.acquire()
-        now = time.perf_counter()
-        self._climb.read(now, now - wall, time.thread_time() - busy)
-        if self._stopped:  # closed from another thread meanwhile
-            self._ready.drop(item)
-            raise StopIteration
-        self._ready.put(step, item)
-        if isinstance(item, _Failed) and (self._stop_at is None or step < self._stop_at):
-            self._stop_at = step + 1
 
     def close(self) -> None:
         """Stops the threads and drops the batches they read ahead."""
