@@ -146,7 +146,11 @@ def test_ctrl_c_leaves_no_shared_memory(tmp_path):
         assert run.stdout.readline().strip() == "running"
         assert _segments() - before  # the workers' block exists while running
         run.send_signal(signal.SIGINT)
-        run.wait(timeout=30)
+        try:
+            run.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # fail, rather than hang in Popen's exit
+            run.kill()
+            pytest.fail("one Ctrl-C did not end the run within 30 s")
     assert _segments() <= before
 
 
