@@ -8,6 +8,7 @@ import textwrap
 import time
 
 import pytest
+from sigint import with_sigint
 
 pytestmark = pytest.mark.multiprocess
 
@@ -80,7 +81,7 @@ def test_a_child_that_raises_stops_the_launch_quickly_with_its_traceback(tmp_pat
 
 def test_ctrl_c_stops_every_child(tmp_path):
     launcher = subprocess.Popen(
-        _launch(SLEEP, tmp_path, str(tmp_path)),
+        with_sigint(_launch(SLEEP, tmp_path, str(tmp_path))),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sigint import with_sigint
 
 import meshfeed
 import record_fns
@@ -140,7 +141,7 @@ def test_ctrl_c_leaves_no_shared_memory(tmp_path):
     script.write_text(textwrap.dedent(SCRIPT.format(path=sys.path)))
     env = {**os.environ, "XLA_FLAGS": ""}
     with subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, env=env, text=True
+        with_sigint([sys.executable, str(script)]), stdout=subprocess.PIPE, env=env, text=True
     ) as run:
         assert run.stdout is not None
         assert run.stdout.readline().strip() == "running"
