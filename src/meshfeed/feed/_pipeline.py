@@ -299,6 +299,8 @@ class Prefetcher(Iterator[tuple[int, Any]]):
 
     def _set_depth(self, depth: int) -> None:
         """Reads ``depth`` steps ahead from now on, with the threads that takes."""
+        if depth == self.depth == 0:
+            return  # inline stays: no reader to wake or start (the consumer's every step)
         if depth != self.depth and self._idle:
             self._readers.notify(self._idle)
         self.depth = depth
@@ -319,16 +321,21 @@ class Prefetcher(Iterator[tuple[int, Any]]):
             asked = time.perf_counter() if self._auto else 0.0
             if self.depth == 0 and self._claim <= step:  # inline: this thread reads it
                 self._claim = step + 1
-                if not self._keep(step, self._read(step)):  # closed meanwhile
+                item = self._read(step)  # not held as read ahead: it is taken now
+                if self._stopped:  # closed meanwhile
+                    self._ready.drop(item)
                     raise StopIteration
-            if step not in self._ready:
-                self._waiting = True
-                while step not in self._ready:
-                    if self._stopped:  # closed from another thread (a Placer's close)
-                        raise StopIteration
-                    self._consumer.wait()
-                self._waiting = False
-            item = self._ready.take(step)
+                if isinstance(item, _Failed):
+                    self._stop_at = step + 1
+            else:
+                if step not in self._ready:
+                    self._waiting = True
+                    while step not in self._ready:
+                        if self._stopped:  # closed from another thread (a Placer's close)
+                            raise StopIteration
+                        self._consumer.wait()
+                    self._waiting = False
+                item = self._ready.take(step)
             self.next_step = step + 1
             if self._auto:
                 now = time.perf_counter()
