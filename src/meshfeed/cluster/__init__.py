@@ -13,6 +13,7 @@ checkpoints their save), so that the line a survivor prints can say where the jo
 Modules, lowest first (each imports only modules listed before it)::
 
     _env           the environment meshfeed launch sets; require_initialized
+    _stall         Stalls: each process's progress, a stuck one named (stall_s, on_stall)
     _watch         the watch on the other processes: a lost one ends the job, named; doing
     _initialize    initialize: connect the processes (launched, cluster, explicit, alone);
                    watch: start the watch (ensure_watched: what the loader checks);

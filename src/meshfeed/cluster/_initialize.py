@@ -35,7 +35,8 @@ from meshfeed.cluster._env import (
     ENV_PROCESS_ID,
     require_initialized,
 )
-from meshfeed.cluster._watch import Watch, doing, set_watch, watching
+from meshfeed.cluster._stall import STALL_S, check_stall_arguments, watch_alone
+from meshfeed.cluster._watch import Watch, doing, now_doing, set_watch, watching
 
 HEARTBEAT_TIMEOUT = 10.0
 """Seconds of silence after which a process is declared lost (see ``initialize``)."""
@@ -50,6 +51,8 @@ def initialize(
     local_device_ids: int | Sequence[int] | None = None,
     *,
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+    stall_s: float = STALL_S,
+    on_stall: str = "log",
     **jax_kwargs: Any,
 ) -> None:
     """Connects this process to the others, like ``jax.distributed.initialize``.
@@ -79,6 +82,15 @@ def initialize(
     (``heartbeat_timeout_seconds``, unless given in ``jax_kwargs``), as the backstop
     that aborts a process if the watch itself could not run.
 
+    The watch also names a process that is alive but stuck (``_stall``): every process
+    tells process 0 where it is every few seconds (``min(5, stall_s / 4)``: its step and
+    its longest wait in flight, such as a read and its object), and when one has waited
+    on one thing longer than ``stall_s`` seconds (300 by default), or a step has not
+    finished within ``stall_s`` while a process is behind, every process prints one
+    line naming that process, its host, the stage and the object and seconds
+    (``on_stall="log"``, the default), or ends the job with that line and exit code 1
+    as for a lost process (``"raise"``). A process alone judges its own waits.
+
     It also makes an uncaught exception end the process at once (exit code 1, traceback
     printed, the other processes told) instead of waiting in ``jax.distributed``'s
     shutdown barrier for processes that may be waiting for this one.
@@ -92,6 +104,7 @@ def initialize(
     import jax
 
     _check_timeout(heartbeat_timeout)
+    check_stall_arguments(stall_s, on_stall)
     given = _check_arguments(coordinator_address, num_processes, process_id, local_device_ids)
     _check_jax_kwargs(jax_kwargs)
     if _initialized_by is not None:
@@ -123,19 +136,26 @@ def initialize(
             if "coordinator_address" not in str(error):
                 raise
             _set_initialized(given)
+            watch_alone(stall_s, on_stall, now_doing)
             return
     _set_initialized(given)
     _exit_on_uncaught_exception()
     if jax.process_count() > 1 and watching() is None:
-        _start_watch(heartbeat_timeout, given.get("coordinator_address") or coordinator)
+        where = given.get("coordinator_address") or coordinator
+        _start_watch(heartbeat_timeout, where, stall_s=stall_s, on_stall=on_stall)
+    elif jax.process_count() == 1:
+        watch_alone(stall_s, on_stall, now_doing)
 
 
-def watch(*, heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> None:
+def watch(
+    *, heartbeat_timeout: float = HEARTBEAT_TIMEOUT, stall_s: float = STALL_S, on_stall: str = "log"
+) -> None:
     """Watches the processes of a job that called ``jax.distributed.initialize`` itself.
 
     The same watch ``initialize`` starts (see there): a process lost anywhere ends
     every other within seconds, each printing one line and exiting with code 1; and an
-    uncaught exception ends its process at once, telling the others. Call it on every
+    uncaught exception ends its process at once, telling the others; a process stuck
+    longer than ``stall_s`` is named on every process (``on_stall``). Call it on every
     process after ``jax.distributed.initialize``, at the same point of the program (the
     processes meet in one broadcast over JAX's connection: no port to open). The loader
     calls it itself, where every process builds its first loader, when several
@@ -146,11 +166,12 @@ def watch(*, heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> None:
     import jax
 
     _check_timeout(heartbeat_timeout)
+    check_stall_arguments(stall_s, on_stall)
     if watching() is not None or not jax.distributed.is_initialized():
         return
     if jax.process_count() > 1:
         _exit_on_uncaught_exception()
-        _start_watch(heartbeat_timeout, None)
+        _start_watch(heartbeat_timeout, None, stall_s=stall_s, on_stall=on_stall)
 
 
 def shutdown() -> None:
@@ -301,14 +322,18 @@ def _arguments_text(given: dict[str, Any]) -> str:
     return " (with " + ", ".join(f"{k}={v!r}" for k, v in given.items()) + ")"
 
 
-def _start_watch(timeout: float, coordinator: str | None) -> None:
+def _start_watch(
+    timeout: float, coordinator: str | None, *, stall_s: float = STALL_S, on_stall: str = "log"
+) -> None:
     """Starts this process's side of the watch; process 0's port goes out by broadcast
     (on the coordinator's host when it is known: process 0 runs the coordinator)."""
     import jax
     import numpy as np
     from jax.experimental import multihost_utils
 
-    watch = Watch(jax.process_index(), jax.process_count(), timeout)
+    watch = Watch(
+        jax.process_index(), jax.process_count(), timeout, stall_s=stall_s, on_stall=on_stall
+    )
     host = coordinator.rsplit(":", 1)[0] if coordinator else None
     message = np.zeros(1 + 4 * _ADDRESSES, np.int32)
     if jax.process_index() == 0:

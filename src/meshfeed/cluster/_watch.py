@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import selectors
 import socket
@@ -32,17 +33,26 @@ import time
 from collections.abc import Iterator
 from typing import NoReturn
 
+from meshfeed.cluster._stall import STALL_S, Stalls, every_s, progress, say
+
 _activity = "starting"
 _LET_IT_EXIT = 1.0
 """Seconds a survivor waits before exiting when a peer failed by itself, so that the
 failing process exits first and a supervisor names it as the first to fail."""
 _HEARTBEAT, _BYE, _HELLO, _FAIL, _LOST = b".", b"b", b"h", b"f", b"l"
+_PROGRESS, _STALL = b"p", b"s"  # a process's progress (to process 0), a stall line (from it)
+_LINES = (_HELLO, _FAIL, _LOST, _PROGRESS, _STALL)  # messages of a line each
 
 
 def doing(what: str) -> None:
     """Records what this process is doing, for the line a lost peer makes it print."""
     global _activity
     _activity = what
+
+
+def now_doing() -> str:
+    """What this process is doing, as ``doing`` last recorded it."""
+    return _activity
 
 
 @contextlib.contextmanager
@@ -66,11 +76,21 @@ class _Peer:
 class Watch:
     """This process's side of the watch (process 0 is the hub, the others its clients)."""
 
-    def __init__(self, process_id: int, num_processes: int, timeout: float) -> None:
+    def __init__(
+        self,
+        process_id: int,
+        num_processes: int,
+        timeout: float,
+        *,
+        stall_s: float = STALL_S,
+        on_stall: str = "log",
+    ) -> None:
         self.process_id = process_id
         self.num_processes = num_processes
         self.timeout = timeout
         self._tick = min(timeout / 4, 1.0)
+        self._stalls, self._on_stall = Stalls(num_processes, stall_s), on_stall
+        self._every = every_s(stall_s)  # seconds between two progress messages
         self._lock = threading.Lock()
         self._peers: list[_Peer] = []
         self._listener: socket.socket | None = None
@@ -136,7 +156,7 @@ class Watch:
             selector.register(self._listener, selectors.EVENT_READ)
         for peer in self._peers:
             selector.register(peer.sock, selectors.EVENT_READ, peer)
-        started = last_beat = time.monotonic()
+        started = last_beat = last_progress = time.monotonic()
         while not self._done:
             for key, _ in selector.select(self._tick):
                 if key.data is None:  # a new connection to the hub
@@ -151,7 +171,24 @@ class Watch:
             if now - last_beat >= self._tick:
                 self._send_all(_HEARTBEAT)
                 last_beat = now
+            if now - last_progress >= self._every:
+                self._progress()
+                last_progress = now
             self._check_silence(now, started)
+
+    def _progress(self) -> None:
+        """Tells process 0 where this process is; process 0 names the stalls it finds."""
+        text = json.dumps(progress(_activity))
+        if self._listener is None:
+            self._send_all(_PROGRESS + text.encode() + b"\n")
+            return
+        self._stalls.heard(0, text)
+        for process_id, reason in self._stalls.found():
+            if self._on_stall == "raise":
+                self._lost(process_id, reason)
+            line = f"process {process_id} of {self.num_processes} {reason}"
+            self._send_all(_STALL + line.encode() + b"\n")
+            say(f"{line}, while process {self.process_id} was {_activity}.")
 
     def _read(self, peer: _Peer) -> bool:
         """Reads what ``peer`` sent; ``False`` once it has said goodbye."""
@@ -167,7 +204,7 @@ class Watch:
         peer.buffer += data
         while peer.buffer:
             kind, rest = peer.buffer[:1], peer.buffer[1:]
-            if kind in (_HELLO, _FAIL, _LOST):
+            if kind in _LINES:
                 line, found, after = rest.partition(b"\n")
                 if not found:
                     return True  # the rest of the message is still on its way
@@ -176,9 +213,13 @@ class Watch:
                 if kind == _HELLO:
                     peer.process_id = int(text)
                     self._joined += 1
+                elif kind == _PROGRESS and peer.process_id is not None:
+                    self._stalls.heard(peer.process_id, text)
+                elif kind == _STALL:
+                    say(f"{text}, while process {self.process_id} was {_activity}.")
                 elif kind == _FAIL:
                     self._lost(peer.process_id, f"failed ({text})", after=_LET_IT_EXIT)
-                else:
+                elif kind == _LOST:
                     who, _, reason = text.partition(" ")
                     wait = _LET_IT_EXIT if reason.startswith("failed") else 0.0
                     self._lost(int(who), reason, forward=False, after=wait)

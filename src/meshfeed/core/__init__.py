@@ -17,6 +17,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _stages        Stages: a setting that changes at given steps; BatchSizes: steps <-> positions
     _tally         Tally: counts and seconds that several threads add to
     _held          host memory lent to arrays, given back when no array points at it; HostBuffers
+    _waits         WAITS: what this process waits on now, and its last step (stall reports)
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.
 """

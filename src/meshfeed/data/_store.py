@@ -71,6 +71,7 @@ def open_source(
     verify: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     retry_s: float = RETRY_S,
+    hedge: bool = True,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_bytes: int = CACHE_BYTES,
     tokenizer: TokenizerArg | None = None,
@@ -89,6 +90,9 @@ def open_source(
         success in between before every read of it raises (one clock per store and
         process, shared by every read; the reads wait with backoff meanwhile); a
         missing object or denied access raises at once.
+      hedge: for a URL, a range read far slower than the store usually answers (twice
+        its recent p95, at least 50 ms) gets one duplicate request, the first answer
+        winning, within 5% of the requests sent (``False``: never).
       cache_dir: for a URL, a local directory to keep whole shard files in once read,
         so later epochs read the disk instead of the store (``None``: no cache; every
         read is a range request). Processes on one machine may share it.
@@ -119,7 +123,9 @@ def open_source(
                 "already; drop cache_dir."
             )
         cache = ShardCache(cache_dir, cache_bytes)
-    blob = functools.partial(Blob, storage_options=storage_options, retry_s=retry_s, cache=cache)
+    blob = functools.partial(
+        Blob, storage_options=storage_options, retry_s=retry_s, cache=cache, hedge=hedge
+    )
     if root.endswith(".npy"):
         rows = NpyRows(blob(root))
         rows.check_size()

@@ -147,8 +147,10 @@ class AssemblyViews:
           this process's);
         - ``source``: ``reads`` (calls), ``records``, ``bytes``, ``seconds`` (summed over
           the threads reading), ``skipped``, and ``url``: this process's ``requests``
-          behind URLs (``retries`` among them), ``bytes`` fetched, ``cache_hits`` (reads
-          served by a local copy) and ``cache_downloads`` -- every source's in the process;
+          behind URLs (``retries`` among them), ``hedges`` and ``hedges_won``
+          (duplicates sent for slow reads, and answered first), ``bytes`` fetched,
+          ``cache_hits`` (reads served by a local copy) and ``cache_downloads`` -- every
+          source's in the process;
         - ``record_transform`` (``None`` without one): ``records``, ``seconds`` (summed over
           the workers; with Ray, their reads of the source too, as the workers read it
           themselves), ``skipped``, ``filtered`` (examples it dropped by returning

@@ -152,6 +152,20 @@ class Inline:
         """Nothing to stop."""
 
 
+def _read_first(prefetcher: Prefetcher, start: int) -> tuple[Any, float]:
+    """The first step, read on the consumer's thread, and the process's CPU share
+    meanwhile: reads that wait leave it idle, reads queueing for the GIL do not."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    with prefetcher._lock:
+        item = prefetcher._read(start)
+        prefetcher._keep(start, item)
+        prefetcher._claim = max(prefetcher._claim, start + 1)
+    if isinstance(item, _Failed):
+        prefetcher.close()
+        raise item.error
+    return item, (time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
+
+
 class Prefetcher(Iterator[tuple[int, Any]]):
     """``(step, produce(step))`` for ``step`` in ``[start, end)``, read ``depth`` ahead
     (``None``: adapting, see above) on threads, ``produce`` called by several at once.
@@ -189,18 +203,7 @@ class Prefetcher(Iterator[tuple[int, Any]]):
             self.depth = max(1, min(_SPECULATE_DEPTH, budget_bytes // step_bytes))
             self._claim += 1  # the first step is this thread's
             self._grow()
-        item, cpu_share = None, None
-        if end is None or start < end:  # the first step here, on the consumer's thread
-            wall, cpu = time.perf_counter(), time.process_time()
-            with self._lock:
-                item = self._read(start)
-                self._keep(start, item)
-                self._claim = max(self._claim, start + 1)
-            # The process's CPU share: reads that wait leave it idle, queueing ones do not.
-            cpu_share = (time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
-            if isinstance(item, _Failed):
-                self.close()
-                raise item.error
+        item, cpu_share = _read_first(self, start) if end is None or start < end else (None, None)
         with self._lock:
             self._cap = _cap(budget_bytes, item, steps_ahead)
             if depth is None:

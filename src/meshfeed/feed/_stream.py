@@ -21,6 +21,7 @@ from typing import Any
 import jax
 
 from meshfeed.cluster._watch import doing
+from meshfeed.core._waits import WAITS
 from meshfeed.feed._pipeline import Inline, Prefetcher
 from meshfeed.feed._placer import Placer
 from meshfeed.feed._reader import HostStep
@@ -97,6 +98,7 @@ class Stream:
                 if self._starved is not None and self._starved() and self._ahead is not None:
                     self._ahead.feed_workers()
                 doing(f"running step {step} (its batch loaded)")
+                WAITS.stepped(step)
                 yield batch
         finally:
             if ahead is not None:

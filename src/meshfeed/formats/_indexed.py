@@ -50,6 +50,7 @@ class IndexedFiles:
         storage_options: Mapping[str, Any] | None,
         retry_s: float,
         cache_dir: str | os.PathLike[str] | None,
+        hedge: bool = True,
         cache_bytes: int = CACHE_BYTES,
         index_bytes: int = INDEX_BYTES,
         max_open_files: int | None = None,
@@ -85,7 +86,7 @@ class IndexedFiles:
                 )
             cache = ShardCache(os.fspath(cache_dir), cache_bytes)
         blob = functools.partial(
-            Blob, storage_options=storage_options, retry_s=retry_s, cache=cache
+            Blob, storage_options=storage_options, retry_s=retry_s, cache=cache, hedge=hedge
         )
         self.blobs = [blob(p) for p in self.paths]
         if found is None:  # every index read now (and kept, within index_bytes)

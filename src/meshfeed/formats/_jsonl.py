@@ -136,7 +136,8 @@ class JsonlSource(FilesSource):
         booleans, strings as objects, lists of numbers as ``Ragged``, anything else as
         objects) or a mapping name -> type (``"int32"``, ``"float32"``, ``"str"``,
         ``"object"``, ``"ragged:int32"``, ...); default: every field of the first record.
-      index_dir, build, storage_options, retry_s, cache_dir, cache_bytes: as ``TarSource``.
+      index_dir, build, storage_options, retry_s, hedge, cache_dir, cache_bytes: as
+        ``TarSource``.
 
     A record that is not JSON, or lacks a field, raises ``ValueError`` naming the file and
     the record's byte offset (in the decompressed text, for a compressed file).
@@ -151,6 +152,7 @@ class JsonlSource(FilesSource):
         build: bool = False,
         storage_options: Mapping[str, Any] | None = None,
         retry_s: float = RETRY_S,
+        hedge: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_bytes: int = CACHE_BYTES,
     ) -> None:
@@ -158,7 +160,7 @@ class JsonlSource(FilesSource):
             raise TypeError(f"fields={fields!r} is a string; pass a list of names, e.g. ['text'].")
         self.files = IndexedFiles(
             files, kind="jsonl", scan=scan_jsonl, index_dir=index_dir, build=build,
-            storage_options=storage_options, retry_s=retry_s, cache_dir=cache_dir,
+            storage_options=storage_options, retry_s=retry_s, hedge=hedge, cache_dir=cache_dir,
             cache_bytes=cache_bytes,
         )  # fmt: skip
         if len(self.files) == 0:

@@ -69,7 +69,7 @@ class TarSource(FilesSource):
       index_dir: where the indexes are (default: beside each shard).
       build: build missing or stale indexes now, in this process (else refused: build
         them once with ``meshfeed.index``).
-      storage_options, retry_s, cache_dir, cache_bytes: for URLs, as ``open_source``.
+      storage_options, retry_s, hedge, cache_dir, cache_bytes: for URLs, as ``open_source``.
     """
 
     def __init__(
@@ -83,6 +83,7 @@ class TarSource(FilesSource):
         build: bool = False,
         storage_options: Mapping[str, Any] | None = None,
         retry_s: float = RETRY_S,
+        hedge: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_bytes: int = CACHE_BYTES,
     ) -> None:
@@ -92,7 +93,7 @@ class TarSource(FilesSource):
         self._decoders = {ext: _decoder(kind) for ext, kind in decode.items()}
         self.files = IndexedFiles(
             shards, kind="tar", scan=scan_tar, index_dir=index_dir, build=build,
-            storage_options=storage_options, retry_s=retry_s, cache_dir=cache_dir,
+            storage_options=storage_options, retry_s=retry_s, hedge=hedge, cache_dir=cache_dir,
             cache_bytes=cache_bytes,
         )  # fmt: skip
         self._exts = sorted({e for meta in self.files.metas for e in meta["fields"]})

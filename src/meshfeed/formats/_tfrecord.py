@@ -223,7 +223,8 @@ class TFRecordSource(FilesSource):
         the first record, one value where it holds one, else a list.
       check_crc: check each record's data CRC as it is read (its header's CRC is checked
         when the file is indexed).
-      index_dir, build, storage_options, retry_s, cache_dir, cache_bytes: as ``TarSource``.
+      index_dir, build, storage_options, retry_s, hedge, cache_dir, cache_bytes: as
+        ``TarSource``.
     """
 
     def __init__(
@@ -237,6 +238,7 @@ class TFRecordSource(FilesSource):
         build: bool = False,
         storage_options: Mapping[str, Any] | None = None,
         retry_s: float = RETRY_S,
+        hedge: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_bytes: int = CACHE_BYTES,
     ) -> None:
@@ -246,7 +248,7 @@ class TFRecordSource(FilesSource):
             raise ValueError("features= types the features of decode='example'; pass both.")
         self.files = IndexedFiles(
             files, kind="tfrecord", scan=scan_tfrecord, index_dir=index_dir, build=build,
-            storage_options=storage_options, retry_s=retry_s, cache_dir=cache_dir,
+            storage_options=storage_options, retry_s=retry_s, hedge=hedge, cache_dir=cache_dir,
             cache_bytes=cache_bytes,
         )  # fmt: skip
         self._check, self._decode = check_crc, decode

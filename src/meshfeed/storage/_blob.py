@@ -28,6 +28,7 @@ from meshfeed.storage._cache import LocalCopy, ShardCache
 from meshfeed.storage._clock import clock_for
 from meshfeed.storage._expect import Expectation, first_range
 from meshfeed.storage._handles import HANDLES, KEYS
+from meshfeed.storage._hedge import Hedger, hedger_for
 from meshfeed.storage._remote import (
     FETCHES,
     RETRY_S,
@@ -75,9 +76,11 @@ class Blob:
         *,
         retry_s: float = RETRY_S,
         cache: ShardCache | None = None,
+        hedge: bool = True,
     ) -> None:
         self.path = path
         self.retry_s = retry_s
+        self.hedge = hedge  # a slow range read behind a URL gets a duplicate (_hedge)
         self.fetched = Counter()  # requests and bytes through fsspec
         self.cache = cache
         self.version = ""  # the content's checksum, where a manifest gives it (for cache)
@@ -120,6 +123,13 @@ class Blob:
             return call()
         clock = clock_for(store_name(self._fs, self._fs_path))
         return with_retries(call, self.path, retry_s=self.retry_s, clock=clock)
+
+    def hedger(self) -> Hedger | None:
+        """The hedger of this object's store (``None``: a local file, or ``hedge=False``)."""
+        if self._fs is None or not self.hedge:
+            return None
+        store = store_name(self._fs, self._fs_path)
+        return hedger_for(store, clock_for(store))
 
     def read(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)``; fewer if the file ends first."""
@@ -230,6 +240,7 @@ class Blob:
             retry_s=self.retry_s,
             counter=self.fetched,
             first=self._first_range,
+            hedge=self.hedge,
         )
 
     def _first_range(self, start: int, end: int) -> bytes | None:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
+from meshfeed.storage._hedge import Hedger, hedged
 from meshfeed.storage._remote import FETCHES, Counter
 
 T = TypeVar("T")
@@ -33,6 +34,8 @@ class Blob(Protocol):
     def filesystem(self) -> tuple[Any, str]: ...
 
     def retried(self, call: Callable[[], T]) -> T: ...
+
+    def hedger(self) -> Hedger | None: ...
 
 
 class ChangedError(ValueError):
@@ -106,10 +109,18 @@ def first_range(blob: Blob, expected: Expectation, start: int, end: int) -> byte
         return None
     from fsspec.asyn import sync
 
+    hedger = blob.hedger()
+
     def get() -> tuple[bytes, str, Any]:
         blob.fetched.requests += 1
         FETCHES.add(requests=1)
-        return sync(fs.loop, _get_range, fs, fs_path, start, end)  # type: ignore[union-attr]
+        if hedger is None:
+            return sync(fs.loop, _get_range, fs, fs_path, start, end)  # type: ignore[union-attr]
+        read = lambda: _get_range(fs, fs_path, start, end)  # noqa: E731
+        got: Any = sync(fs.loop, hedged, read, hedger, FETCHES)  # type: ignore[union-attr]
+        if isinstance(got, BaseException):
+            raise got
+        return cast("tuple[bytes, str, Any]", got)
 
     with expected.lock:
         if not expected.pending:  # another thread's first read checked it

@@ -34,11 +34,13 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 from meshfeed.core._tally import Tally
+from meshfeed.core._waits import WAITS
 from meshfeed.storage._clock import StoreClock, clock_for
+from meshfeed.storage._hedge import hedged_ranges, hedger_for
 
 REMOTE_READS = 16  # reads in flight at once, per process, for files behind URLs
 RETRY_S = 60.0  # how long a store may fail with no success, by default
@@ -49,9 +51,12 @@ READ_TIMEOUT_S = 20  # and for the next bytes of an answer
 _S3 = ("s3", "s3a")
 _PERMANENT = (PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
 T = TypeVar("T")
-FETCHES = Tally("requests", "retries", "bytes", "cache_hits", "cache_downloads")
-"""This process's reads behind URLs: ranged requests (retries among them), bytes
-fetched, reads served by the cache's local copies, objects the cache downloaded."""
+FETCHES = Tally(
+    "requests", "retries", "hedges", "hedges_won", "bytes", "cache_hits", "cache_downloads"
+)
+"""This process's reads behind URLs: ranged requests (retries among them, duplicates
+not), duplicates sent for slow reads and those that answered first, bytes fetched,
+reads served by the cache's local copies, objects the cache downloaded."""
 
 
 def reader_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -90,6 +95,11 @@ def store_name(fs: Any, fs_path: str) -> str:
 
 def with_retries(call: Callable[[], T], url: str, *, retry_s: float, clock: StoreClock) -> T:
     """``call()``, asked again after a passing fault until ``clock`` says ``retry_s``."""
+    with WAITS.waiting("reading", url):
+        return _with_retries(call, url, retry_s=retry_s, clock=clock)
+
+
+def _with_retries(call: Callable[[], T], url: str, *, retry_s: float, clock: StoreClock) -> T:
     while True:
         with clock.attempt(url, retry_s) as attempt:
             try:
@@ -141,17 +151,37 @@ def fetch_ranges(
     retry_s: float,
     counter: Counter,
     first: Callable[[int, int], bytes | None] | None = None,
+    hedge: bool = True,
 ) -> list[bytes]:
     """Bytes ``[starts[i], ends[i])`` of one object, for every ``i`` (``first``: asked for
-    the first request's range before the others; ``None`` from it leaves it to them)."""
+    the first request's range before the others; ``None`` from it leaves it to them;
+    ``hedge``: a slow request gets a duplicate, ``_hedge``)."""
+    with WAITS.waiting("reading", url):
+        return _fetch_ranges(fs, fs_path, url, starts, ends, retry_s, counter, first, hedge)
+
+
+def _fetch_ranges(
+    fs: Any,
+    fs_path: str,
+    url: str,
+    starts: Sequence[int],
+    ends: Sequence[int],
+    retry_s: float,
+    counter: Counter,
+    first: Callable[[int, int], bytes | None] | None,
+    hedge: bool,
+) -> list[bytes]:
     requests = merge(starts, ends)
-    clock = clock_for(store_name(fs, fs_path))
+    store = store_name(fs, fs_path)
+    clock = clock_for(store)
+    ask = _hedged(fs, fs_path, store, clock) if hedge else None
     lows, highs = [r[0] for r in requests], [r[1] for r in requests]
     head = first(lows[0], highs[0]) if first is not None and requests else None
     if head is None:
-        fetched = _fetch(fs, fs_path, url, lows, highs, retry_s, clock, counter)
+        fetched = _fetch(fs, fs_path, url, lows, highs, retry_s, clock, counter, ask)
     else:
-        fetched = [head, *_fetch(fs, fs_path, url, lows[1:], highs[1:], retry_s, clock, counter)]
+        rest = _fetch(fs, fs_path, url, lows[1:], highs[1:], retry_s, clock, counter, ask)
+        fetched = [head, *rest]
     out: list[bytes] = [b""] * len(starts)
     for (lo, _, members), data in zip(requests, fetched, strict=True):
         for i in members:
@@ -168,6 +198,7 @@ def _fetch(
     retry_s: float,
     clock: StoreClock,
     counter: Counter,
+    ask: Callable[[list[int], list[int]], list[Any]] | None,
 ) -> list[bytes]:
     out: list[bytes] = [b""] * len(starts)
     todo = list(range(len(starts)))
@@ -177,9 +208,8 @@ def _fetch(
             counter.requests += len(todo)
             FETCHES.add(requests=len(todo), retries=again)
             try:
-                got = fs.cat_ranges(
-                    [fs_path] * len(todo), [starts[i] for i in todo], [ends[i] for i in todo]
-                )
+                lows, highs = [starts[i] for i in todo], [ends[i] for i in todo]
+                got = ask(lows, highs) if ask else fs.cat_ranges([fs_path] * len(todo), lows, highs)
             except Exception as error:  # the call itself failed: every range failed with it
                 got = [error] * len(todo)
             failed: list[tuple[int, BaseException]] = []
@@ -198,6 +228,24 @@ def _fetch(
         todo = [i for i, _ in failed]
         again = len(todo)
     return out
+
+
+def _hedged(
+    fs: Any, fs_path: str, store: str, clock: StoreClock
+) -> Callable[[list[int], list[int]], list[Any]] | None:
+    """``cat_ranges`` of ``fs_path`` with each range hedged (``None``: ``fs`` reads no
+    range asynchronously, so nothing is hedged)."""
+    if not (getattr(fs, "async_impl", False) and hasattr(fs, "_cat_file")):
+        return None
+    from fsspec.asyn import sync
+
+    hedger = hedger_for(store, clock)
+
+    def ask(lows: list[int], highs: list[int]) -> list[Any]:
+        got = sync(fs.loop, hedged_ranges, fs, fs_path, lows, highs, hedger, FETCHES)
+        return cast("list[Any]", got)  # fsspec types sync() as returning None
+
+    return ask
 
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None

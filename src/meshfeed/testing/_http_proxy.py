@@ -10,7 +10,9 @@ behind a glob) -- so a host's start-up can be counted, and a pod's is that count
 the number of hosts.
 
 ``hold`` delays a share of the requests of one kind (each chosen at random, with a seed)
-by some seconds before forwarding them: a store's slow tail.
+by some seconds before forwarding them: a store's slow tail (a hedged read's duplicate
+is a request like any other: held or not by the same draw), or, with a share of 1, an
+outage that answers nothing in time.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import collections
 import http.client
 import http.server
 import random
+import sys
 import threading
 import time
 import urllib.parse
@@ -41,6 +44,15 @@ def request_kind(method: str, path: str, headers: Any) -> str:
         bucket_only = parts.path.strip("/").count("/") == 0
         return "list" if bucket_only or "list-type" in query or "prefix" in query else "get"
     return method.lower()
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet when a client hung up first (a hedged read's loser, cancelled)."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class CountingProxy:
@@ -68,7 +80,7 @@ class CountingProxy:
 
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server = _Server(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
