@@ -96,20 +96,16 @@ def store_name(fs: Any, fs_path: str) -> str:
 def with_retries(call: Callable[[], T], url: str, *, retry_s: float, clock: StoreClock) -> T:
     """``call()``, asked again after a passing fault until ``clock`` says ``retry_s``."""
     with WAITS.waiting("reading", url):
-        return _with_retries(call, url, retry_s=retry_s, clock=clock)
-
-
-def _with_retries(call: Callable[[], T], url: str, *, retry_s: float, clock: StoreClock) -> T:
-    while True:
-        with clock.attempt(url, retry_s) as attempt:
-            try:
-                result = call()
-            except Exception as error:
-                _raise_if_permanent(error, url, 0, -1)
-                attempt.failed(error)
-                continue
-            attempt.succeeded()
-            return result
+        while True:
+            with clock.attempt(url, retry_s) as attempt:
+                try:
+                    result = call()
+                except Exception as error:
+                    _raise_if_permanent(error, url, 0, -1)
+                    attempt.failed(error)
+                    continue
+                attempt.succeeded()
+                return result
 
 
 def _raise_if_permanent(error: BaseException, url: str, start: int, end: int) -> None:
@@ -157,31 +153,17 @@ def fetch_ranges(
     the first request's range before the others; ``None`` from it leaves it to them;
     ``hedge``: a slow request gets a duplicate, ``_hedge``)."""
     with WAITS.waiting("reading", url):
-        return _fetch_ranges(fs, fs_path, url, starts, ends, retry_s, counter, first, hedge)
-
-
-def _fetch_ranges(
-    fs: Any,
-    fs_path: str,
-    url: str,
-    starts: Sequence[int],
-    ends: Sequence[int],
-    retry_s: float,
-    counter: Counter,
-    first: Callable[[int, int], bytes | None] | None,
-    hedge: bool,
-) -> list[bytes]:
-    requests = merge(starts, ends)
-    store = store_name(fs, fs_path)
-    clock = clock_for(store)
-    ask = _hedged(fs, fs_path, store, clock) if hedge else None
-    lows, highs = [r[0] for r in requests], [r[1] for r in requests]
-    head = first(lows[0], highs[0]) if first is not None and requests else None
-    if head is None:
-        fetched = _fetch(fs, fs_path, url, lows, highs, retry_s, clock, counter, ask)
-    else:
-        rest = _fetch(fs, fs_path, url, lows[1:], highs[1:], retry_s, clock, counter, ask)
-        fetched = [head, *rest]
+        requests = merge(starts, ends)
+        store = store_name(fs, fs_path)
+        clock = clock_for(store)
+        ask = _hedged(fs, fs_path, store, clock) if hedge else None
+        lows, highs = [r[0] for r in requests], [r[1] for r in requests]
+        head = first(lows[0], highs[0]) if first is not None and requests else None
+        if head is None:
+            fetched = _fetch(fs, fs_path, url, lows, highs, retry_s, clock, counter, ask)
+        else:
+            rest = _fetch(fs, fs_path, url, lows[1:], highs[1:], retry_s, clock, counter, ask)
+            fetched = [head, *rest]
     out: list[bytes] = [b""] * len(starts)
     for (lo, _, members), data in zip(requests, fetched, strict=True):
         for i in members:
