@@ -45,7 +45,7 @@ def test_stats_are_json_with_every_stage_and_count_what_was_read():
     assert source["bytes"] == N * (WIDTH * 4 + 8)  # float32 x and int64 id, every row once
     assert source["reads"] == steps and source["skipped"] == 0 and source["seconds"] > 0
     assert source["url"] == dict.fromkeys(
-        ["requests", "retries", "bytes", "cache_hits", "cache_downloads"], 0
+        ["requests", "retries", "hedges", "hedges_won", "bytes", "cache_hits", "cache_downloads"], 0
     )
     records = stats["record_transform"]
     assert records["records"] == N and records["skipped"] == 0
