@@ -43,6 +43,11 @@ def test_a_long_wait_and_a_process_behind_are_each_named_once():
     assert set(found) == {1, 2}  # ... and processes 1 and 2 are behind it
     assert "at step 6 (host h2), waiting 3 s on reading s3://b/y.npy" in found[2]
     assert "at step 7" in found[1]
+    starting = Stalls(2, stall_s=10.0)  # a process that never got its first batch
+    starting.heard(0, _progress(0, 12.0))
+    starting.heard(1, _progress(None, 12.0, ["reading", "s3://b/meshfeed.json", 12.0]))
+    behind = [reason for _, reason in starting.found() if "behind" in reason]
+    assert behind and "this one has no step yet (host h), waiting 12 s on reading" in behind[0]
 
 
 @pytest.mark.parametrize("on_stall", ["log", "raise"])

@@ -98,9 +98,10 @@ class Stalls:
             if steps.get(pid, -1) < lead and self._first(pid, "behind", lead):
                 wait = p.get("wait")
                 on = f"waiting {wait[2]:.0f} s on {wait[0]} {wait[1]}" if wait else p["doing"]
+                at = "has no step yet" if p.get("step") is None else f"is at step {p['step']}"
                 out.append((pid, f"is behind: step {lead} has not finished in {min(held):.0f} "
-                                 f"s on the processes at it, and this one is at step "
-                                 f"{p.get('step')} (host {p['host']}), {on}"))  # fmt: skip
+                                 f"s on the processes at it, and this one {at} (host "
+                                 f"{p['host']}), {on}"))  # fmt: skip
         return out
 
     def _first(self, *key: Any) -> bool:
