@@ -240,7 +240,7 @@ class Blob:
             retry_s=self.retry_s,
             counter=self.fetched,
             first=self._first_range,
-            hedge=self.hedge,
+            hedger=self.hedger(),
         )
 
     def _first_range(self, start: int, end: int) -> bytes | None:

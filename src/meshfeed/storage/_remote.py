@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 from meshfeed.core._tally import Tally
 from meshfeed.core._waits import WAITS
 from meshfeed.storage._clock import StoreClock, clock_for
-from meshfeed.storage._hedge import hedged_ranges, hedger_for
+from meshfeed.storage._hedge import Hedger, hedged_ranges
 
 REMOTE_READS = 16  # reads in flight at once, per process, for files behind URLs
 RETRY_S = 60.0  # how long a store may fail with no success, by default
@@ -147,16 +147,15 @@ def fetch_ranges(
     retry_s: float,
     counter: Counter,
     first: Callable[[int, int], bytes | None] | None = None,
-    hedge: bool = True,
+    hedger: Hedger | None = None,
 ) -> list[bytes]:
     """Bytes ``[starts[i], ends[i])`` of one object, for every ``i`` (``first``: asked for
     the first request's range before the others; ``None`` from it leaves it to them;
-    ``hedge``: a slow request gets a duplicate, ``_hedge``)."""
+    ``hedger``: the store's, to give a slow request a duplicate; ``None``: never)."""
     with WAITS.waiting("reading", url):
         requests = merge(starts, ends)
-        store = store_name(fs, fs_path)
-        clock = clock_for(store)
-        ask = _hedged(fs, fs_path, store, clock) if hedge else None
+        clock = clock_for(store_name(fs, fs_path))
+        ask = _hedged(fs, fs_path, hedger) if hedger is not None else None
         lows, highs = [r[0] for r in requests], [r[1] for r in requests]
         head = first(lows[0], highs[0]) if first is not None and requests else None
         if head is None:
@@ -213,15 +212,13 @@ def _fetch(
 
 
 def _hedged(
-    fs: Any, fs_path: str, store: str, clock: StoreClock
+    fs: Any, fs_path: str, hedger: Hedger
 ) -> Callable[[list[int], list[int]], list[Any]] | None:
     """``cat_ranges`` of ``fs_path`` with each range hedged (``None``: ``fs`` reads no
     range asynchronously, so nothing is hedged)."""
     if not (getattr(fs, "async_impl", False) and hasattr(fs, "_cat_file")):
         return None
     from fsspec.asyn import sync
-
-    hedger = hedger_for(store, clock)
 
     def ask(lows: list[int], highs: list[int]) -> list[Any]:
         got = sync(fs.loop, hedged_ranges, fs, fs_path, lows, highs, hedger, FETCHES)
