@@ -18,6 +18,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _tally         Tally: counts and seconds that several threads add to
     _held          host memory lent to arrays, given back when no array points at it; HostBuffers
     _waits         WAITS: what this process waits on now, and its last step (stall reports)
+    _npy           load_npy, load_npz, NPY_HEADERS: numpy headers parsed one thread at a time
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.
 """

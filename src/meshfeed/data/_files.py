@@ -14,11 +14,11 @@ from __future__ import annotations
 import io
 import math
 import struct
-import threading
 import zipfile
 
 import numpy as np
 
+from meshfeed.core._npy import NPY_HEADERS
 from meshfeed.data._ragged import Ragged, empty
 from meshfeed.data._sources import check_ids
 from meshfeed.storage._blob import Blob
@@ -292,19 +292,13 @@ def _read_header(blob: Blob, at: int, name: str) -> tuple[tuple[int, ...], np.dt
     return shape, dtype, at + fixed + length
 
 
-# numpy parses a header with ast.literal_eval, and CPython 3.11's parser, run on two
-# threads at once, can fail with "SystemError: AST constructor recursion depth mismatch":
-# headers are checked at a file's first read, on the read-ahead's threads, so one at a time.
-_PARSING = threading.Lock()
-
-
 def _parse_header(prefix: bytes, name: str) -> tuple[tuple[int, ...], np.dtype]:
     """The shape and dtype in a whole ``.npy`` header (magic to padding)."""
     if not prefix.startswith(_MAGIC):
         raise ValueError(f"{name} is not a .npy array (no NUMPY magic at its start): corrupt?")
     fp = io.BytesIO(prefix)
     try:
-        with _PARSING:
+        with NPY_HEADERS:
             version = np.lib.format.read_magic(fp)
             if version == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp)

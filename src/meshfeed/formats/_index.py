@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from meshfeed.core._npy import load_npz
 from meshfeed.data._folder import join
 from meshfeed.data._writer import FolderWriter
 from meshfeed.storage._blob import Blob, is_url
@@ -68,8 +69,7 @@ class Index:
     @classmethod
     def from_bytes(cls, data: bytes, name: str) -> Index:
         try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
+            arrays = load_npz(data)
             meta = json.loads(arrays.pop("meta").tobytes())
         except Exception as error:
             raise ValueError(f"{name} is not a meshfeed index ({error}); build it again.") from None

@@ -8,7 +8,6 @@ as the shard's index (``_tar_scan``) locates them, and decodes what it is asked 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -16,6 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from meshfeed.core._npy import load_npy
 from meshfeed.data._sources import FieldSpec, fields_text
 from meshfeed.formats._indexed import FilesSource, IndexedFiles
 from meshfeed.formats._tar_scan import scan_tar
@@ -41,17 +41,13 @@ def _decoder(kind: TarDecoder) -> Callable[[bytes], Any]:
         "json": json.loads,
         "int": lambda b: int(b.strip() or 0),
         "float": lambda b: float(b.strip() or 0),
-        "npy": _npy,
+        "npy": load_npy,
     }
     if kind not in table:
         raise ValueError(
             f"decode={kind!r}: pass one of {sorted(table)} or a function of the bytes."
         )
     return table[kind]
-
-
-def _npy(data: bytes) -> np.ndarray:
-    return np.load(io.BytesIO(data), allow_pickle=False)
 
 
 class TarSource(FilesSource):
