@@ -70,8 +70,10 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny, for CI")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--shares", type=float, nargs="+", default=SHARES, help="held shares")
+    parser.add_argument("--holds", type=float, nargs="+", default=HOLDS, help="seconds held")
     args = parser.parse_args()
-    shares, holds = ((0.0, 0.03), (0.5,)) if args.smoke else (SHARES, HOLDS)
+    shares, holds = ((0.0, 0.03), (0.5,)) if args.smoke else (args.shares, args.holds)
     rounds, steps = (1, 3) if args.smoke else (args.rounds, args.steps)
     cases = [{"share": 0.0, "hold": 0.0, "hedge": h} for h in (False, True)]
     for share, hold in ((s, t) for s in shares if s for t in holds):

@@ -24,17 +24,20 @@ class Model:
     that wait (a slow store) or compute (memory; under the GIL, contended readers look
     like waiting ones: the case that fooled the climb before)."""
 
-    def __init__(self, rate, *, busy_share, read_s, own_s, seed, noise=0.3, pauses=True):
+    def __init__(
+        self, rate, *, busy_share, read_s, own_s, seed, noise=0.3, pauses=True, store_s=0.0
+    ):
         self.rate, self.busy_share, self.read_s, self.own_s = rate, busy_share, read_s, own_s
         self.rng = np.random.default_rng(seed)
         self.noise, self.pauses = noise, pauses
+        self.store_s = store_s  # each read's wait on a store behind a URL (0: none)
 
     def run(self, steps: int, cap: int = 128) -> tuple[Climb, list[int]]:
         now = 0.0
         climb = Climb(now, cores=CORES)
         climb.begin(now)
         now += self.read_s
-        climb.read(now, self.read_s, self.read_s * self.busy_share(1))
+        climb.read(now, self.read_s, self.read_s * self.busy_share(1), self.store_s)
         depth = climb.start(now, cap, 0)
         depths = []
         for step in range(1, steps):
@@ -47,7 +50,8 @@ class Model:
             ready = 0 if waited else depth - 1
             climb.begin(now)
             now += step_s + (0.5 if paused else 0.0)  # the loop away: an evaluation, say
-            climb.read(now, step_s, step_s * self.busy_share(threads))
+            store_s = self.store_s * math.exp(self.rng.normal(0.0, self.noise))
+            climb.read(now, step_s, step_s * self.busy_share(threads), store_s if store_s else 0.0)
             depth = climb.took(step, now, waited, ready)
             depths.append(depth)
         return climb, depths
@@ -220,3 +224,55 @@ def test_inline_reads_that_start_to_wait_read_ahead_again():
         climb.read(now, step_s, 0.01 * step_s)
         depth = climb.took(step, now, step_s - own, 0)
     assert depth >= 16, list(climb.moves)
+
+
+def remote(seed: int) -> Model:
+    """A store behind a URL that answers in 60 ms, a loop that computes 10 ms a step, and
+    a client that keeps the CPU busy meanwhile (signing requests, decoding answers), so
+    the readers look as if they computed: 7 steps must be in flight."""
+
+    def rate(depth, threads):
+        return min(100.0, threads / 0.065) if depth else 1 / 0.075
+
+    return Model(rate, busy_share=lambda t: 0.8, read_s=0.065, own_s=0.010, seed=seed,
+                 store_s=0.060)  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reads_that_wait_on_a_store_keep_its_median_wait_in_flight(seed):
+    """Issue 51: however busy the CPU looks, reads that wait on a store start deep with
+    a thread a step, and never settle below the store's floor (1 + 60 ms over 10 ms)."""
+    model = remote(seed)
+    climb, _ = model.run(2)
+    assert list(climb.moves)[0]["why"] == "start: the first reads waited on a store"
+    climb, depths = model.run(20_000)
+    assert climb.store_floor() in (7, 8)  # the loop's own time a step, measured with noise
+    assert min(depths[200:]) >= 7, list(climb.moves)  # past the first window
+    assert climb.threads() == depths[-1]
+    model.store_s = 0.0  # the same loop on a source that is not behind a URL
+    climb, _ = model.run(2)
+    assert climb.store_floor() == 0 and list(climb.moves)[0]["why"] == "start"
+
+
+def test_a_store_floor_raises_a_shallow_depth_at_the_next_window():
+    """A loop that got faster (a smaller model, say): the floor moves the depth up, and
+    says why."""
+    now = 0.0
+    climb = Climb(now, cores=CORES)
+    climb.begin(now)
+    climb.read(now + 0.05, 0.05, 0.001, 0.05)
+    depth = climb.start(now + 0.05, 128, 0)
+    assert depth == 16
+    for step in range(1, 3_000):  # every step ready: trials down, to the floor (1 + 50/20)
+        now += 0.020
+        climb.begin(now)
+        climb.read(now, 0.05, 0.001, 0.05)
+        depth = climb.took(step, now, 0.0, depth - 1)
+    assert depth == 4, list(climb.moves)
+    for step in range(3_000, 4_000):  # steps of 4.8 ms now: 1 + 50 / 4.8 -> 12
+        now += 0.0048
+        climb.begin(now)
+        climb.read(now, 0.05, 0.001, 0.05)
+        depth = climb.took(step, now, 0.0, depth - 1)
+    assert depth == 12, list(climb.moves)
+    assert any(m["why"].startswith("up to the store's floor: reads wait 50 ms") for m in climb.moves)

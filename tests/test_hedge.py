@@ -7,6 +7,7 @@ driven with a clock of the test's own.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import jax
@@ -121,3 +122,27 @@ def test_in_an_outage_duplicates_stay_in_the_budget_and_the_clock_raises(server,
             source[np.sort(chunk)]
     got = {k: FETCHES.values()[k] - before[k] for k in ("requests", "hedges")}
     assert got["hedges"] <= BUDGET * got["requests"], got
+
+
+def test_reads_that_wait_on_a_store_are_read_ahead_past_its_usual_wait(server, proxy):
+    """Part 3: every range read answers 50 ms late, the loop computes 10 ms a step: the
+    read-ahead starts deep with a thread a step, and stays at least 1 + 50/10 deep."""
+    url = _folder(server, "latency")
+    options = {**server.storage_options, "endpoint_url": proxy.endpoint}
+    source = meshfeed.open_source(url, storage_options=options)
+    loader = meshfeed.Loader(
+        source, global_batch_size=8, num_epochs=None, shuffle=True, seed=1,
+        sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=8)),
+    )  # fmt: skip
+    proxy.hold("range", 1.0, 0.05)
+    try:
+        it = iter(loader)
+        for _ in range(48):
+            jax.block_until_ready(next(it))
+            time.sleep(0.01)  # the step's compute
+        ahead = loader.stats()["consumer"]["read_ahead"]
+    finally:
+        loader.close()
+    assert ahead["moves"][0]["why"] == "start: the first reads waited on a store", ahead
+    assert ahead["depth"] >= 6, ahead
+    assert ahead["threads"] > 2, ahead  # a thread a step, not one a core: the reads wait

@@ -7,11 +7,16 @@ stall (a read behind a URL) is recorded while it lasts (``waiting``: the stage, 
 object, since when), with the step the loader last handed out (``stepped``).
 ``cluster``'s stall watch posts it to the job's coordination service and names a
 process that waited too long. Recording a wait costs a dict insert and a removal.
+
+``timing_waits`` also gives a block the seconds of each wait recorded inside it, on its
+thread and on threads it hands work to with its context (``contextvars``): the
+read-ahead learns from it how long a step's read waited on a store.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import threading
 import time
@@ -38,7 +43,10 @@ class Waits:
             yield
         finally:
             with self._lock:
-                del self._waits[token]
+                stage, what, since = self._waits.pop(token)
+            timed = _TIMED.get()
+            if timed is not None:
+                timed.append(time.monotonic() - since)
 
     def stepped(self, step: int) -> None:
         """The loader handed out ``step``."""
@@ -55,3 +63,19 @@ class Waits:
 
 WAITS = Waits()
 """This process's waits and steps."""
+
+_TIMED: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
+    "meshfeed_timed_waits", default=None
+)
+
+
+@contextlib.contextmanager
+def timing_waits() -> Iterator[list[float]]:
+    """The seconds of each wait recorded in the block (``WAITS.waiting``), appended as
+    each ends: on this thread, and on threads that run work with its context."""
+    timed: list[float] = []
+    token = _TIMED.set(timed)
+    try:
+        yield timed
+    finally:
+        _TIMED.reset(token)

@@ -61,6 +61,14 @@ The rules now:
   (from one, at most ``MAX_WAIT``); one that stayed resets the wait. A run pays for
   failed trials less and less often, and a source that changes is followed both ways.
 - Threads: readers that compute get at most one a core; readers that wait one a step.
+- A store behind a URL (issue 51): each read tells how long it waited on a store (its
+  longest wait, ``core._waits.timing_waits``). Reads that wait on a store wait, whatever
+  the process's CPU does meanwhile (a client signing requests, decoding answers): they
+  start ``START_DEPTH_WAITING`` deep and get a thread a step. And the depth never stays
+  below the *store's floor*: one step more than the store's usual wait (the median of
+  the last reads' waits, ``_store_waits``) over the consumer's own time a step, at most
+  ``START_DEPTH_WAITING``; below it, the depth moves up to it at the next window, and
+  no trial goes under it. The median, not the tail: hedged reads cut the tail.
 
 Every move is kept in ``moves`` (the step, the depth before and after, why, and the
 rates judged), which ``loader.stats()`` shows.
@@ -74,6 +82,7 @@ import os
 import statistics
 from typing import Any
 
+from meshfeed.feed._store_waits import StoreWaits
 from meshfeed.feed._window import MIN_WINDOW_STEPS, Window
 
 START_DEPTH = 2  # also the least "auto" reads ahead: one reader thread and a step ready
@@ -112,6 +121,29 @@ class _Trial:
         self.was, self.base = was, base
         self.windows: list[tuple[float, float]] = []  # (rate, wait share) at the new depth
 
+    def measured(self) -> tuple[dict[str, float], float]:
+        """The mean rate and wait share before and after, the margin; and the noise."""
+        base, new = [r for r, _ in self.base], [r for r, _ in self.windows]
+        noise = max(_spread(base), _spread(new))
+        return {
+            "rate_before": sum(base) / len(base), "rate_after": sum(new) / len(new),
+            "wait_before": sum(w for _, w in self.base) / len(self.base),
+            "wait_after": sum(w for _, w in self.windows) / len(self.windows),
+            "margin": min(MAX_MARGIN, max(MIN_GAIN, 2 * noise)),
+        }, noise  # fmt: skip
+
+    def paid(self, up: bool) -> bool:
+        """Up: it paid in rate, or took half the wait away at no loss of rate. Down: as
+        fast with no new wait, or faster beyond the noise."""
+        m, _ = self.measured()
+        if m["rate_after"] > m["rate_before"] * (1 + m["margin"]):
+            return True
+        if m["rate_after"] < m["rate_before"] * (1 - DOWN_LOSS):
+            return False
+        if up:
+            return m["wait_after"] < 0.5 * m["wait_before"]
+        return m["wait_after"] <= max(WAIT_SHARE, 1.5 * m["wait_before"])
+
 
 class _Modes:
     """Window rates inline and reading ahead, the latest ``_KEPT_RATES`` of each: inline
@@ -140,6 +172,15 @@ class _Modes:
         return inline > ahead
 
 
+def _up_factor(first: bool, window: Window, depth: int) -> int:
+    """Twice; the first time, up to four times, toward twice a read over a step."""
+    own_s, read_s = window.own_s, window.read_s
+    if not first or own_s <= 0:
+        return 2
+    hides = 2 * read_s / own_s / depth
+    return max(2, min(_MAX_FIRST_STEP, 1 << max(0, math.ceil(hides) - 1).bit_length()))
+
+
 class Climb:
     """The adaptive depth of one read-ahead (see the module's docstring).
 
@@ -161,6 +202,7 @@ class Climb:
         self._first_up = True
         self._fed_at = 0  # the step the depth last grew to feed record workers at
         self._modes = _Modes()
+        self._store = StoreWaits()
         self.moves: collections.deque[dict[str, Any]] = collections.deque(maxlen=_KEPT)
 
     # Reads, from the readers' threads.
@@ -169,9 +211,15 @@ class Climb:
         """A read starts."""
         self._window.begin(now)
 
-    def read(self, now: float, wall_s: float, busy_s: float) -> None:
-        """A read took ``wall_s`` seconds, ``busy_s`` of them on a CPU."""
+    def read(self, now: float, wall_s: float, busy_s: float, store_s: float = 0.0) -> None:
+        """A read took ``wall_s`` seconds, ``busy_s`` of them on a CPU, and waited
+        ``store_s`` on a store behind a URL (its longest wait)."""
         self._window.read(now, wall_s, busy_s)
+        self._store.add(store_s)
+
+    def store_floor(self) -> int:
+        """The least depth that keeps the store's usual wait out of the consumer's way."""
+        return self._store.floor(self._window.own_s, min(self._cap, START_DEPTH_WAITING))
 
     # The depth.
 
@@ -181,9 +229,10 @@ class Climb:
         read (``cpu_share``), or, without it, by the window's reads."""
         self._cap = max(1, cap)
         waited = self._window.reads_waited(now) if cpu_share is None else cpu_share < 0.5
-        self.readers_wait = waited
+        self.readers_wait = waited or bool(self._store.reads)
         start = START_DEPTH_WAITING if self.readers_wait else START_DEPTH
         why = "start: the first reads waited" if self.readers_wait else "start"
+        why += " on a store" if self._store.reads else ""
         self._move(step, min(start, self._cap), why, now)
         return self.depth
 
@@ -217,10 +266,13 @@ class Climb:
         window = self._window.close(now)
         if window is None:
             return self.depth
-        self.readers_wait = self._window.readers_wait
+        self.readers_wait = self._window.readers_wait or self._store.reads > 0
+        self._store.reads = 0
         self._modes.add(self.depth == 0, window[0])
         self._since = {k: v + 1 for k, v in self._since.items()}
-        if self._trial is None:
+        if self._trial is None and self.depth < self.store_floor():
+            self._move(step, self.store_floor(), self._store.why(self._window.own_s), now)
+        elif self._trial is None:
             self._hold(step, window, now)
         else:
             self._judge(step, window, now)
@@ -242,7 +294,13 @@ class Climb:
             return
         if window[1] >= WAIT_SHARE and self.readers_wait and self.depth < self._cap:
             if self._since["up"] >= self._waits_for["up"]:
-                self._try(step, min(self._cap, self._up_factor() * self.depth), now)
+                self._try(
+                    step,
+                    min(
+                        self._cap, _up_factor(self._first_up, self._window, self.depth) * self.depth
+                    ),
+                    now,
+                )
         elif not self.readers_wait or 4 * self._window.least >= 3 * self.depth:
             # Readers that compute gain nothing from the depth (a start misjudged, a
             # store that stopped waiting); or half the depth would have had a quarter
@@ -254,17 +312,12 @@ class Climb:
             return
         if self.depth > 0 and self._since["down"] >= self._waits_for["down"]:
             half = self.depth // 2  # below START_DEPTH: inline (the consumer reads);
-            # for reads that wait, only every MAX_WAIT windows (inline waits them all)
+            # for reads that wait, only every MAX_WAIT windows (inline waits them all);
+            # never under the store's floor
+            if half < self.store_floor():
+                return
             if half >= START_DEPTH or not self.readers_wait or self._since["down"] >= MAX_WAIT:
                 self._try(step, half if half >= START_DEPTH else 0, now)
-
-    def _up_factor(self) -> int:
-        """Twice; the first time, up to four times, toward twice a read over a step."""
-        own_s, read_s = self._window.own_s, self._window.read_s
-        if not self._first_up or own_s <= 0:
-            return 2
-        hides = 2 * read_s / own_s / self.depth
-        return max(2, min(_MAX_FIRST_STEP, 1 << max(0, math.ceil(hides) - 1).bit_length()))
 
     def _try(self, step: int, depth: int, now: float) -> None:
         was = self.depth
@@ -281,13 +334,8 @@ class Climb:
         trial.windows.append(window)
         if len(trial.windows) < TRIAL_WINDOWS:
             return
-        base = [r for r, _ in trial.base]
-        new = [r for r, _ in trial.windows]
-        base_rate, new_rate = sum(base) / len(base), sum(new) / len(new)
-        base_wait = sum(w for _, w in trial.base) / len(trial.base)
-        new_wait = sum(w for _, w in trial.windows) / len(trial.windows)
-        noise = max(_spread(base), _spread(new))
-        margin = min(MAX_MARGIN, max(MIN_GAIN, 2 * noise))
+        measured, noise = trial.measured()
+        base_rate, new_rate, margin = (measured[k] for k in ("rate_before", "rate_after", "margin"))
         up = self.depth > trial.was
         inline_trial = 0 in (self.depth, trial.was)
         faster = self._modes.inline_faster() if inline_trial else None
@@ -297,20 +345,12 @@ class Climb:
             stays = False
         elif inline_trial:  # inline waits on every read by design: rates alone
             stays = new_rate > base_rate * (1 + margin / 2)
-        elif up:  # it paid in rate, or it took half the wait away at no loss of rate
-            stays = new_rate > base_rate * (1 + margin) or (
-                new_wait < 0.5 * base_wait and new_rate >= base_rate * (1 - DOWN_LOSS)
-            )
-        else:  # as fast with no new wait, or faster beyond the noise
-            stays = new_rate > base_rate * (1 + margin) or (
-                new_rate >= base_rate * (1 - DOWN_LOSS)
-                and new_wait <= max(WAIT_SHARE, 1.5 * base_wait)
-            )
+        else:
+            stays = trial.paid(up)
         direction = "up" if up else "down"
         self._since[direction] = 0  # the wait before the next trial counts from its end
-        rates = {"rate_before": round(base_rate, 2), "rate_after": round(new_rate, 2),
-                 "wait_before": round(base_wait, 4), "wait_after": round(new_wait, 4),
-                 "margin": round(margin, 3)}  # fmt: skip
+        rates = {k: round(v, 4 if "wait" in k else 3 if k == "margin" else 2)
+                 for k, v in measured.items()}  # fmt: skip
         self._trial = None
         self._first_up = self._first_up and not up
         if inline_trial:

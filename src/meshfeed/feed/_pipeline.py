@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from meshfeed.core._waits import timing_waits
 from meshfeed.feed._climb import Climb
 
 MAX_THREADS = 32
@@ -281,13 +282,14 @@ class Prefetcher(Iterator[tuple[int, Any]]):
         self._climb.begin(wall)
         self._lock.release()
         try:
-            item = self._produce(step)
+            with timing_waits() as waits:  # on a store behind a URL
+                item = self._produce(step)
         except BaseException as error:  # surfaced in the consumer, not lost in the thread
             item = _Failed(error)
         finally:
             self._lock.acquire()
         now = time.perf_counter()
-        self._climb.read(now, now - wall, time.thread_time() - busy)
+        self._climb.read(now, now - wall, time.thread_time() - busy, max(waits, default=0.0))
         return item
 
     def _keep(self, step: int, item: Any) -> bool:

@@ -32,8 +32,10 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import contextvars
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -227,7 +229,15 @@ def _hedged(
     return ask
 
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
+class _Pool(concurrent.futures.ThreadPoolExecutor):
+    """Runs each call in a copy of its caller's context: a wait recorded there counts
+    toward the caller's read (``core._waits.timing_waits``)."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        return super().submit(contextvars.copy_context().run, fn, *args, **kwargs)
+
+
+_pool: _Pool | None = None
 _pool_lock = threading.Lock()
 
 
@@ -236,9 +246,7 @@ def remote_pool() -> concurrent.futures.ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                REMOTE_READS, thread_name_prefix="meshfeed-remote-read"
-            )
+            _pool = _Pool(REMOTE_READS, thread_name_prefix="meshfeed-remote-read")
         return _pool
 
 
