@@ -13,7 +13,13 @@ requests, the duplicates sent and won. Runs in rounds whose order rotates; each 
 time over the round's clean run (no hold, no hedging: the build before), median over
 rounds. Goal at 3% x 2 s: <= 1.3x the clean run, duplicates <= 5% of requests.
 
-Prints one JSON line per case and one summary; ``--smoke`` for CI.
+Then the store's floor (issue 51, part 3): every range read held ``LATENCY_S`` (a far
+store that answers late, not a tail), batch ``FLOOR_BATCH``, a loop that computes
+``STEP_S`` a step (a sleep); the
+share of the time the loop waits on input, with the default read-ahead against fixed
+depths, in rotating rounds. Goal: the default waits no more than the best fixed depth.
+
+Prints one JSON line per case; ``--smoke`` for CI.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from meshfeed.testing import CountingProxy, S3Server
 SHARES = (0.0, 0.01, 0.03, 0.10)
 HOLDS = (0.5, 2.0)
 BATCH = 32
+LATENCY_S, STEP_S, FLOOR_BATCH = 0.5, 0.1, 8  # a far store; ~16 range reads a step
+DEPTHS = ("auto", 2, 4, 16)
 
 
 def _run(url: str, options: dict[str, Any], proxy: CountingProxy, case: dict[str, Any],
@@ -63,6 +71,44 @@ def _run(url: str, options: dict[str, Any], proxy: CountingProxy, case: dict[str
     loader.close()
     got = {k: url[k] for k in ("requests", "hedges", "hedges_won")}
     return {"seconds": seconds, **got}
+
+
+def _waits(url: str, options: dict[str, Any], prefetch: Any, steps: int, seed: int) -> float:
+    """The share of ``steps`` steps' time the loop waited on input (after one untimed)."""
+    source = meshfeed.open_source(url, storage_options=options)
+    loader = meshfeed.Loader(
+        source, global_batch_size=FLOOR_BATCH, num_epochs=None, shuffle=True, seed=seed,
+        sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=8)), prefetch=prefetch,
+    )  # fmt: skip
+    it = iter(loader)
+    jax.block_until_ready(next(it))
+    loader.stats(reset=True)
+    start = time.perf_counter()
+    for _ in range(steps):
+        jax.block_until_ready(next(it))
+        time.sleep(STEP_S)  # the step's compute
+    seconds = time.perf_counter() - start
+    waited = loader.stats()["consumer"]["wait_seconds"]
+    loader.close()
+    return waited / seconds
+
+
+def _floor(url: str, options: dict[str, Any], proxy: CountingProxy, args: Any) -> None:
+    rounds, steps = (1, 20) if args.smoke else (args.rounds, 4 * args.steps)
+    proxy.hold("range", 1.0, LATENCY_S)
+    got: dict[Any, list[float]] = {d: [] for d in DEPTHS}
+    for r in range(rounds):
+        for d in DEPTHS[r % len(DEPTHS) :] + DEPTHS[: r % len(DEPTHS)]:
+            got[d].append(_waits(url, options, d, steps, seed=r + 1))
+    proxy.hold("range", 0.0, 0.0)
+    for d, shares in got.items():
+        line = {
+            "benchmark": "hedge", "workload": "Q-floor", "prefetch": d, "latency_s": LATENCY_S,
+            "step_s": STEP_S, "steps": steps, "rounds": rounds,
+            "input_wait": round(statistics.median(shares), 4),
+            "smoke": args.smoke, "jax": jax.__version__, "python": platform.python_version(),
+        }  # fmt: skip
+        print(json.dumps(line), flush=True)
 
 
 def main() -> None:
@@ -112,6 +158,7 @@ def main() -> None:
                 "smoke": args.smoke, "jax": jax.__version__, "python": platform.python_version(),
             }  # fmt: skip
             print(json.dumps(line), flush=True)
+        _floor(url, options, proxy, args)
     finally:
         proxy.close()
         server.close()

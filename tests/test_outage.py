@@ -19,7 +19,12 @@ import pytest
 import meshfeed
 import s3_fns
 from meshfeed.storage._clock import StoreClock
-from meshfeed.storage._remote import bound_inner_retries, reader_options, with_retries
+from meshfeed.storage._remote import (
+    REMOTE_READS,
+    bound_inner_retries,
+    reader_options,
+    with_retries,
+)
 from meshfeed.testing import Proxy, S3Server, run_in_processes
 from multiprocess_fns import assemble
 
@@ -183,10 +188,13 @@ def test_the_s3_client_retries_are_off_unless_the_options_set_them(server):
         "retries": {"total_max_attempts": 1},
         "connect_timeout": 5,
         "read_timeout": 20,
+        "max_pool_connections": REMOTE_READS,  # a connection for each read in flight
     }
     assert {k: v for k, v in options.items() if k != "config_kwargs"} == server.storage_options
     mine = {**server.storage_options, "config_kwargs": {"retries": {"max_attempts": 7}}}
+    mine["config_kwargs"]["max_pool_connections"] = 8
     kept = reader_options("s3://data/x", mine)["config_kwargs"]
+    assert kept["max_pool_connections"] == 8
     assert kept["retries"] == {"max_attempts": 7} and kept["read_timeout"] == 20
     assert reader_options("memory://x", {"a": 1}) == {"a": 1}
     import fsspec
