@@ -244,14 +244,14 @@ def test_reads_that_wait_on_a_store_keep_its_median_wait_in_flight(seed):
     a thread a step, and never settle below the store's floor (1 + 60 ms over 10 ms)."""
     model = remote(seed)
     climb, _ = model.run(2)
-    assert list(climb.moves)[0]["why"] == "start: the first reads waited on a store"
+    assert climb.moves[0]["why"] == "start: the first reads waited on a store"
     climb, depths = model.run(20_000)
     assert climb.store_floor() in (7, 8)  # the loop's own time a step, measured with noise
     assert min(depths[200:]) >= 7, list(climb.moves)  # past the first window
     assert climb.threads() == depths[-1]
     model.store_s = 0.0  # the same loop on a source that is not behind a URL
     climb, _ = model.run(2)
-    assert climb.store_floor() == 0 and list(climb.moves)[0]["why"] == "start"
+    assert climb.store_floor() == 0 and climb.moves[0]["why"] == "start"
 
 
 def test_a_store_floor_raises_a_shallow_depth_at_the_next_window():
@@ -275,4 +275,5 @@ def test_a_store_floor_raises_a_shallow_depth_at_the_next_window():
         climb.read(now, 0.05, 0.001, 0.05)
         depth = climb.took(step, now, 0.0, depth - 1)
     assert depth == 12, list(climb.moves)
-    assert any(m["why"].startswith("up to the store's floor: reads wait 50 ms") for m in climb.moves)
+    floor = "up to the store's floor: reads wait 50 ms"
+    assert any(m["why"].startswith(floor) for m in climb.moves)

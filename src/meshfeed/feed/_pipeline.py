@@ -281,8 +281,9 @@ class Prefetcher(Iterator[tuple[int, Any]]):
         wall, busy = time.perf_counter(), time.thread_time()
         self._climb.begin(wall)
         self._lock.release()
+        waits: list[float] = []  # on a store behind a URL
         try:
-            with timing_waits() as waits:  # on a store behind a URL
+            with timing_waits() as waits:
                 item = self._produce(step)
         except BaseException as error:  # surfaced in the consumer, not lost in the thread
             item = _Failed(error)
