@@ -29,8 +29,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("inputs", nargs="*", help="paths, globs or URLs of .jsonl[.gz|.zst], "
                    ".parquet or .txt files, in order")  # fmt: skip
     p.add_argument("--out", required=True, help="the folder to write (a path or URL)")
-    p.add_argument("--tokenizer", help="a tokenizer.json (Hugging Face tokenizers)")
+    p.add_argument("--tokenizer", help="a tokenizer.json (Hugging Face tokenizers); with "
+                   "--chat, a Hugging Face tokenizer folder")  # fmt: skip
     p.add_argument("--text", default="text", help="the field holding the text (default text)")
+    p.add_argument("--chat", default=None, help="the field holding a conversation (a list of "
+                   "messages): tokens and an assistant-only loss_mask, as HF's chat template "
+                   "makes them")  # fmt: skip
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        help="a file holding the Jinja chat template (default: the tokenizer's)",
+    )
     p.add_argument("--keep", default="", help="other fields to keep, comma-separated: id,url")
     p.add_argument("--txt", choices=["file", "line"], default="file",
                    help=".txt inputs: a document per file (default) or per line")  # fmt: skip
@@ -61,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {}
     if args.part_bytes is not None:
         extra["part_bytes"] = args.part_bytes
+    if args.chat is not None:
+        extra["chat"] = args.chat
+    if args.chat_template is not None:
+        with open(args.chat_template, encoding="utf-8") as f:
+            extra["chat_template"] = f.read()
     status = meshfeed.prepare(
         args.inputs,
         args.out,

@@ -204,12 +204,13 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
         ("bos_id", "BOS id"),
         ("eos_id", "EOS id"),
         ("policy", "BOS/EOS policy"),
+        ("chat_template_sha256", "chat template (SHA-256)"),
     ):
         if key == "name" and recorded.get("kind") == "tokenizers":
             continue  # a file's name says nothing; its hash does
         old, new = recorded.get(key), current.get(key)
         if old != new:
-            if key == "sha256":
+            if key in ("sha256", "chat_template_sha256"):
                 old, new = (f"{v[:12]}..." if isinstance(v, str) else v for v in (old, new))
             out.append(f"{what}: {old!r} in the folder, {new!r} here")
     pairs = zip(PROBES, recorded["fingerprint"], current["fingerprint"], strict=False)

@@ -11,6 +11,9 @@ the files an uninterrupted run writes.
 
 Strings kept beside the tokens (``keep=``) are stored as their UTF-8 bytes, one
 ``Ragged`` ``uint8`` document per record; numbers and booleans as arrays.
+
+Conversations (``chat``) are encoded as their chat template renders them, nothing added
+(``_chat``), and a ``loss_mask`` field is written beside the tokens, one value a token.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from meshfeed.data._folder import join, part_folder
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._tokenizer import Encoded
 from meshfeed.data._writer import FolderWriter, Shard, write_folder
+from meshfeed.prepare._chat import ChatEncoded
 from meshfeed.prepare._inputs import InputFile, Part
 from meshfeed.prepare._read import documents
 from meshfeed.storage._blob import is_url, require_fsspec
@@ -37,12 +41,14 @@ SHARD_TOKENS = 1 << 24
 _KEPT_DTYPES = {"int": np.int64, "float": np.float64, "bool": np.bool_}
 Counts = dict[str, int]
 Progress = Callable[[int, int], None]  # (documents, tokens) written so far in this part
+Pending = tuple[np.ndarray, np.ndarray, dict[str, Any], np.ndarray | None]  # ids, lengths,
+# kept fields, loss mask (conversations) of a batch not yet in a shard
 
 
 def write_part(
     index: int,
     plan: Mapping[str, Any],
-    encode: Callable[[list[str]], Encoded],
+    encode: Callable[[list[str]], Encoded | ChatEncoded],
     out: str,
     *,
     storage_options: Mapping[str, Any] | None = None,
@@ -77,7 +83,7 @@ def remove(root: str, storage_options: Mapping[str, Any] | None) -> None:
 
 def _shards(
     batches: Iterator[Any],
-    encode: Callable[[list[str]], Encoded],
+    encode: Callable[[list[str]], Encoded | ChatEncoded],
     tokenizer: Mapping[str, Any],
     settings: Mapping[str, Any],
     counts: Counts,
@@ -87,7 +93,7 @@ def _shards(
     vocab = int(tokenizer["vocab_size"])
     bos, eos = tokenizer["bos_id"], tokenizer["eos_id"]
     keep: Mapping[str, str] = settings["keep"]
-    pending: list[tuple[np.ndarray, np.ndarray, dict[str, Any]]] = []
+    pending: list[Pending] = []
     pending_tokens = 0
     last = time.monotonic()
     extra = [i for i in (bos, eos) if i is not None]
@@ -95,7 +101,9 @@ def _shards(
         counts["skipped"] += batch.skipped
         if not batch.texts:
             continue
-        lengths, ids = encode(batch.texts)
+        encoded = encode(batch.texts)
+        lengths, ids = encoded[0], encoded[1]
+        masks = encoded[2] if len(encoded) == 3 else None  # conversations: the loss mask
         kept = {name: batch.kept[name] for name in keep}
         nonempty = lengths > 0
         if not nonempty.all():  # dropped: no tokens, so no document (nor BOS/EOS)
@@ -104,10 +112,15 @@ def _shards(
                 n: [v for v, k in zip(vs, nonempty, strict=True) if k] for n, vs in kept.items()
             }
             ids = (d for d, k in zip(ids, nonempty, strict=True) if k)
+            if masks is not None:
+                masks = [m for m, k in zip(masks, nonempty, strict=True) if k]
             lengths = lengths[nonempty]
         values = _flat(ids, lengths, bos, eos, dtype, vocab)
+        flags = None
+        if masks is not None:  # one value a token (nothing is added around conversations)
+            flags = np.fromiter(itertools.chain.from_iterable(masks), bool, count=values.size)
         lengths = lengths + len(extra)
-        pending.append((values, lengths, kept))
+        pending.append((values, lengths, kept, flags))
         pending_tokens += int(values.size)
         counts["documents"] += int(lengths.size)
         counts["tokens"] += int(values.size)
@@ -148,15 +161,14 @@ def _flat(
     return flat
 
 
-def _shard(
-    pending: list[tuple[np.ndarray, np.ndarray, dict[str, Any]]],
-    keep: Mapping[str, str],
-    dtype: np.dtype,
-) -> Shard:
+def _shard(pending: list[Pending], keep: Mapping[str, str], dtype: np.dtype) -> Shard:
     lengths = np.concatenate([p[1] for p in pending])
     offsets = np.zeros(lengths.size + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     shard: Shard = {"tokens": Ragged(np.concatenate([p[0] for p in pending]), offsets)}
+    masks = [p[3] for p in pending if p[3] is not None]
+    if masks:  # conversations: every batch has one
+        shard["loss_mask"] = Ragged(np.concatenate(masks), offsets)
     for name, kind in keep.items():
         values = [v for p in pending for v in p[2][name]]
         if kind == "str":

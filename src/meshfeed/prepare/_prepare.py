@@ -33,6 +33,7 @@ from meshfeed.data._folder import (
 )
 from meshfeed.data._tokenizer import Special, Tokenizer, TokenizerArg, differences, token_dtype
 from meshfeed.data._writer import FolderWriter
+from meshfeed.prepare._chat import ChatTokenizer
 from meshfeed.prepare._encode import worker_threads
 from meshfeed.prepare._inputs import PART_BYTES, dataset_input, expand, plan_parts
 from meshfeed.prepare._read import KEEP_TYPES
@@ -84,6 +85,8 @@ def prepare(
     *,
     tokenizer: TokenizerArg,
     text: str = "text",
+    chat: str | None = None,
+    chat_template: str | None = None,
     keep: Sequence[str] | Mapping[str, str] = (),
     txt: TxtMode = "file",
     bos: Special = True,
@@ -97,7 +100,8 @@ def prepare(
     storage_options: Mapping[str, Any] | None = None,
     progress: bool = True,
 ) -> PrepareStatus:
-    """Tokenizes text into a meshfeed folder with a ``tokens`` field, a document per record.
+    """Tokenizes text into a meshfeed folder with a ``tokens`` field, a document per record;
+    or, with ``chat``, conversations into ``tokens`` and an aligned ``loss_mask``.
 
     Args:
       inputs: paths, globs or URLs (any fsspec URL) of ``.jsonl``, ``.jsonl.gz``,
@@ -110,6 +114,16 @@ def prepare(
         truncated (``pack`` handles long documents); the ids are stored in the
         narrowest unsigned dtype of the vocabulary.
       text: the field (JSON key, Parquet or dataset column) holding the text.
+      chat: the field holding a conversation instead (a list of ``{"role", "content",
+        ...}`` messages, tool calls included, as Hugging Face represents them): each is
+        rendered by the chat template and tokenized by ``transformers`` (the ``chat``
+        extra), so ``tokens`` equal ``apply_chat_template(messages, tokenize=True)``'s,
+        nothing added (``bos`` and ``eos`` are not used), and ``loss_mask`` is True on
+        the assistant's tokens (``assistant_masks`` for templates with ``{% generation
+        %}`` blocks; derived from turn boundaries for others). ``tokenizer`` is then a
+        ``transformers`` fast tokenizer or its folder.
+      chat_template: the Jinja chat template; default: the tokenizer's own. Its hash is
+        on record: a build resumed with another template is refused.
       keep: other fields to keep beside the tokens: names (kept as text: UTF-8 bytes,
         one ``Ragged`` ``uint8`` document per record) or a mapping name -> ``"str"``,
         ``"int"``, ``"float"`` or ``"bool"``.
@@ -145,9 +159,15 @@ def prepare(
       ...                  workers=8)  # doctest: +SKIP
     """
     root = os.fspath(out)
-    settings = _settings(text, keep, txt, on_error, part_bytes)
+    if chat is None and chat_template is not None:
+        raise ValueError("chat_template= is for conversations; pass chat= (their field) too.")
+    settings = _settings(chat or text, keep, txt, on_error, part_bytes, chat=chat is not None)
     run_workers = _check_run(workers, threads, part, executor)
-    tok = Tokenizer(tokenizer, bos=bos, eos=eos)
+    tok = (
+        Tokenizer(tokenizer, bos=bos, eos=eos)
+        if chat is None
+        else ChatTokenizer(tokenizer, chat_template)
+    )
     settings["dtype"] = token_dtype(tok.vocab_size).str
     # Every argument is checked: start the workers now, to boot while the build is planned.
     pool = start_workers(run_workers) if executor == "local" else []
@@ -159,8 +179,8 @@ def prepare(
 
 
 def _prepare(
-    inputs: Any, root: str, tok: Tokenizer, settings: dict[str, Any], pool: list[Any],
-    threads: int, part: tuple[int, int] | None, executor: str,
+    inputs: Any, root: str, tok: Tokenizer | ChatTokenizer, settings: dict[str, Any],
+    pool: list[Any], threads: int, part: tuple[int, int] | None, executor: str,
     storage_options: Mapping[str, Any] | None, progress: bool,
 ) -> PrepareStatus:  # fmt: skip
     """``prepare`` once its arguments are checked and its workers started."""
@@ -222,17 +242,19 @@ def prepare_status(
 
 
 def _settings(
-    text: str, keep: Sequence[str] | Mapping[str, str], txt: str, on_error: str, part_bytes: int
-) -> dict[str, Any]:
+    text: str, keep: Sequence[str] | Mapping[str, str], txt: str, on_error: str,
+    part_bytes: int, *, chat: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     if not isinstance(text, str) or not text:
-        raise ValueError(f"text={text!r} must name the field that holds the text.")
+        what = "chat" if chat else "text"
+        raise ValueError(f"{what}={text!r} must name the field that holds the {what}.")
     if isinstance(keep, str):
         raise TypeError(f"keep={keep!r} is a string; pass a list of field names, e.g. keep=['id'].")
     kept = dict(keep) if isinstance(keep, Mapping) else {str(k): "str" for k in keep}
     bad = {k: v for k, v in kept.items() if v not in KEEP_TYPES}
     if bad:
         raise ValueError(f"keep={kept}: each field's type must be one of {list(KEEP_TYPES)}.")
-    reserved = [k for k in kept if k in ("tokens", text)]
+    reserved = [k for k in kept if k in ("tokens", text, *(("loss_mask",) if chat else ()))]
     if reserved:
         raise ValueError(f"keep={list(kept)} names {reserved}, which prepare writes itself.")
     if txt not in ("file", "line"):
@@ -241,7 +263,11 @@ def _settings(
         raise ValueError(f"on_error={on_error!r} must be 'raise' or 'skip'.")
     if not isinstance(part_bytes, int) or isinstance(part_bytes, bool) or part_bytes < 1:
         raise ValueError(f"part_bytes={part_bytes!r} must be an int >= 1 (bytes of input).")
-    return {"text": text, "keep": kept, "txt": txt, "on_error": on_error, "part_bytes": part_bytes}
+    settings = {"text": text, "keep": kept, "txt": txt, "on_error": on_error,
+                "part_bytes": part_bytes}  # fmt: skip
+    if chat:  # (not written otherwise: a text build's record stays as it was)
+        settings["chat"] = True
+    return settings
 
 
 def _check_run(

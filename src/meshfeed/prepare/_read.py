@@ -1,11 +1,12 @@
 """A part's documents, read from its input: text and kept fields, with where each came from.
 
 ``documents(part, ...)`` yields batches of ``(texts, kept, counts)``: the documents'
-texts in input order, the kept fields' values, and how many records were skipped. A bad
-record -- a line that is not JSON, a missing or non-string text field, a kept field of
-the wrong type, text that is not UTF-8 -- raises ``BadInput`` naming the file and the
-line (or row), unless ``on_error="skip"``, which counts it and goes on. A truncated or
-unreadable compressed file always raises: what it still held cannot be told.
+texts in input order (with ``chat``, each conversation as JSON text), the kept fields'
+values, and how many records were skipped. A bad record -- a line that is not JSON, a
+missing or non-string text field (with ``chat``, not a list of messages with roles), a
+kept field of the wrong type, text that is not UTF-8 -- raises ``BadInput`` naming the
+file and the line (or row), unless ``on_error="skip"``, which counts it and goes on. A
+truncated or unreadable compressed file always raises: what it still held cannot be told.
 
 Files are read by byte range through ``Blob`` (``pread`` locally; behind a URL, ranged
 requests with retries), a few MiB at a time, so a part's memory stays bounded whatever
@@ -82,6 +83,7 @@ def documents(
 class _Reader:
     def __init__(self, settings: Mapping[str, Any], keep: Mapping[str, str]) -> None:
         self.field, self.keep, self.skip = settings["text"], keep, settings["on_error"] == "skip"
+        self.chat = bool(settings.get("chat"))  # the field holds a conversation, not text
         self.batch = Batch(keep)
 
     def flush(self, last: bool) -> Iterator[Batch]:
@@ -115,7 +117,16 @@ class _Reader:
 
     def record(self, path: str, where: Any, record: Mapping[str, Any]) -> None:
         text = record.get(self.field)
-        if not isinstance(text, str):
+        if self.chat:
+            text = _conversation(text)
+            if text is None:
+                what = repr(record.get(self.field))[:60] if self.field in record else "nothing"
+                self.bad(
+                    f"{path}, {_where(where)}: field {self.field!r} holds {what}, not a "
+                    "conversation (a list of messages, each a mapping with a 'role')"
+                )
+                return
+        elif not isinstance(text, str):
             what = "no field" if self.field not in record else f"a {type(text).__name__} in field"
             self.bad(f"{path}, {_where(where)}: {what} {self.field!r}, not a string of text")
             return
@@ -148,6 +159,19 @@ class _Reader:
 
     def text_line(self, path: str, offset: int, line: bytes, blob: Blob) -> None:
         self.text(path, f"line at byte {offset}", line.rstrip(b"\r\n"))
+
+
+def _conversation(value: Any) -> str | None:
+    """A conversation as JSON text (what the chat encoder reads), or ``None`` where
+    ``value`` is not a list of messages each with a string ``role``."""
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value):
+        return None
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
 
 
 def _where(where: Any) -> str:

@@ -82,7 +82,12 @@ class Runner:
         self.plan, self.out = init["plan"], init["out"]
         self.storage_options = init["storage_options"]
         kind, payload = init["tokenizer"]
-        self.encode = encoder(kind, payload, threads=init["threads"])
+        if kind == "chat":  # conversations, through transformers
+            from meshfeed.prepare._chat import chat_encoder
+
+            self.encode: Any = chat_encoder(payload, threads=init["threads"])
+        else:
+            self.encode = encoder(kind, payload, threads=init["threads"])
         self.dataset = pickle.loads(init["dataset"]) if init["dataset"] is not None else None
 
     def __call__(self, index: int, progress: Any = None) -> tuple[Any, ...]:

@@ -1,0 +1,191 @@
+"""Conversations to tokens and an assistant-only loss mask, exactly as Hugging Face makes them.
+
+``prepare(..., chat="messages")`` reads a field holding a conversation as Hugging Face
+represents it (a list of ``{"role", "content", ...}`` messages, tool calls included) and
+writes ``tokens`` and ``loss_mask``, one mask value per token. Matching Hugging Face is
+the specification, so ``transformers`` itself renders and tokenizes (the ``chat``
+extra): for every conversation ``tokens`` is ``apply_chat_template(messages,
+tokenize=True)``'s ``input_ids``, nothing added. The mask:
+
+- a template with ``{% generation %}`` blocks: ``assistant_masks`` of
+  ``apply_chat_template(..., return_assistant_tokens_mask=True)``, as it is;
+- a template without them: each assistant turn's span is derived by rendering turn
+  boundaries -- the text the conversation up to that turn renders to, less the text the
+  turns before it render to with the generation prompt -- and mapped to tokens by
+  Hugging Face's own rule (the token holding the span's first character through the one
+  holding its last). The span is all the turn adds after the generation prompt: its
+  content, its end-of-turn marker and whatever the template puts after it. A template
+  that renders earlier turns differently once a later one follows (one that drops past
+  reasoning, say) has no such boundaries, and is refused with the turn it failed at.
+
+``ChatTokenizer`` is the parent's side (the tokenizer and template checked, their
+identity on record, the files a worker rebuilds them from); ``chat_encoder`` is what a
+worker runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import re
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from meshfeed.data._tokenizer import Tokenizer
+
+GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+ChatEncoded = tuple[np.ndarray, list[list[int]], list[list[bool]]]
+"""A batch of conversations encoded: each one's number of tokens, its ids, its mask."""
+
+
+def require_transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError(
+            "chat= renders conversations with the model's chat template through "
+            "transformers: pip install 'meshfeed[chat]' (from a clone: pip install -e "
+            "'.[chat]')."
+        ) from None
+    return transformers
+
+
+class ChatTokenizer:
+    """A Hugging Face tokenizer and a chat template, checked, with their identity.
+
+    Args:
+      tokenizer: a ``transformers`` fast tokenizer, or the folder of one
+        (``tokenizer.json`` and ``tokenizer_config.json``).
+      template: the chat template (Jinja); ``None``: the tokenizer's own.
+    """
+
+    kind = "chat"
+
+    def __init__(self, tokenizer: Any, template: str | None) -> None:
+        transformers = require_transformers()
+        if isinstance(tokenizer, str | os.PathLike):
+            folder = os.fspath(tokenizer)
+            if not os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
+                raise FileNotFoundError(
+                    f"tokenizer={folder!r}: chat= needs a Hugging Face tokenizer folder "
+                    "(tokenizer.json and tokenizer_config.json) or a transformers tokenizer."
+                )
+            tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        if type(tokenizer).__module__.split(".")[0] != "transformers":
+            raise TypeError(
+                f"tokenizer is a {type(tokenizer).__name__}; chat= needs a transformers "
+                "tokenizer, or the folder of one (tokenizer.json and tokenizer_config.json)."
+            )
+        if not getattr(tokenizer, "is_fast", False):
+            raise ValueError(
+                f"{type(tokenizer).__name__} is a slow (Python) tokenizer; chat= needs a fast "
+                "one (tokenizer.json), whose offsets map the assistant's text to its tokens."
+            )
+        template = template if template is not None else tokenizer.chat_template
+        if not isinstance(template, str) or not template.strip():
+            raise ValueError(
+                "the tokenizer has no chat_template; pass chat_template= (the Jinja text)."
+            )
+        self.template = template
+        self.generation = bool(GENERATION.search(template))
+        with tempfile.TemporaryDirectory() as folder:
+            tokenizer.save_pretrained(folder)
+            files = {}
+            for name in sorted(os.listdir(folder)):
+                with open(os.path.join(folder, name), "rb") as f:
+                    files[name] = f.read()
+        self.payload = pickle.dumps({"files": files, "template": template})
+        base = Tokenizer(tokenizer.backend_tokenizer, bos=False, eos=False)
+        self.vocab_size = base.vocab_size
+        self._record = {
+            **base.record(),
+            "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+        }
+
+    def record(self) -> dict[str, Any]:
+        """What the build's record holds: the tokenizer's identity and the template's hash."""
+        return dict(self._record)
+
+
+def chat_encoder(payload: bytes, *, threads: int | None) -> Callable[[list[str]], ChatEncoded]:
+    """The encode function of a worker: conversations (JSON text) to ids and masks."""
+    if threads is not None:
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
+    spec = pickle.loads(payload)
+    transformers = require_transformers()
+    with tempfile.TemporaryDirectory() as folder:
+        for name, data in spec["files"].items():
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(data)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    template: str = spec["template"]
+    generation = bool(GENERATION.search(template))
+
+    def encode(texts: list[str]) -> ChatEncoded:
+        ids, masks = [], []
+        for text in texts:
+            tokens, mask = encode_conversation(tokenizer, json.loads(text), template, generation)
+            ids.append(tokens)
+            masks.append(mask)
+        return np.fromiter(map(len, ids), np.int64, count=len(ids)), ids, masks
+
+    return encode
+
+
+def encode_conversation(
+    tokenizer: Any, messages: Sequence[Mapping[str, Any]], template: str, generation: bool
+) -> tuple[list[int], list[bool]]:
+    """One conversation's token ids and loss mask (the module docstring)."""
+    if generation:
+        out = tokenizer.apply_chat_template(
+            list(messages), chat_template=template, tokenize=True, return_dict=True,
+            return_assistant_tokens_mask=True,
+        )  # fmt: skip
+        return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
+    text = _render(tokenizer, messages, template, prompt=False)
+    spans = _assistant_spans(tokenizer, messages, template, text)
+    out = tokenizer(text, add_special_tokens=False)
+    ids = list(out["input_ids"])
+    mask = [False] * len(ids)
+    for start, end in spans:  # Hugging Face's rule for a generation block's characters
+        first, last = out.char_to_token(start), out.char_to_token(end - 1)
+        if first is None:
+            break
+        for i in range(first, last + 1 if last else len(ids)):
+            mask[i] = True
+    return ids, mask
+
+
+def _render(
+    tokenizer: Any, messages: Sequence[Mapping[str, Any]], template: str, *, prompt: bool
+) -> str:
+    return tokenizer.apply_chat_template(
+        list(messages), chat_template=template, tokenize=False, add_generation_prompt=prompt
+    )
+
+
+def _assistant_spans(
+    tokenizer: Any, messages: Sequence[Mapping[str, Any]], template: str, text: str
+) -> list[tuple[int, int]]:
+    """Each assistant turn's characters in ``text``: what the conversation up to it adds
+    to the turns before it with the generation prompt."""
+    spans = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], template, prompt=True)
+        through = _render(tokenizer, messages[: i + 1], template, prompt=False)
+        if not (text.startswith(through) and through.startswith(before)):
+            raise ValueError(
+                f"the chat template renders the turns before message {i} (assistant) "
+                "differently once it follows, so its span cannot be told from turn "
+                "boundaries; give a template with {% generation %} blocks (chat_template=)."
+            )
+        if len(through) > len(before):
+            spans.append((len(before), len(through)))
+    return spans

@@ -1,0 +1,184 @@
+"""Conversations to tokens and an assistant-only loss mask, checked against Hugging Face.
+
+The tokenizer is built here: a ``tokenizers`` BPE trained on a small text, wrapped as a
+``transformers`` fast tokenizer, with two ChatML-like templates that render the same
+text -- one with ``{% generation %}`` blocks, one without -- and 500 generated
+conversations (system, user, assistant and tool turns, several turns, unicode and
+emoji, empty content, tool calls). HF's ``apply_chat_template`` is the oracle.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import meshfeed
+from prepare_fns import tree
+
+transformers = pytest.importorskip("transformers", reason="the chat extra (transformers)")
+tokenizers = pytest.importorskip("tokenizers", reason="the text extra (tokenizers)")
+
+ASSISTANT = (
+    "{%- generation %}"
+    "{%- if message['content'] %}{{- message['content'] }}{%- endif %}"
+    "{%- if message.tool_calls is defined and message.tool_calls %}"
+    "{{- '<tool_call>' + (message.tool_calls | tojson) + '</tool_call>' }}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endgeneration %}"
+)
+GENERATION = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['role'] == 'assistant' %}" + ASSISTANT + "{%- else %}"
+    "{{- message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+PLAIN = GENERATION.replace("{%- generation %}", "").replace("{%- endgeneration %}", "")
+WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "sat",
+    "ran",
+    "on",
+    "mat",
+    "weather",
+    "today",
+    "is",
+    "sunny",
+    "cold",
+    "function",
+    "call",
+    "result",
+]
+EXTRA = ["héllo", "naïve", "日本語", "😀", "🚀 go", "Ωmega", ""]
+
+
+def _conversations(n: int, seed: int = 0) -> list[list[dict]]:
+    rng = np.random.default_rng(seed)
+
+    def text() -> str:
+        words = [str(rng.choice(WORDS)) for _ in range(int(rng.integers(0, 12)))]
+        if rng.random() < 0.3:
+            words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(EXTRA)))
+        return " ".join(words)
+
+    out = []
+    for _ in range(n):
+        messages: list[dict] = []
+        if rng.random() < 0.5:
+            messages.append({"role": "system", "content": text()})
+        for _ in range(int(rng.integers(1, 4))):
+            messages.append({"role": "user", "content": text()})
+            if rng.random() < 0.25:  # a tool call, its result, then the answer
+                call = {"type": "function",
+                        "function": {"name": "weather", "arguments": {"city": text()}}}  # fmt: skip
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                messages.append({"role": "tool", "content": text()})
+            messages.append({"role": "assistant", "content": text()})
+        out.append(messages)
+    return out
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    """A tokenizer folder (the generation template its own), and conversations as JSONL."""
+    root = tmp_path_factory.mktemp("chat")
+    model = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
+    model.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    model.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    corpus = [" ".join(WORDS + EXTRA + ["user assistant system tool weather city"])] * 20
+    model.train_from_iterator(corpus, trainer)
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=model, unk_token="<unk>", eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>"],
+    )  # fmt: skip
+    hf.chat_template = GENERATION
+    hf.save_pretrained(root / "tokenizer")
+    conversations = _conversations(500)
+    with open(root / "chats.jsonl", "w", encoding="utf-8") as f:
+        for i, messages in enumerate(conversations):
+            f.write(json.dumps({"id": i, "messages": messages}, ensure_ascii=False) + "\n")
+    return {"root": root, "tokenizer": root / "tokenizer", "hf": hf,
+            "jsonl": root / "chats.jsonl", "conversations": conversations}  # fmt: skip
+
+
+def _read(folder) -> tuple[list[list[int]], list[list[bool]]]:
+    source = meshfeed.open_source(folder)
+    got = source[np.arange(len(source))]
+    return ([t.tolist() for t in got["tokens"].to_list()],
+            [m.tolist() for m in got["loss_mask"].to_list()])  # fmt: skip
+
+
+def _oracle(hf, messages, template=GENERATION):
+    out = hf.apply_chat_template(
+        messages, chat_template=template, tokenize=True, return_dict=True,
+        return_assistant_tokens_mask=True,
+    )  # fmt: skip
+    return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
+
+
+@pytest.mark.parametrize("template", ["generation", "plain"])
+def test_tokens_and_masks_equal_hugging_faces_for_every_conversation(chat, tmp_path, template):
+    """Tokens: ``apply_chat_template(tokenize=True)`` with the template used. Masks: HF's
+    ``assistant_masks`` of the template with generation blocks (the plain one renders
+    the same text, its spans derived from turn boundaries)."""
+    text = None if template == "generation" else PLAIN
+    status = meshfeed.prepare(
+        chat["jsonl"], tmp_path / "out", tokenizer=chat["tokenizer"], chat="messages",
+        chat_template=text, workers=1, progress=False,
+    )  # fmt: skip
+    assert status.complete and status.documents == 500
+    tokens, masks = _read(tmp_path / "out")
+    hf = chat["hf"]
+    for i, messages in enumerate(chat["conversations"]):
+        want_tokens, want_mask = _oracle(hf, messages)
+        if text is not None:
+            assert hf.apply_chat_template(messages, chat_template=PLAIN, tokenize=True,
+                                          return_dict=True)["input_ids"] == want_tokens  # fmt: skip
+        assert tokens[i] == want_tokens, (i, messages)
+        assert masks[i] == want_mask, (i, messages)
+    assert sum(map(sum, masks)) > 0 and sum(map(len, masks)) > sum(map(sum, masks))
+
+
+def test_the_same_bytes_for_1_or_2_workers_and_part_runs(chat, tmp_path):
+    kw = {"tokenizer": chat["tokenizer"], "chat": "messages", "part_bytes": 20_000}
+    meshfeed.prepare(chat["jsonl"], tmp_path / "w1", workers=1, progress=False, **kw)
+    reference = tree(tmp_path / "w1")
+    assert len([k for k in reference if k.endswith("meshfeed.json")]) > 3
+    meshfeed.prepare(chat["jsonl"], tmp_path / "w2", workers=2, progress=False, **kw)
+    assert tree(tmp_path / "w2") == reference
+    command = [
+        sys.executable, "-m", "meshfeed", "prepare", str(chat["jsonl"]), "--tokenizer",
+        str(chat["tokenizer"]), "--chat", "messages", "--out", str(tmp_path / "parts"),
+        "--part-bytes", "20000", "--workers", "1", "--quiet",
+    ]  # fmt: skip
+    for share in ("1/2", "0/2"):
+        run = subprocess.run([*command, "--part", share], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-2000:]
+    assert tree(tmp_path / "parts") == reference
+
+
+def test_another_template_is_refused_by_name_and_bad_conversations_are_named(chat, tmp_path):
+    kw = {"tokenizer": chat["tokenizer"], "chat": "messages", "workers": 1, "progress": False}
+    meshfeed.prepare(chat["jsonl"], tmp_path / "out", **kw)
+    with pytest.raises(ValueError, match="chat template"):
+        meshfeed.prepare(chat["jsonl"], tmp_path / "out", chat_template=PLAIN + " ", **kw)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{"messages": "hi"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl, line 2: field 'messages' holds 'hi'"):
+        meshfeed.prepare(bad, tmp_path / "bad", **kw)
+    with pytest.raises(ValueError, match="chat_template= is for conversations"):
+        meshfeed.prepare(bad, tmp_path / "x", tokenizer=chat["tokenizer"], chat_template=PLAIN)
+    with pytest.raises(FileNotFoundError, match="Hugging Face tokenizer folder"):
+        meshfeed.prepare(bad, tmp_path / "x", tokenizer=tmp_path, chat="messages")
