@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -182,3 +183,69 @@ def test_another_template_is_refused_by_name_and_bad_conversations_are_named(cha
         meshfeed.prepare(bad, tmp_path / "x", tokenizer=chat["tokenizer"], chat_template=PLAIN)
     with pytest.raises(FileNotFoundError, match="Hugging Face tokenizer folder"):
         meshfeed.prepare(bad, tmp_path / "x", tokenizer=tmp_path, chat="messages")
+
+
+def _whole(chat) -> dict[tuple[int, ...], list[bool]]:
+    """Each conversation's tokens -> its mask, as HF makes them."""
+    return {tuple(t): m for t, m in map(lambda c: _oracle(chat["hf"], c), chat["conversations"])}
+
+
+def _segments(rows: dict[str, np.ndarray]):
+    """Every (tokens, mask) segment of packed rows, and the mask on padding."""
+    for tokens, mask, segments in zip(
+        rows["tokens"], rows["loss_mask"], rows["segment_ids"], strict=True
+    ):
+        assert not mask[segments == 0].any()  # nothing to learn on padding
+        for s in np.unique(segments[segments > 0]):
+            at = segments == s
+            yield tuple(tokens[at].tolist()), mask[at].tolist()
+
+
+def test_packed_and_padded_rows_keep_each_conversations_mask(chat, tmp_path):
+    """Packed: every segment is a whole conversation (none longer than the row), its mask
+    HF's, so no mask crosses a segment. Padded (one conversation a row): the same."""
+    meshfeed.prepare(chat["jsonl"], tmp_path / "out", tokenizer=chat["tokenizer"],
+                     chat="messages", workers=1, progress=False)  # fmt: skip
+    source = meshfeed.open_source(tmp_path / "out")
+    whole = _whole(chat)
+    longest = max(map(len, whole))
+    for packed in (
+        meshfeed.pack(source, 2 * longest, long_docs="error"),
+        meshfeed.pack(source, longest, long_docs="error", max_segments=1),  # padded
+    ):
+        rows = packed[np.arange(len(packed))]
+        seen = 0
+        for tokens, mask in _segments(rows):
+            assert whole[tokens] == mask
+            seen += 1
+        assert seen == 500
+    short = meshfeed.pack(source, 32, long_docs="truncate", max_segments=1)
+    rows = short[np.arange(len(short))]
+    for tokens, mask in _segments(rows):  # each row the start of its conversation
+        first = next(t for t in whole if t[: len(tokens)] == tokens)
+        assert whole[first][: len(tokens)] == mask
+
+
+def test_a_loader_over_packed_conversations_restores_on_another_device_count(chat, tmp_path):
+    meshfeed.prepare(chat["jsonl"], tmp_path / "out", tokenizer=chat["tokenizer"],
+                     chat="messages", workers=1, progress=False)  # fmt: skip
+    packed = meshfeed.pack(meshfeed.open_source(tmp_path / "out"), 128)
+
+    def loader(devices: int) -> meshfeed.Loader:
+        mesh = meshfeed.make_mesh(data=devices, devices=jax.devices()[:devices])
+        return meshfeed.Loader(packed, global_batch_size=8, shuffle=True, seed=3,
+                               sharding=meshfeed.batch_sharding(mesh))  # fmt: skip
+
+    on_eight = loader(8)
+    it = iter(on_eight)
+    for _ in range(3):
+        next(it)
+    state = on_eight.state()
+    want = [{k: np.asarray(v) for k, v in next(it).items()} for _ in range(4)]
+    on_four = loader(4)
+    on_four.restore(state)
+    got = iter(on_four)
+    for batch in want:
+        for name, value in next(got).items():
+            np.testing.assert_array_equal(np.asarray(value), batch[name])
+    assert want[0]["loss_mask"].any() and set(want[0]) >= {"tokens", "loss_mask", "segment_ids"}

@@ -40,6 +40,10 @@ from meshfeed.prepare._read import KEEP_TYPES
 from meshfeed.prepare._run import Report, run_local, run_ray, start_workers, stop_workers
 from meshfeed.storage._blob import is_url
 
+CHAT_PART_BYTES = 1 << 20
+"""Input bytes per part for conversations (``prepare(chat=)``): smaller than for text,
+since a template's rendering costs far more a byte, and both workers need parts."""
+
 TxtMode = Literal["file", "line"]
 """How ``prepare`` reads ``.txt`` inputs: a document per file, or per line."""
 PrepareExecutor = Literal["local", "ray"]
@@ -96,7 +100,7 @@ def prepare(
     threads: int | None = None,
     part: tuple[int, int] | None = None,
     executor: PrepareExecutor = "local",
-    part_bytes: int = PART_BYTES,
+    part_bytes: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
     progress: bool = True,
 ) -> PrepareStatus:
@@ -145,7 +149,9 @@ def prepare(
         marks the build complete.
       executor: ``"local"`` worker processes, or ``"ray"``: one Ray task per part on the
         cluster ``ray.init()`` connects to (the ``ray`` extra).
-      part_bytes: input bytes per part (uncompressed; 32 MiB). Parts are cut from the
+      part_bytes: input bytes per part (uncompressed; 32 MiB, or ``CHAT_PART_BYTES``, 1
+        MiB, for conversations: rendering a template costs ~50x the tokenizer's time a
+        byte, and a part is the unit a worker takes). Parts are cut from the
         inputs and this alone, never from the number of workers, so the output is the
         same bytes however the build is run.
       storage_options: for URLs, the filesystem's options (``endpoint_url``, ...).
@@ -161,6 +167,8 @@ def prepare(
     root = os.fspath(out)
     if chat is None and chat_template is not None:
         raise ValueError("chat_template= is for conversations; pass chat= (their field) too.")
+    if part_bytes is None:
+        part_bytes = PART_BYTES if chat is None else CHAT_PART_BYTES
     settings = _settings(chat or text, keep, txt, on_error, part_bytes, chat=chat is not None)
     run_workers = _check_run(workers, threads, part, executor)
     tok = (
