@@ -132,10 +132,11 @@ class _Trial:
             "margin": min(MAX_MARGIN, max(MIN_GAIN, 2 * noise)),
         }, noise  # fmt: skip
 
-    def paid(self, up: bool) -> bool:
-        """Up: it paid in rate, or took half the wait away at no loss of rate. Down: as
-        fast with no new wait, or faster beyond the noise."""
-        m, _ = self.measured()
+    @staticmethod
+    def paid(up: bool, m: dict[str, float]) -> bool:
+        """Whether what ``measured`` gave says the trial paid. Up: in rate, or half the
+        wait taken away at no loss of rate. Down: as fast with no new wait, or faster
+        beyond the noise."""
         if m["rate_after"] > m["rate_before"] * (1 + m["margin"]):
             return True
         if m["rate_after"] < m["rate_before"] * (1 - DOWN_LOSS):
@@ -270,8 +271,9 @@ class Climb:
         self._store.reads = 0
         self._modes.add(self.depth == 0, window[0])
         self._since = {k: v + 1 for k, v in self._since.items()}
-        if self._trial is None and self.depth < self.store_floor():
-            self._move(step, self.store_floor(), self._store.why(self._window.own_s), now)
+        floor = self.store_floor()
+        if self._trial is None and self.depth < floor:
+            self._move(step, floor, self._store.why(self._window.own_s), now)
         elif self._trial is None:
             self._hold(step, window, now)
         else:
@@ -346,7 +348,7 @@ class Climb:
         elif inline_trial:  # inline waits on every read by design: rates alone
             stays = new_rate > base_rate * (1 + margin / 2)
         else:
-            stays = trial.paid(up)
+            stays = trial.paid(up, measured)
         direction = "up" if up else "down"
         self._since[direction] = 0  # the wait before the next trial counts from its end
         rates = {k: round(v, 4 if "wait" in k else 3 if k == "margin" else 2)

@@ -91,8 +91,6 @@ class ChatTokenizer:
             raise ValueError(
                 "the tokenizer has no chat_template; pass chat_template= (the Jinja text)."
             )
-        self.template = template
-        self.generation = bool(GENERATION.search(template))
         with tempfile.TemporaryDirectory() as folder:
             tokenizer.save_pretrained(folder)
             files = {}
