@@ -152,13 +152,15 @@ def test_tokens_and_masks_equal_hugging_faces_for_every_conversation(chat, tmp_p
     assert sum(map(sum, masks)) > 0 and sum(map(len, masks)) > sum(map(sum, masks))
 
 
-def test_the_same_bytes_for_1_or_2_workers_and_part_runs(chat, tmp_path):
+def test_the_same_bytes_for_1_2_or_3_workers_and_part_runs(chat, tmp_path):
     kw = {"tokenizer": chat["tokenizer"], "chat": "messages", "part_bytes": 20_000}
     meshfeed.prepare(chat["jsonl"], tmp_path / "w1", workers=1, progress=False, **kw)
     reference = tree(tmp_path / "w1")
     assert len([k for k in reference if k.endswith("meshfeed.json")]) > 3
-    meshfeed.prepare(chat["jsonl"], tmp_path / "w2", workers=2, progress=False, **kw)
-    assert tree(tmp_path / "w2") == reference
+    for workers in (2, 3):
+        meshfeed.prepare(chat["jsonl"], tmp_path / f"w{workers}", workers=workers,
+                         progress=False, **kw)  # fmt: skip
+        assert tree(tmp_path / f"w{workers}") == reference
     command = [
         sys.executable, "-m", "meshfeed", "prepare", str(chat["jsonl"]), "--tokenizer",
         str(chat["tokenizer"]), "--chat", "messages", "--out", str(tmp_path / "parts"),
@@ -168,6 +170,29 @@ def test_the_same_bytes_for_1_or_2_workers_and_part_runs(chat, tmp_path):
         run = subprocess.run([*command, "--part", share], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr[-2000:]
     assert tree(tmp_path / "parts") == reference
+
+
+def test_parquet_and_a_datasets_dataset_give_hugging_faces_tokens(chat, tmp_path):
+    """Conversations in a Parquet file and in a ``datasets.Dataset``: Arrow gives every
+    message every key of any message (``None`` where it had none), and the tokens and
+    masks are HF's for the rows as read."""
+    pq = pytest.importorskip("pyarrow.parquet", reason="the parquet extra (pyarrow)")
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets)")
+    rows = [{"id": i, "messages": m} for i, m in enumerate(chat["conversations"][:120])]
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "chats.parquet", row_group_size=50)
+    read = pq.read_table(tmp_path / "chats.parquet").to_pylist()
+    kw = {"tokenizer": chat["tokenizer"], "chat": "messages", "workers": 1, "progress": False}
+    meshfeed.prepare(tmp_path / "chats.parquet", tmp_path / "from-parquet", **kw)
+    dataset = datasets.Dataset.from_parquet(str(tmp_path / "chats.parquet"),
+                                            cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    meshfeed.prepare(dataset, tmp_path / "from-dataset", **kw)
+    for folder in ("from-parquet", "from-dataset"):
+        tokens, masks = _read(tmp_path / folder)
+        assert len(tokens) == 120
+        for i, row in enumerate(read):
+            assert (tokens[i], masks[i]) == _oracle(chat["hf"], row["messages"]), (folder, i)
 
 
 def test_another_template_is_refused_by_name_and_bad_conversations_are_named(chat, tmp_path):

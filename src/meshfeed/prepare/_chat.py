@@ -25,7 +25,9 @@ worker runs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
 import json
 import os
 import pickle
@@ -97,7 +99,10 @@ class ChatTokenizer:
             for name in sorted(os.listdir(folder)):
                 with open(os.path.join(folder, name), "rb") as f:
                     files[name] = f.read()
-        self.payload = pickle.dumps({"files": files, "template": template})
+        cls = type(tokenizer)
+        self.payload = pickle.dumps(
+            {"files": files, "template": template, "class": (cls.__module__, cls.__qualname__)}
+        )
         base = Tokenizer(tokenizer.backend_tokenizer, bos=False, eos=False)
         self.vocab_size = base.vocab_size
         self._record = {
@@ -110,29 +115,53 @@ class ChatTokenizer:
         return dict(self._record)
 
 
+def preload() -> None:
+    """Imports what ``chat_encoder`` runs (a worker does it while its parent plans)."""
+    with contextlib.suppress(ImportError):
+        import transformers.tokenization_utils_tokenizers  # noqa: F401
+
+
 def chat_encoder(payload: bytes, *, threads: int | None) -> Callable[[list[str]], ChatEncoded]:
-    """The encode function of a worker: conversations (JSON text) to ids and masks."""
+    """The encode function of a worker: conversations (JSON text) to ids and masks.
+
+    The tokenizer is rebuilt as the class the caller gave (``AutoTokenizer`` would import
+    torch to read a model config first: a second a worker); a batch of conversations
+    goes to ``apply_chat_template`` in one call, as Hugging Face batches them itself."""
     if threads is not None:
         os.environ["RAYON_NUM_THREADS"] = str(threads)
     spec = pickle.loads(payload)
     transformers = require_transformers()
+    module, name = spec["class"]
+    cls = getattr(importlib.import_module(module), name, None)
     with tempfile.TemporaryDirectory() as folder:
-        for name, data in spec["files"].items():
-            with open(os.path.join(folder, name), "wb") as f:
+        for file, data in spec["files"].items():
+            with open(os.path.join(folder, file), "wb") as f:
                 f.write(data)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        tokenizer = (cls or transformers.AutoTokenizer).from_pretrained(folder)
     template: str = spec["template"]
     generation = bool(GENERATION.search(template))
 
     def encode(texts: list[str]) -> ChatEncoded:
-        ids, masks = [], []
-        for text in texts:
-            tokens, mask = encode_conversation(tokenizer, json.loads(text), template, generation)
-            ids.append(tokens)
-            masks.append(mask)
+        conversations = [json.loads(text) for text in texts]
+        if generation:
+            ids, masks = _generation_batch(tokenizer, conversations, template)
+        else:
+            pairs = [encode_conversation(tokenizer, c, template, False) for c in conversations]
+            ids, masks = [p[0] for p in pairs], [p[1] for p in pairs]
         return np.fromiter(map(len, ids), np.int64, count=len(ids)), ids, masks
 
     return encode
+
+
+def _generation_batch(
+    tokenizer: Any, conversations: list[Any], template: str
+) -> tuple[list[list[int]], list[list[bool]]]:
+    """Every conversation's ids and ``assistant_masks``, from one batched call."""
+    out = tokenizer.apply_chat_template(
+        conversations, chat_template=template, tokenize=True, return_dict=True,
+        return_assistant_tokens_mask=True,
+    )  # fmt: skip
+    return list(out["input_ids"]), [list(map(bool, m)) for m in out["assistant_masks"]]
 
 
 def encode_conversation(

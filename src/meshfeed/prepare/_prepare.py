@@ -171,15 +171,17 @@ def prepare(
         part_bytes = PART_BYTES if chat is None else CHAT_PART_BYTES
     settings = _settings(chat or text, keep, txt, on_error, part_bytes, chat=chat is not None)
     run_workers = _check_run(workers, threads, part, executor)
-    tok = (
-        Tokenizer(tokenizer, bos=bos, eos=eos)
-        if chat is None
-        else ChatTokenizer(tokenizer, chat_template)
-    )
-    settings["dtype"] = token_dtype(tok.vocab_size).str
-    # Every argument is checked: start the workers now, to boot while the build is planned.
-    pool = start_workers(run_workers) if executor == "local" else []
+    tok: Tokenizer | ChatTokenizer | None = None
+    if chat is None:
+        tok = Tokenizer(tokenizer, bos=bos, eos=eos)
+    # Start the workers now, to boot while the build is planned (and, for conversations,
+    # while this process loads the tokenizer through transformers: seconds).
+    kind = "prepare" if chat is None else "chat"
+    pool = start_workers(run_workers, kind) if executor == "local" else []
     try:
+        if tok is None:
+            tok = ChatTokenizer(tokenizer, chat_template)
+        settings["dtype"] = token_dtype(tok.vocab_size).str
         return _prepare(inputs, root, tok, settings, pool, threads or worker_threads(run_workers),
                         part, executor, storage_options, progress)  # fmt: skip
     finally:

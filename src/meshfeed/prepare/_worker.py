@@ -27,7 +27,8 @@ from meshfeed.workers._bare import load_on_use
 
 def main(package: types.ModuleType, tasks_fd: str, results_fd: str, kind: str = "prepare") -> None:
     """Serves parts until the task pipe closes (the module docstring); ``kind``:
-    ``"prepare"`` (``Runner``) or ``"select"`` (``SelectRunner``)."""
+    ``"prepare"`` (``Runner``), ``"chat"`` (``Runner``, with ``transformers`` imported
+    while the parent plans) or ``"select"`` (``SelectRunner``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     load_on_use(package)
     if kind == "select":  # a select worker imports no tokenizer, no writer
@@ -39,6 +40,10 @@ def main(package: types.ModuleType, tasks_fd: str, results_fd: str, kind: str = 
 
         with contextlib.suppress(ImportError):
             import tokenizers  # noqa: F401
+        if kind == "chat":
+            from meshfeed.prepare._chat import preload
+
+            preload()
     tasks = Connection(int(tasks_fd), writable=False)
     results = Connection(int(results_fd), readable=False)
     run: Any = None
