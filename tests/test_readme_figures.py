@@ -84,6 +84,18 @@ def _prepare() -> list[str]:
     ]
 
 
+def _chat() -> list[str]:
+    def ratio(n: int, to: str) -> str:
+        got = _one("chat.jsonl", "meshfeed_over_this", conversations=n, entry=to)
+        return f"{got:.2f}{TIMES}"
+
+    return [
+        f"| {ratio(60_000, 'datasets')} |",
+        f"{ratio(20_000, 'datasets')} at 20,000",
+        f"{ratio(60_000, 'loop')} a plain loop",
+    ]
+
+
 def _tar_loading() -> list[str]:
     ratio = _one("formats.jsonl", "ratio_to_webdataset", part="loading", name="meshfeed")
     return [f"{ratio:.2f}{TIMES}"]
@@ -252,6 +264,7 @@ BOTH: Checks = {  # rows both pages show, by a start of the first cell common to
     "a loader over a selection": _selection,
     "input wait behind 20 ms per read": _wait,
     "text to tokens, `meshfeed.prepare` with 2 workers": _prepare,
+    "conversations to HF's chat-template tokens and masks": _chat,
     "WebDataset shards read by index": _tar_loading,
     "WebDataset shards indexed": _indexing,
     "PNG decode + crop on 2 Ray workers": _ray,
