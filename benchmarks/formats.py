@@ -15,14 +15,15 @@ Each round times both for ``--seconds``, in an order that rotates; the lines rep
 median samples/s and the median of per-round ratios. Goal: meshfeed >= 1.1x webdataset.
 
 Indexing: the same shards (``tar``: 8 files, 123 MB), 16 shards of twice as many samples
-(``tar-16``: 246 MB), and about 100 MB each of JSON Lines and TFRecord files (the latter
-written by the ``tfrecord`` package), each indexed by ``meshfeed.index(workers=2)``
-against reading the files once front to back, both with the files evicted from the page
-cache first (``posix_fadvise(DONTNEED)``), in rounds whose order rotates; MB/s, the
-median of per-round ratios (goal >= 0.5) and the index's bytes per sample. ``--ray``
-times ``executor="ray"`` as well, on a local Ray of this machine's cores started by the
-script (its workers started before the timing). ``--part indexing`` skips the loading
-part. ``--smoke`` for CI.
+(``tar-16``: 246 MB), with ``--big`` 64 shards of 8 times as many (``tar-64``: ~1 GB),
+and about 100 MB each of JSON Lines and TFRecord files (the latter written by the
+``tfrecord`` package), each indexed by ``meshfeed.index(workers=2)`` against reading the
+files once front to back, both with the files evicted from the page cache first
+(``posix_fadvise(DONTNEED)``), in rounds whose order rotates; MB/s, the median of per-
+round ratios (goal >= 0.5) and the index's bytes per sample. ``--ray`` times
+``executor="ray"`` as well, on a local Ray of this machine's cores started by the script
+(its workers started before the timing). ``--part indexing`` skips the loading part.
+``--smoke`` for CI.
 """
 
 from __future__ import annotations
@@ -195,6 +196,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="per entry per round")
     parser.add_argument("--part", choices=("all", "loading", "indexing"), default="all")
     parser.add_argument("--ray", action="store_true", help="time executor='ray' as well")
+    parser.add_argument("--big", action="store_true", help="index tar-64 (~1 GB) as well")
+    parser.add_argument("--sets", default=None, help="indexing: these sets only (comma-separated)")
     args = parser.parse_args()
     n, shards, mb = 20_000, 8, 100.0
     if args.smoke:
@@ -220,6 +223,11 @@ def _run(args: argparse.Namespace, scratch: Path, n: int, shards: int, mb: float
         (scratch / "tfrecord").mkdir()
         sets["jsonl"] = write_jsonl(scratch / "jsonl", mb)
         sets["tfrecord"] = write_tfrecords(scratch / "tfrecord", mb)
+        if args.big:
+            (scratch / "wds64").mkdir()
+            sets["tar-64"] = write_shards(scratch / "wds64", 8 * n, 64)
+        if args.sets:
+            sets = {k: v for k, v in sets.items() if k in args.sets.split(",")}
         _indexing(args, sets, base, scratch)
 
 

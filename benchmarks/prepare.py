@@ -23,7 +23,10 @@ out, so every entry counts the same number) and the median over rounds of the ra
 taken within each round. The last lines give ``prepare``'s peak memory per worker
 process (its ``VmHWM``) on the corpus and on four copies of it.
 
-Goal: meshfeed >= 0.9x the limit and >= 1.25x each peer. ``--smoke`` for CI.
+Goal: meshfeed >= 0.9x the limit and >= 1.25x each peer. ``--max-mb`` caps the corpus
+(20 MB: ``--max-mb 20``), ``--copies K`` writes it K times over (200 MB: ``--copies 7``),
+``--entries`` picks entries (the two limits always among them), ``--no-memory`` skips
+the worker-memory lines. ``--smoke`` for CI.
 """
 
 from __future__ import annotations
@@ -40,12 +43,14 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ENTRIES = ("limit:threads", "limit:processes", "datasets", "datatrove", "meshfeed")
 
 
-def make_corpus(folder: Path, max_mb: float, files: int = 8) -> tuple[Path, int]:
-    """The stdlib's modules as JSON Lines under ``folder/corpus``; returns it and its bytes."""
+def make_corpus(folder: Path, max_mb: float, files: int = 8, copies: int = 1) -> tuple[Path, int]:
+    """The stdlib's modules as JSON Lines under ``folder/corpus`` (``copies`` times over,
+    for a corpus larger than the stdlib); returns it and its bytes."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     texts, total = [], 0
     for path in sorted(stdlib.rglob("*.py")):
@@ -54,6 +59,7 @@ def make_corpus(folder: Path, max_mb: float, files: int = 8) -> tuple[Path, int]
         text = path.read_text(errors="replace")
         texts.append(text)
         total += len(text.encode())
+    texts, total = texts * copies, total * copies
     corpus = folder / "corpus"
     corpus.mkdir(parents=True)
     for k in range(files):
@@ -269,6 +275,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-mb", type=float, default=30.0, help="text in the corpus, MB")
     parser.add_argument("--vocab", type=int, default=16384)
+    parser.add_argument("--copies", type=int, default=1, help="the corpus this many times over")
+    parser.add_argument("--entries", default=",".join(ENTRIES), help="comma-separated")
+    parser.add_argument("--no-memory", action="store_true", help="skip the worker-memory lines")
     for flag in ("--run", "--corpus", "--tokenizer", "--out", "--share"):
         parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -285,14 +294,15 @@ def main() -> None:
 
 
 def _rounds(args: argparse.Namespace, scratch: Path) -> None:
-    corpus, size = make_corpus(scratch, args.max_mb)
+    corpus, size = make_corpus(scratch, args.max_mb, copies=args.copies)
     tokenizer = scratch / "tokenizer.json"
     train_tokenizer(corpus, tokenizer, args.vocab)
     base = {"benchmark": "prepare", "workload": "T", "corpus_mb": round(size / 1e6, 1),
             "vocab": args.vocab, "smoke": args.smoke, "python": sys.version.split()[0]}  # fmt: skip
+    entries = tuple(e for e in ENTRIES if e in args.entries.split(","))
     per_round: list[dict[str, dict]] = []
     for r in range(args.rounds):
-        order = ENTRIES[r % len(ENTRIES) :] + ENTRIES[: r % len(ENTRIES)]
+        order = entries[r % len(entries) :] + entries[: r % len(entries)]
         per_round.append({name: run_entry(name, corpus, tokenizer, scratch) for name in order})
     tokens = next(e["tokens"] for e in per_round[0].values() if e.get("tokens"))
 
@@ -302,7 +312,7 @@ def _rounds(args: argparse.Namespace, scratch: Path) -> None:
     def limit(round_: dict) -> float:
         return max(rate(round_[n]) or 0.0 for n in ("limit:threads", "limit:processes"))
 
-    for name in ENTRIES:
+    for name in entries:
         runs = [r[name] for r in per_round]
         line = {**base, "name": name, "rounds": len(runs)}
         if any("error" in x for x in runs):
@@ -316,7 +326,7 @@ def _rounds(args: argparse.Namespace, scratch: Path) -> None:
             statistics.median((rate(r[name]) or 0) / limit(r) for r in per_round), 3
         )
         for peer in ("datasets", "datatrove"):
-            if name != peer and "error" not in per_round[0][peer]:
+            if name != peer and peer in entries and "error" not in per_round[0][peer]:
                 line[f"ratio_to_{peer}"] = round(
                     statistics.median(
                         (rate(r[name]) or 0) / (rate(r[peer]) or 1) for r in per_round
@@ -326,7 +336,12 @@ def _rounds(args: argparse.Namespace, scratch: Path) -> None:
         line["peak_rss_mib"] = round(max(x["peak_rss_mib"] for x in runs))
         line["peak_child_rss_mib"] = round(max(x["peak_child_rss_mib"] for x in runs))
         print(json.dumps(line), flush=True)
-    # Peak memory of a prepare worker: on the corpus, and on four copies of it.
+    if not args.no_memory:
+        _memory(corpus, tokenizer, scratch, base)
+
+
+def _memory(corpus: Path, tokenizer: Path, scratch: Path, base: dict[str, Any]) -> None:
+    """Peak memory of a prepare worker: on the corpus, and on four copies of it."""
     copies = scratch / "copies"
     copies.mkdir()
     for r in range(4):

@@ -41,6 +41,11 @@ def slow_high(record: dict[str, Any]) -> bool:
     return high(record)
 
 
+def busy_high(record: dict[str, Any]) -> bool:
+    """``high``, ~10 us of work a record: enough that ``select`` takes its workers."""
+    return sum(range(200)) > 0 and high(record)
+
+
 def fails_on_17(record: dict[str, Any]) -> bool:
     if int(record["id"]) == 17:
         raise ValueError("no score for this one")

@@ -171,6 +171,25 @@ def test_this_process_and_a_worker_share_the_parts_and_the_worker_rests_for_the_
     assert not resting._workers
 
 
+def test_a_source_is_cut_into_about_64_parts_and_any_worker_count_writes_the_same_bytes(
+    tmp_path,
+):
+    """Parts are ~1/64 of a source (so processes end together), 8,192 to 65,536
+    examples; 1, 2 or 3 processes write the same selection file."""
+    sizes = {n: parts_module.part_size(n) for n in (100, 20_000, 200_000, 2_000_000, 10**8)}
+    assert sizes == {100: 8192, 20_000: 8192, 200_000: 8192, 2_000_000: 31_250, 10**8: 65_536}
+    assert parts_module.part_count(2_000_000) == 64
+    source = filter_fns.source(60_000)  # 8 parts of ~0.08 s: workers are taken
+    files = []
+    for workers in (0, 2, 3):
+        cache = tmp_path / str(workers)
+        chosen = meshfeed.select(source, filter_fns.busy_high, workers=workers, cache_dir=cache,
+                                 progress=False)  # fmt: skip
+        files.append((cache / "selections" / chosen.key / "selection.npy").read_bytes())
+    assert files[0] == files[1] == files[2]
+    np.testing.assert_array_equal(chosen.kept, _kept(source, filter_fns.high))
+
+
 KILLED = """
 import sys
 sys.path[:0] = {path!r}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 import os
 import signal
@@ -154,14 +155,10 @@ def test_a_build_killed_midway_is_finished_by_a_rerun_that_redoes_only_what_is_m
         match=r"unfinished meshfeed.prepare build: parts .* of \d+ are not written yet",
     ):
         meshfeed.open_source(tmp_path / "killed")
-    again = meshfeed.prepare(
-        [str(p) for p in inputs],
-        tmp_path / "killed",
-        tokenizer=tokenizer,
-        part_bytes=40000,
-        workers=2,
+    again = meshfeed.prepare(  # part_bytes left out: the build's own is kept
+        [str(p) for p in inputs], tmp_path / "killed", tokenizer=tokenizer, workers=2,
         progress=False,
-    )
+    )  # fmt: skip
     assert again.complete and again.ran == again.parts - len(written)
     for name, mtime in written.items():  # finished parts were not written again
         assert (tmp_path / "killed" / name / "meshfeed.json").stat().st_mtime_ns == mtime
@@ -174,6 +171,20 @@ def test_a_build_killed_midway_is_finished_by_a_rerun_that_redoes_only_what_is_m
         progress=False,
     )
     assert tree(tmp_path / "killed") == tree(tmp_path / "whole")
+
+
+def test_the_default_cuts_about_64_parts_of_1_to_32_mib():
+    inputs = importlib.import_module("meshfeed.prepare._inputs")
+    mib = 1 << 20
+
+    def default(*sizes: int) -> int:
+        return inputs.default_part_bytes([{"kind": "jsonl", "size": s} for s in sizes])
+
+    assert default(20 * 10**6) == mib  # 20 MB: 20 parts of the smallest
+    assert default(100 * 10**6, 100 * 10**6) == -(-200 * 10**6 // 64)  # 200 MB: 64 parts
+    assert default(10 * 2**30) == 32 * mib  # 10 GiB: parts of the largest
+    dataset = {"kind": "dataset", "size": 1000, "bytes": 640 * mib}  # rows, and bytes
+    assert inputs.default_part_bytes([dataset]) == 10 * mib
 
 
 def _kinds(corpus, folder):

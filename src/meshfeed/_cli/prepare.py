@@ -50,7 +50,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--workers", type=int, default=None, help="local processes (default: cores)")
     p.add_argument("--part", default=None, help="i/N: write only share i of N (a Slurm array)")
     p.add_argument("--ray", action="store_true", help="run the parts as Ray tasks")
-    p.add_argument("--part-bytes", type=int, default=None, help="input bytes per part (32 MiB)")
+    p.add_argument(
+        "--part-bytes", type=int, default=None, help="input bytes a part (inputs/64, 1-32 MiB)"
+    )
     p.add_argument("--endpoint-url", default=None, help="an S3-compatible store's endpoint")
     p.add_argument("--status", action="store_true", help="say how far the build in --out is")
     p.add_argument("--quiet", action="store_true", help="no progress output")

@@ -41,7 +41,14 @@ KINDS = {
 }
 """File suffix -> input kind."""
 PART_BYTES = 32 << 20
-"""Input bytes per part by default (uncompressed text, or Parquet's uncompressed size)."""
+"""The most input bytes a part by default (uncompressed text, or Parquet's uncompressed
+size)."""
+MIN_PART_BYTES = 1 << 20
+"""The fewest input bytes a part by default."""
+PARTS = 64
+"""Parts the inputs are cut into by default, within those bounds: parts are what workers
+take, so with few of them the workers end far apart (8 parts of 2.5 MB on 2 workers left
+one idle for a part's time); with ~64 they end within ~1/32 of the run of each other."""
 
 InputFile = dict[str, Any]
 """``{"path", "kind", "size"}`` (a dataset: ``{"path": "datasets.Dataset:<fingerprint>",
@@ -49,6 +56,13 @@ InputFile = dict[str, Any]
 Part = dict[str, Any]
 """``{"input": i, "unit": "bytes" | "row_groups" | "files" | "rows" | "whole", "range":
 [a, b]}``: which slice of which input (for ``files``, inputs ``a .. b-1``)."""
+
+
+def default_part_bytes(files: list[InputFile]) -> int:
+    """Input bytes a part for ``files``: their bytes over ``PARTS``, within
+    ``MIN_PART_BYTES`` and ``PART_BYTES`` (a function of the inputs alone)."""
+    total = sum(f["bytes"] if f["kind"] == "dataset" else f["size"] for f in files)
+    return min(PART_BYTES, max(MIN_PART_BYTES, -(-total // PARTS)))
 
 
 def kind_of(path: str) -> str | None:

@@ -35,7 +35,7 @@ from meshfeed.data._tokenizer import Special, Tokenizer, TokenizerArg, differenc
 from meshfeed.data._writer import FolderWriter
 from meshfeed.prepare._chat import ChatTokenizer
 from meshfeed.prepare._encode import worker_threads
-from meshfeed.prepare._inputs import PART_BYTES, dataset_input, expand, plan_parts
+from meshfeed.prepare._inputs import dataset_input, default_part_bytes, expand, plan_parts
 from meshfeed.prepare._read import KEEP_TYPES
 from meshfeed.prepare._run import Report, run_local, run_ray, start_workers, stop_workers
 from meshfeed.storage._blob import is_url
@@ -149,9 +149,11 @@ def prepare(
         marks the build complete.
       executor: ``"local"`` worker processes, or ``"ray"``: one Ray task per part on the
         cluster ``ray.init()`` connects to (the ``ray`` extra).
-      part_bytes: input bytes per part (uncompressed; 32 MiB, or ``CHAT_PART_BYTES``, 1
-        MiB, for conversations: rendering a template costs ~50x the tokenizer's time a
-        byte, and a part is the unit a worker takes). Parts are cut from the
+      part_bytes: input bytes per part (uncompressed). Default: the inputs' bytes over
+        64, within 1 and 32 MiB (parts are what workers take: with few, the workers end
+        far apart), or what the build in ``out`` started with; for conversations
+        ``CHAT_PART_BYTES``, 1 MiB (rendering a template costs ~50x the tokenizer's
+        time a byte). Parts are cut from the
         inputs and this alone, never from the number of workers, so the output is the
         same bytes however the build is run.
       storage_options: for URLs, the filesystem's options (``endpoint_url``, ...).
@@ -167,8 +169,8 @@ def prepare(
     root = os.fspath(out)
     if chat is None and chat_template is not None:
         raise ValueError("chat_template= is for conversations; pass chat= (their field) too.")
-    if part_bytes is None:
-        part_bytes = PART_BYTES if chat is None else CHAT_PART_BYTES
+    if part_bytes is None and chat is not None:
+        part_bytes = CHAT_PART_BYTES
     settings = _settings(chat or text, keep, txt, on_error, part_bytes, chat=chat is not None)
     run_workers = _check_run(workers, threads, part, executor)
     tok: Tokenizer | ChatTokenizer | None = None
@@ -201,6 +203,13 @@ def _prepare(
         files = expand(inputs, storage_options)
     if settings["keep"] and any(f["kind"] == "txt" for f in files):
         raise ValueError("keep= names fields of records, but .txt inputs have none; drop keep=.")
+    if settings["part_bytes"] is None:  # a build goes on with the parts it started with
+        record = read_json(join(root, RECORD), storage_options)
+        settings["part_bytes"] = (
+            record["plan"]["settings"]["part_bytes"]
+            if record is not None
+            else default_part_bytes(files)
+        )
     parts = plan_parts(files, part_bytes=settings["part_bytes"], txt=settings["txt"],
                        storage_options=storage_options)  # fmt: skip
     if len(parts) > 99_999:  # part folders are numbered with five digits
@@ -271,7 +280,9 @@ def _settings(
         raise ValueError(f"txt={txt!r} must be 'file' (a document per file) or 'line'.")
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error={on_error!r} must be 'raise' or 'skip'.")
-    if not isinstance(part_bytes, int) or isinstance(part_bytes, bool) or part_bytes < 1:
+    if part_bytes is not None and (
+        not isinstance(part_bytes, int) or isinstance(part_bytes, bool) or part_bytes < 1
+    ):
         raise ValueError(f"part_bytes={part_bytes!r} must be an int >= 1 (bytes of input).")
     settings = {"text": text, "keep": kept, "txt": txt, "on_error": on_error,
                 "part_bytes": part_bytes}  # fmt: skip

@@ -2,21 +2,22 @@
 
 ``select(source, keep)`` runs ``keep(record) -> bool`` once over every example -- in
 ``workers`` processes started bare (``_worker``, as ``prepare``'s), in Ray tasks, or in
-this process -- a part of ``_select_part.PART`` examples at a time, each part written as
-it finishes; it then writes the kept ids, sorted (``data/_selection``: 4 bytes a kept
-example), and returns a ``Selection`` over them: a source like any other, so the
-global shuffle, every kept example once per epoch, the same batches on any number of
-processes and a state that resumes on another process count hold for it unchanged.
+this process -- a part at a time (``_select_part``: ~64 parts a source, handed out as
+processes finish theirs), each part written as it finishes; it then writes the kept ids,
+sorted (``data/_selection``: 4 bytes a kept example), and returns a ``Selection`` over
+them: a source like any other, so the global shuffle, every kept example once per epoch,
+the same batches on any number of processes and a state that resumes on another process
+count hold for it unchanged.
 
 The selection lives in ``cache_dir/selections/<key>``. The key hashes the predicate
 pickled by value (its code, its constants, what it captures; a function of an installed
 package by its name) and the source: the source pickled (the contents of its in-memory
 arrays hashed as they are, without a copy), the size and modification time of every
 local file or folder its pickled state names, and the bytes of up to 64 of its examples
-spread over it. The same source and predicate find their selection at once; changed
-data or a changed predicate a new key, so a selection is never used for data or a
-predicate other than its own. A run killed half way leaves its finished parts, which a
-call with the same key reuses. The default cache is ``$MESHFEED_CACHE_DIR``, else
+spread over it. The same source and predicate find their selection at once; changed data
+or a changed predicate a new key, so a selection is never used for data or a predicate
+other than its own. A run killed half way leaves its finished parts, which a call with
+the same key reuses. The default cache is ``$MESHFEED_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/meshfeed``, else ``~/.cache/meshfeed``.
 """
 
@@ -55,6 +56,7 @@ SelectExecutor = Literal["processes", "ray"]
 """Where ``select`` runs the predicate: local worker processes, or Ray tasks."""
 SAMPLES = 64  # examples read into the key
 REST_S = 60.0  # how long select's workers wait for the next call
+ALONE_S = 0.2  # work left that this process does alone rather than take workers for
 
 
 class _SelectReport(Report):
@@ -110,7 +112,7 @@ def select(
     if executor not in ("processes", "ray"):
         raise ValueError(f"executor={executor!r} is unknown; pass 'processes' or 'ray'.")
     keep_bytes = predicate_bytes(keep)
-    parts_by = str(part_size()).encode()  # the parts a run is cut into are the key's too
+    parts_by = str(part_size(len(source))).encode()  # the parts are the key's too
     key = hashlib.blake2b(keep_bytes + source_key(source) + parts_by, digest_size=16).hexdigest()
     folder = os.path.join(cache_root(cache_dir), "selections", key)
     found = _load(folder, len(source))
@@ -133,16 +135,25 @@ def _run(
 ) -> None:  # fmt: skip
     """The parts ``todo``, written where ``workers`` and ``executor`` say: with local
     processes this one writes parts too (it would only wait otherwise), so ``workers``
-    counts it and ``workers - 1`` are started; a worker takes ~0.1 s to start, and one
-    not started by the time the parts are written is stopped unused."""
+    counts it and ``workers - 1`` are taken. This process writes the first part before
+    any is taken: if the rest would take it less than ``ALONE_S``, it writes them alone
+    (a worker takes ~0.1 s to start); a worker not started by the time the parts are
+    written is stopped unused."""
     if not todo:
         return
-    init = {"keep": keep_bytes, "folder": folder, "path": list(sys.path), "part": part_size()}
+    part = part_size(len(source))
+    init = {"keep": keep_bytes, "folder": folder, "path": list(sys.path), "part": part}
     if executor == "ray":
         run_ray(todo, {**init, "source": _for_workers(source)}, 1, report, task=ray_select_part)
         return
+    here = functools.partial(keep_part, source, keep, folder=folder, part=part)
+    began = time.perf_counter()
+    report.done(todo[0], here(todo[0]))
+    todo = todo[1:]
     processes = (os.cpu_count() or 1) if workers is None else workers
-    count = min(len(todo), processes) - 1  # workers to start: this process is one
+    count = min(len(todo), processes) - 1  # workers to take: this process is one
+    if (time.perf_counter() - began) * len(todo) < ALONE_S:
+        count = 0
     if count > 0 and workers is None:
         try:
             init["source"] = _for_workers(source)
@@ -150,7 +161,6 @@ def _run(
             count = 0
     elif count > 0:
         init["source"] = _for_workers(source)
-    here = functools.partial(keep_part, source, keep, folder=folder, part=part_size())
     if count <= 0:
         for index in todo:
             report.done(index, here(index))
@@ -331,7 +341,7 @@ def _assemble(folder: str, n: int, parts: int, key: str) -> np.ndarray:
         "kept": len(kept),
         "stored": f"sorted ids, {kept.dtype.name}",
         "bytes_per_example": os.path.getsize(os.path.join(folder, "selection.npy")) / max(1, n),
-        "part": part_size(),
+        "part": part_size(n),
     }
     with open(temporary, "w") as f:
         json.dump(meta, f, indent=1)
