@@ -56,7 +56,8 @@ SelectExecutor = Literal["processes", "ray"]
 """Where ``select`` runs the predicate: local worker processes, or Ray tasks."""
 SAMPLES = 64  # examples read into the key
 REST_S = 60.0  # how long select's workers wait for the next call
-ALONE_S = 0.2  # work left that this process does alone rather than take workers for
+ALONE_S = {"resting": 0.1, "cold": 0.4}  # work left that this process does alone rather
+# than take workers for: a resting worker starts at once, a new one takes ~0.15 s
 
 
 class _SelectReport(Report):
@@ -136,9 +137,9 @@ def _run(
     """The parts ``todo``, written where ``workers`` and ``executor`` say: with local
     processes this one writes parts too (it would only wait otherwise), so ``workers``
     counts it and ``workers - 1`` are taken. This process writes the first part before
-    any is taken: if the rest would take it less than ``ALONE_S``, it writes them alone
-    (a worker takes ~0.1 s to start); a worker not started by the time the parts are
-    written is stopped unused."""
+    any is taken: if the rest would take it less than ``ALONE_S`` (0.1 s with workers
+    resting from an earlier call, 0.4 s if one must start: ~0.15 s), it writes them
+    alone; a worker not started by the time the parts are written is stopped unused."""
     if not todo:
         return
     part = part_size(len(source))
@@ -152,7 +153,8 @@ def _run(
     todo = todo[1:]
     processes = (os.cpu_count() or 1) if workers is None else workers
     count = min(len(todo), processes) - 1  # workers to take: this process is one
-    if (time.perf_counter() - began) * len(todo) < ALONE_S:
+    rest_s = (time.perf_counter() - began) * len(todo)
+    if rest_s < ALONE_S["resting" if _RESTING.resting() >= count else "cold"]:
         count = 0
     if count > 0 and workers is None:
         try:
@@ -189,6 +191,11 @@ class _Resting:
             alive = [w for w in self._workers if w.popen.poll() is None]
             taken, self._workers = alive[:count], alive[count:]
         return taken + start_workers(count - len(taken), "select")
+
+    def resting(self) -> int:
+        """Workers resting now (ready to take a call at once)."""
+        with self._lock:
+            return sum(w.popen.poll() is None for w in self._workers)
 
     def give_back(self, workers: list[Any]) -> None:
         """Workers done with a call (stopped ones are dropped); the clock restarts."""
