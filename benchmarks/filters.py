@@ -203,6 +203,7 @@ def main() -> None:
     parser.add_argument("--examples", default="20000,200000,2000000", help="comma-separated")
     parser.add_argument("--predicates", default=",".join(PREDICATES), help="comma-separated")
     parser.add_argument("--no-loader", action="store_true", help="the select part only")
+    parser.add_argument("--no-select", action="store_true", help="the loader part only")
     args = parser.parse_args()
     if args.smoke:
         args.rounds = 1
@@ -215,7 +216,8 @@ def main() -> None:
         "python": platform.python_version(),
     }
     with tempfile.TemporaryDirectory() as folder:
-        _select_part(args, folder, common)
+        if not args.no_select:
+            _select_part(args, folder, common)
         if not args.no_loader:
             _loader_part(args, folder, common)
 

@@ -106,7 +106,8 @@ def _indexing() -> list[str]:
         _one("formats.jsonl", "ratio_to_read", part="indexing", name=n, executor="local")
         for n in ("tar", "tar-16")
     ]
-    return [_range(ratios)]
+    big = _one("formats.jsonl", "ratio_to_read", part="indexing", name="tar-64")
+    return [_range(ratios), f"{big:.2f}{TIMES} over 64 shards, ~1 GB"]
 
 
 def _ray() -> list[str]:
@@ -181,14 +182,16 @@ def _ceiling() -> list[str]:
 
 
 def _select() -> list[str]:
-    def ratio(predicate: str, name: str) -> str:
-        figure = _one("filters.jsonl", "ratio_to_loop", predicate=predicate, name=name)
+    def ratio(n: int, predicate: str, name: str = "select:2") -> str:
+        figure = _one("filters.jsonl", "ratio_to_loop", examples=n, predicate=predicate,
+                      name=name)  # fmt: skip
         return f"{figure:.2f}{TIMES}"
 
     return [
-        f"| {ratio('embedding', 'select:2')} |",
-        f"; {ratio('embedding', 'select:2 cold')} with none",
-        f"predicate: {ratio('threshold', 'select:2')}, {ratio('threshold', 'select:2 cold')}",
+        f"| {ratio(200_000, 'text')} |",
+        f"; {ratio(200_000, 'text', 'select:2 cold')} with none",
+        f"2,000,000 examples: {ratio(2_000_000, 'text')}",
+        f"a 1 µs predicate {ratio(2_000_000, 'embedding')}",
     ]
 
 
@@ -260,7 +263,7 @@ BOTH: Checks = {  # rows both pages show, by a start of the first cell common to
     "arrays into global `jax.Array`s": _arrays,
     "PNG decode + crop in 2 workers": _decode,
     "the loading process's CPU a step, 224² rows from a copying worker": _ceiling,
-    "`meshfeed.select` on 2 workers": _select,
+    "`meshfeed.select` on 2 workers, a 20 µs predicate": _select,
     "a loader over a selection": _selection,
     "input wait behind 20 ms per read": _wait,
     "text to tokens, `meshfeed.prepare` with 2 workers": _prepare,
