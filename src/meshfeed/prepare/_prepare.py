@@ -262,7 +262,7 @@ def prepare_status(
 
 def _settings(
     text: str, keep: Sequence[str] | Mapping[str, str], txt: str, on_error: str,
-    part_bytes: int, *, chat: bool = False,
+    part_bytes: int | None, *, chat: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     if not isinstance(text, str) or not text:
         what = "chat" if chat else "text"
