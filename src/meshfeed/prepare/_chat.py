@@ -132,7 +132,10 @@ def chat_encoder(payload: bytes, *, threads: int | None) -> Callable[[list[str]]
     spec = pickle.loads(payload)
     transformers = require_transformers()
     module, name = spec["class"]
-    cls = getattr(importlib.import_module(module), name, None)
+    try:  # a class this process cannot import (the caller's script's): AutoTokenizer
+        cls = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        cls = None
     with tempfile.TemporaryDirectory() as folder:
         for file, data in spec["files"].items():
             with open(os.path.join(folder, file), "wb") as f:
