@@ -203,8 +203,8 @@ def _prepare(
         files = expand(inputs, storage_options)
     if settings["keep"] and any(f["kind"] == "txt" for f in files):
         raise ValueError("keep= names fields of records, but .txt inputs have none; drop keep=.")
-    if settings["part_bytes"] is None:  # a build goes on with the parts it started with
-        record = read_json(join(root, RECORD), storage_options)
+    record = read_json(join(root, RECORD), storage_options)  # a build started before
+    if settings["part_bytes"] is None:  # goes on with the parts it started with
         settings["part_bytes"] = (
             record["plan"]["settings"]["part_bytes"]
             if record is not None
@@ -218,7 +218,7 @@ def _prepare(
             "more than a folder holds (99,999); pass a larger part_bytes."
         )
     plan = {"inputs": files, "settings": settings, "tokenizer": tok.record(), "parts": parts}
-    _start_record(root, plan, storage_options)
+    _start_record(root, plan, record, storage_options)
     share = [p for p in range(len(parts)) if part is None or p % part[1] == part[0]]
     missing = set(missing_parts(root, len(parts), storage_options))
     todo = [p for p in share if p in missing]
@@ -313,15 +313,16 @@ def _check_run(
 
 
 def _start_record(
-    root: str, plan: dict[str, Any], storage_options: Mapping[str, Any] | None
-) -> None:
-    """Writes the build's record, or checks that the one there plans this same build."""
+    root: str, plan: dict[str, Any], record: dict[str, Any] | None,
+    storage_options: Mapping[str, Any] | None,
+) -> None:  # fmt: skip
+    """Writes the build's record, or checks that the one there (``record``, read once by
+    the caller) plans this same build."""
     if read_json(join(root, MANIFEST), storage_options) is not None:
         raise FileExistsError(
             f"{join(root, MANIFEST)} exists: {root} holds a dataset written by write_source; "
             "prepare into a new folder."
         )
-    record = read_json(join(root, RECORD), storage_options)
     if record is None:
         _write_record(
             root, {"format": RECORD_FORMAT, "plan": plan, "complete": None}, storage_options
