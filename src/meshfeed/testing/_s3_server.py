@@ -84,6 +84,7 @@ class Proxy:
         self.target = port
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self.start()
 
@@ -93,17 +94,29 @@ class Proxy:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self.port))
         listener.listen(64)
-        self._sockets = [listener]
+        with self._lock:
+            self._sockets = [listener]
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
                 client, _ = listener.accept()
-                upstream = socket.create_connection(("127.0.0.1", self.target))
             except OSError:  # stopped
                 return
-            self._sockets += [client, upstream]
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:  # the server behind went away: so does this connection
+                client.close()
+                continue
+            with self._lock:
+                live = listener in self._sockets
+                if live:
+                    self._sockets += [client, upstream]
+            if not live:  # stopped between the accept and here: close what it let in
+                client.close()
+                upstream.close()
+                return
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
@@ -118,8 +131,9 @@ class Proxy:
 
     def stop(self) -> None:
         """Closes the port and every connection through it."""
-        for s in self._sockets:
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
             s.close()
-        self._sockets = []
