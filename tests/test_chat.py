@@ -274,3 +274,78 @@ def test_a_loader_over_packed_conversations_restores_on_another_device_count(cha
         for name, value in next(got).items():
             np.testing.assert_array_equal(np.asarray(value), batch[name])
     assert want[0]["loss_mask"].any() and set(want[0]) >= {"tokens", "loss_mask", "segment_ids"}
+
+
+def _hf_loop(offsets, spans) -> list[bool]:
+    """transformers 5's loop that marks a conversation's tokens (``apply_chat_template``,
+    ``return_assistant_tokens_mask=True``), as it is written there."""
+    mask, span = [False] * len(offsets), 0
+    for token, (start, end) in enumerate(offsets):
+        while span < len(spans) and start >= spans[span][1]:
+            span += 1
+        if span == len(spans):
+            break
+        if end > spans[span][0]:
+            mask[token] = True
+    return mask
+
+
+def test_the_batched_mask_marks_what_hugging_faces_loop_marks():
+    """Random tokens (zero-width ones and ones across a span's edge included) and spans,
+    many conversations in one call; a conversation whose token starts go backwards is
+    handed back, not guessed."""
+    from meshfeed.prepare._chat_batch import overlap_mask
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 8))
+        offsets, spans, lengths = [], [], []
+        for _ in range(n):
+            widths = rng.integers(0, 4, int(rng.integers(0, 30)))
+            ends = np.cumsum(widths)
+            one = np.stack([ends - widths, ends], axis=1) if len(widths) else np.zeros((0, 2))
+            edges = np.sort(rng.choice(int(ends[-1]) + 2 if len(widths) else 2, 6))
+            kept = [(int(a), int(b)) for a, b in edges.reshape(-1, 2) if b > a]
+            offsets.append(one.astype(np.int64))
+            spans.append(kept[: int(rng.integers(0, len(kept) + 1))])
+            lengths.append(len(one))
+        backwards = int(rng.integers(0, n)) if rng.random() < 0.3 else None
+        if backwards is not None and lengths[backwards] > 2:
+            offsets[backwards][[0, -1], 0] = offsets[backwards][[-1, 0], 0]
+        mask, flagged = overlap_mask(
+            np.concatenate(offsets).reshape(-1, 2), np.array(lengths), spans
+        )
+        parts = np.split(mask, np.cumsum(lengths)[:-1])
+        for i in range(n):
+            goes_back = bool((np.diff(offsets[i][:, 0]) < 0).any())
+            assert flagged[i] == goes_back
+            if not goes_back:
+                assert parts[i].tolist() == _hf_loop(offsets[i].tolist(), spans[i]), i
+
+
+def test_a_batch_that_differs_from_apply_chat_template_falls_back_to_it(chat, monkeypatch, capsys):
+    """The batched steps agree with ``apply_chat_template`` on every conversation; where
+    they would not (a renderer that moves the spans, standing for another transformers),
+    the batch's first conversation shows it and the rest go through HF's own call."""
+    from meshfeed.prepare import _chat_batch as batched
+
+    hf, conversations = chat["hf"], chat["conversations"]
+    want = [_oracle(hf, messages) for messages in conversations]
+
+    def got(batch) -> list[tuple[list[int], list[bool]]]:
+        out = []
+        for k in range(0, len(conversations), 64):
+            ids, masks = batch(conversations[k : k + 64])
+            out += [(list(i), np.asarray(m).tolist()) for i, m in zip(ids, masks, strict=True)]
+        return out
+
+    assert got(batched.GenerationBatch(hf, GENERATION)) == want
+    normalize, render = batched._steps()
+
+    def moved(**kwargs):
+        texts, spans = render(**kwargs)
+        return texts, [[(a + 1, b) for a, b in one] for one in spans]
+
+    monkeypatch.setattr(batched, "_steps", lambda: (normalize, moved))
+    assert got(batched.GenerationBatch(hf, GENERATION)) == want
+    assert capsys.readouterr().err.count("uses apply_chat_template alone") == 1

@@ -8,7 +8,9 @@ extra): for every conversation ``tokens`` is ``apply_chat_template(messages,
 tokenize=True)``'s ``input_ids``, nothing added. The mask:
 
 - a template with ``{% generation %}`` blocks: ``assistant_masks`` of
-  ``apply_chat_template(..., return_assistant_tokens_mask=True)``, as it is;
+  ``apply_chat_template(..., return_assistant_tokens_mask=True)``, made by Hugging
+  Face's own steps on a batch at once, the tokens marked with numpy under its rule, and
+  checked against it (``_chat_batch.GenerationBatch``);
 - a template without them: each assistant turn's span is derived by rendering turn
   boundaries -- the text the conversation up to that turn renders to, less the text the
   turns before it render to with the generation prompt -- and mapped to tokens by
@@ -39,9 +41,10 @@ from typing import Any
 import numpy as np
 
 from meshfeed.data._tokenizer import Tokenizer
+from meshfeed.prepare._chat_batch import GenerationBatch
 
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
-ChatEncoded = tuple[np.ndarray, list[list[int]], list[list[bool]]]
+ChatEncoded = tuple[np.ndarray, list[list[int]], Sequence[Sequence[bool] | np.ndarray]]
 """A batch of conversations encoded: each one's number of tokens, its ids, its mask."""
 
 
@@ -126,7 +129,7 @@ def chat_encoder(payload: bytes, *, threads: int | None) -> Callable[[list[str]]
 
     The tokenizer is rebuilt as the class the caller gave (``AutoTokenizer`` would import
     torch to read a model config first: a second a worker); a batch of conversations
-    goes to ``apply_chat_template`` in one call, as Hugging Face batches them itself."""
+    goes through Hugging Face's steps together (``GenerationBatch``)."""
     if threads is not None:
         os.environ["RAYON_NUM_THREADS"] = str(threads)
     spec = pickle.loads(payload)
@@ -142,41 +145,25 @@ def chat_encoder(payload: bytes, *, threads: int | None) -> Callable[[list[str]]
                 f.write(data)
         tokenizer = (cls or transformers.AutoTokenizer).from_pretrained(folder)
     template: str = spec["template"]
-    generation = bool(GENERATION.search(template))
+    batch = GenerationBatch(tokenizer, template) if GENERATION.search(template) else None
 
     def encode(texts: list[str]) -> ChatEncoded:
         conversations = [json.loads(text) for text in texts]
-        if generation:
-            ids, masks = _generation_batch(tokenizer, conversations, template)
+        if batch is not None:
+            ids, masks = batch(conversations)
         else:
-            pairs = [encode_conversation(tokenizer, c, template, False) for c in conversations]
+            pairs = [encode_conversation(tokenizer, c, template) for c in conversations]
             ids, masks = [p[0] for p in pairs], [p[1] for p in pairs]
         return np.fromiter(map(len, ids), np.int64, count=len(ids)), ids, masks
 
     return encode
 
 
-def _generation_batch(
-    tokenizer: Any, conversations: list[Any], template: str
-) -> tuple[list[list[int]], list[list[bool]]]:
-    """Every conversation's ids and ``assistant_masks``, from one batched call."""
-    out = tokenizer.apply_chat_template(
-        conversations, chat_template=template, tokenize=True, return_dict=True,
-        return_assistant_tokens_mask=True,
-    )  # fmt: skip
-    return list(out["input_ids"]), [list(map(bool, m)) for m in out["assistant_masks"]]
-
-
 def encode_conversation(
-    tokenizer: Any, messages: Sequence[Mapping[str, Any]], template: str, generation: bool
+    tokenizer: Any, messages: Sequence[Mapping[str, Any]], template: str
 ) -> tuple[list[int], list[bool]]:
-    """One conversation's token ids and loss mask (the module docstring)."""
-    if generation:
-        out = tokenizer.apply_chat_template(
-            list(messages), chat_template=template, tokenize=True, return_dict=True,
-            return_assistant_tokens_mask=True,
-        )  # fmt: skip
-        return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
+    """One conversation's token ids and loss mask, for a template without ``{% generation
+    %}`` blocks (the module docstring)."""
     text = _render(tokenizer, messages, template, prompt=False)
     spans = _assistant_spans(tokenizer, messages, template, text)
     out = tokenizer(text, add_special_tokens=False)

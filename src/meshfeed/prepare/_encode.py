@@ -118,7 +118,8 @@ def _shards(
         values = _flat(ids, lengths, bos, eos, dtype, vocab)
         flags = None
         if masks is not None:  # one value a token (nothing is added around conversations)
-            flags = np.fromiter(itertools.chain.from_iterable(masks), bool, count=values.size)
+            flags = np.concatenate([np.asarray(m, dtype=bool) for m in [[], *masks]])
+            assert flags.size == values.size, (flags.size, values.size)
         lengths = lengths + len(extra)
         pending.append((values, lengths, kept, flags))
         pending_tokens += int(values.size)

@@ -1,0 +1,146 @@
+"""A batch of conversations to ids and assistant masks: Hugging Face's own steps, the mask at once.
+
+``apply_chat_template(..., return_assistant_tokens_mask=True)`` in transformers 5 does
+four things: it normalizes the messages (``_normalize_chat_messages``), renders them
+(``render_jinja_template``, which also gives each ``{% generation %}`` block's span of
+characters), tokenizes the text with the tokenizer's backend, and then marks, in a
+Python loop over every token, the tokens whose characters overlap a span. The loop and
+the ``BatchEncoding`` around the tokens are ~25% of a chat worker's time.
+
+``GenerationBatch`` calls the same functions of ``transformers`` for the first three
+steps, and marks the tokens under the same rule with numpy: token ``t`` with characters
+``[s, e)`` is marked when the first span ending after ``s`` starts before ``e``. That is
+the loop's rule wherever token starts and span ends do not go backwards (the loop makes
+one pass over both); a conversation where they do goes through ``apply_chat_template``.
+
+Exactness is checked, not assumed:
+
+- the batched steps are used only where ``transformers`` is version 5 (whose rule this
+  is) and its two functions import; elsewhere every batch is ``apply_chat_template``'s;
+- the first conversation of every batch is also encoded by ``apply_chat_template``. A
+  difference sends that batch and every later one through ``apply_chat_template``, and
+  says so once on stderr. (The tests compare every conversation of theirs.)
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+Batch = tuple[list[list[int]], list[np.ndarray]]
+
+
+class GenerationBatch:
+    """Conversations to ``input_ids`` and ``assistant_masks`` as ``apply_chat_template``
+    makes them, for a template with ``{% generation %}`` blocks (the module docstring)."""
+
+    def __init__(self, tokenizer: Any, template: str) -> None:
+        self._tokenizer, self._template = tokenizer, template
+        self._steps = _steps()
+
+    def __call__(self, conversations: list[Any]) -> Batch:
+        if self._steps is None:
+            return self._hf(conversations)
+        hf = self._hf(conversations[:1])  # first: it also sets the backend as its call does
+        ids, masks = self._fast(conversations)
+        if _same(hf, (ids[:1], masks[:1])):
+            return ids, masks
+        self._steps = None
+        print(
+            "meshfeed: the batched chat-template steps differ from apply_chat_template in "
+            "this version of transformers; this worker uses apply_chat_template alone.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return self._hf(conversations)
+
+    def _hf(self, conversations: list[Any]) -> Batch:
+        out = self._tokenizer.apply_chat_template(
+            conversations, chat_template=self._template, tokenize=True, return_dict=True,
+            return_assistant_tokens_mask=True,
+        )  # fmt: skip
+        masks = [np.asarray(m, dtype=bool) for m in out["assistant_masks"]]
+        return list(out["input_ids"]), masks
+
+    def _fast(self, conversations: list[Any]) -> Batch:
+        assert self._steps is not None
+        normalize, render = self._steps
+        tokenizer = self._tokenizer
+        template = tokenizer.get_chat_template(self._template, None)
+        texts, spans = render(
+            conversations=[normalize(c) for c in conversations], tools=None, documents=None,
+            chat_template=template, return_assistant_tokens_mask=True,
+            continue_final_message=False, add_generation_prompt=False,
+            **tokenizer.special_tokens_map,
+        )  # fmt: skip
+        encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+        ids = [e.ids for e in encodings]
+        lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
+        offsets = np.fromiter(
+            itertools.chain.from_iterable(
+                itertools.chain.from_iterable(e.offsets for e in encodings)
+            ),
+            np.int64,
+            count=2 * int(lengths.sum()),
+        ).reshape(-1, 2)
+        mask, backwards = overlap_mask(offsets, lengths, spans)
+        masks = np.split(mask, np.cumsum(lengths)[:-1])
+        for i in np.flatnonzero(backwards).tolist():  # the loop's one pass misreads these
+            masks[i] = self._hf([conversations[i]])[1][0]
+        return ids, masks
+
+
+def overlap_mask(
+    offsets: np.ndarray, lengths: np.ndarray, spans: Sequence[Sequence[tuple[int, int]]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens of a batch of conversations (``offsets``: each token's ``[start, end)``
+    characters, ``lengths`` tokens a conversation) marked as transformers 5 marks them
+    against each conversation's ``spans``; and which conversations it cannot tell (token
+    starts or span ends going backwards)."""
+    n = len(lengths)
+    owner = np.repeat(np.arange(n), lengths)  # each token's conversation
+    counts = np.fromiter(map(len, spans), np.int64, count=n)
+    span = np.asarray([s for one in spans for s in one], dtype=np.int64).reshape(-1, 2)
+    span_owner = np.repeat(np.arange(n), counts)
+    starts, ends = offsets[:, 0], offsets[:, 1]
+    backwards = np.zeros(n, dtype=bool)
+    back = np.flatnonzero(np.diff(starts) < 0)
+    backwards[owner[back + 1][owner[back] == owner[back + 1]]] = True
+    back = np.flatnonzero(np.diff(span[:, 1]) < 0)
+    backwards[span_owner[back + 1][span_owner[back] == span_owner[back + 1]]] = True
+    # The first span of the token's own conversation that ends after the token starts:
+    # keys order (conversation, character), so one search serves the whole batch.
+    scale = int(max(starts.max(initial=0), span.max(initial=0))) + 1
+    first = np.searchsorted(span_owner * scale + span[:, 1], owner * scale + starts, "right")
+    mask = np.zeros(len(starts), dtype=bool)
+    inside = first < len(span)
+    inside[inside] = span_owner[first[inside]] == owner[inside]
+    mask[inside] = ends[inside] > span[first[inside], 0]
+    return mask, backwards
+
+
+def _steps() -> tuple[Any, Any] | None:
+    """``transformers``' normalizer and renderer, where its mask rule is version 5's."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) != 5:
+        return None
+    try:
+        from transformers.utils.chat_template_utils import (
+            _normalize_chat_messages,
+            render_jinja_template,
+        )
+    except ImportError:
+        return None
+    return _normalize_chat_messages, render_jinja_template
+
+
+def _same(a: Batch, b: Batch) -> bool:
+    return len(a[0]) == len(b[0]) and all(
+        list(x) == list(y) and np.array_equal(m, n)
+        for x, y, m, n in zip(a[0], b[0], a[1], b[1], strict=True)
+    )
