@@ -132,7 +132,7 @@ def _run(name: str, data: Path, tokenizer: Path, scratch: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a few conversations, one round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--conversations", type=int, default=20_000)
     for flag in ("--run", "--data", "--tokenizer", "--out"):
         parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
