@@ -59,6 +59,7 @@ def _want(loader: meshfeed.Loader, step: int) -> np.ndarray:
 def _kept_rows_change(workers: int, kind: str) -> bool:
     """Keeps step 0's batch and one device shard of step 1's, reads 24 more steps, and
     says whether any kept value changed meanwhile."""
+    gc.freeze()  # what the session made before: out of the collections below (seconds)
     loader = _loader(workers, kind)
     try:
         it = iter(loader)
@@ -72,6 +73,7 @@ def _kept_rows_change(workers: int, kind: str) -> bool:
         return changed or not np.array_equal(np.asarray(shard), _want(loader, 1)[6:8])
     finally:
         loader.close()
+        gc.unfreeze()
 
 
 def _broken_lend(buffer, fields, on_free):
