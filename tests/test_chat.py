@@ -340,7 +340,9 @@ def test_a_batch_that_differs_from_apply_chat_template_falls_back_to_it(chat, mo
         return out
 
     assert got(batched.GenerationBatch(hf, GENERATION)) == want
-    normalize, render = batched._steps()
+    steps = batched._steps()
+    assert steps is not None, "transformers 5's steps import"
+    normalize, render = steps
 
     def moved(**kwargs):
         texts, spans = render(**kwargs)
