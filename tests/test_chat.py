@@ -341,7 +341,8 @@ def test_a_batch_that_differs_from_apply_chat_template_falls_back_to_it(chat, mo
 
     assert got(batched.GenerationBatch(hf, GENERATION)) == want
     steps = batched._steps()
-    assert steps is not None, "transformers 5's steps import"
+    if steps is None:
+        pytest.skip("transformers 4: every batch goes through apply_chat_template itself")
     normalize, render = steps
 
     def moved(**kwargs):
