@@ -43,6 +43,10 @@ class GenerationBatch:
     def __init__(self, tokenizer: Any, template: str) -> None:
         self._tokenizer, self._template = tokenizer, template
         self._steps = _steps()
+        # What apply_chat_template works out on every call, once: the template it renders
+        # (a name resolved to its text) and the special tokens it passes to it.
+        self._resolved = tokenizer.get_chat_template(template, None)
+        self._specials = dict(tokenizer.special_tokens_map)
 
     def __call__(self, conversations: list[Any]) -> Batch:
         if self._steps is None:
@@ -71,15 +75,13 @@ class GenerationBatch:
     def _fast(self, conversations: list[Any]) -> Batch:
         assert self._steps is not None
         normalize, render = self._steps
-        tokenizer = self._tokenizer
-        template = tokenizer.get_chat_template(self._template, None)
         texts, spans = render(
             conversations=[normalize(c) for c in conversations], tools=None, documents=None,
-            chat_template=template, return_assistant_tokens_mask=True,
-            continue_final_message=False, add_generation_prompt=False,
-            **tokenizer.special_tokens_map,
+            chat_template=self._resolved, return_assistant_tokens_mask=True,
+            continue_final_message=False, add_generation_prompt=False, **self._specials,
         )  # fmt: skip
-        encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+        backend = self._tokenizer.backend_tokenizer
+        encodings = backend.encode_batch(texts, add_special_tokens=False)
         ids = [e.ids for e in encodings]
         lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
         offsets = np.fromiter(

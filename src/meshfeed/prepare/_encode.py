@@ -118,7 +118,7 @@ def _shards(
         values = _flat(ids, lengths, bos, eos, dtype, vocab)
         flags = None
         if masks is not None:  # one value a token (nothing is added around conversations)
-            flags = np.concatenate([np.asarray(m, dtype=bool) for m in [[], *masks]])
+            flags = np.concatenate([np.zeros(0, bool), *(np.asarray(m, bool) for m in masks)])
             assert flags.size == values.size, (flags.size, values.size)
         lengths = lengths + len(extra)
         pending.append((values, lengths, kept, flags))
