@@ -24,7 +24,10 @@ raised), steps/s in rotating rounds; goal >= 0.95x. Read in the loop (``prefetch
 on rows this small the read-ahead's thread swings steps/s by +-25% from one process to
 the next, more than the pool costs. 64 shards are 128 files, within the
 bound; 2,048 are 4,096, and a step reads ~970 of them, so with 128 open nearly every
-read opens its file and closes another: the worst case there is.
+read would open its file and close another: these files are small (6 KiB), so past the
+bound they are held whole by their bytes instead. Last, 2,048 shards of 32 rows: 4,096
+files again, their images 96 KiB each, over what is held (64 KiB), so nearly every
+image read opens its file: the worst case there is.
 
 Prints one JSON line per measurement; ``--smoke`` for CI.
 """
@@ -92,7 +95,8 @@ while time.perf_counter() - start < float(sys.argv[3]):
     jax.block_until_ready(next(it))
     steps += 1
 print(json.dumps({"steps_per_s": steps / (time.perf_counter() - start),
-                  "fds": len(os.listdir("/proc/self/fd"))}))
+                  "fds": len(os.listdir("/proc/self/fd")),
+                  "held": loader.stats()["source"]["files"]["held"]}))
 loader.close()  # its reader threads stopped before the interpreter ends
 """
 
@@ -192,6 +196,7 @@ def cache(rounds: int, seconds: float, shards: int, per_shard: int, prefetch: st
         limits = {"bounded": 128, "unbounded": 100_000}
         rates: dict[str, list[float]] = {k: [] for k in limits}
         fds: dict[str, int] = {}
+        held: dict[str, int] = {}
         names = list(limits)
         for r in range(rounds):
             for name in names[r % 2 :] + names[: r % 2]:
@@ -204,15 +209,16 @@ def cache(rounds: int, seconds: float, shards: int, per_shard: int, prefetch: st
                     sys.exit(out.stderr[-2000:])
                 got = json.loads(out.stdout.strip().splitlines()[-1])
                 rates[name].append(got["steps_per_s"])
-                fds[name] = got["fds"]
+                fds[name], held[name] = got["fds"], got["held"]
         ratio = statistics.median(
             a / b for a, b in zip(rates["bounded"], rates["unbounded"], strict=True)
         )
         for name in names:
             extra = {"ratio_to_unbounded": round(ratio, 3)} if name == "bounded" else {}
             rate = round(statistics.median(rates[name]), 2)
-            _print(part="cache", name=name, files=2 * shards, rounds=rounds, fds=fds[name],
-                   steps_per_s=rate, **extra)  # fmt: skip
+            _print(part="cache", name=name, files=2 * shards, rows_a_shard=per_shard,
+                   rounds=rounds, fds=fds[name], held=held[name], steps_per_s=rate,
+                   **extra)  # fmt: skip
 
 
 def _print(**line: Any) -> None:
@@ -246,6 +252,7 @@ def main() -> None:
         else:
             cache(rounds=args.rounds, seconds=3.0, shards=64, per_shard=32)  # 128 files
             cache(rounds=args.rounds, seconds=3.0, shards=2048, per_shard=2)  # 4,096 files
+            cache(rounds=args.rounds, seconds=3.0, shards=2048, per_shard=32)  # 96 KiB images
 
 
 if __name__ == "__main__":

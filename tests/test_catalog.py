@@ -24,6 +24,8 @@ import s3fs
 
 import meshfeed
 from formats_fns import payload
+from meshfeed.storage import _handles
+from meshfeed.storage._blob import Blob, TruncatedError
 from meshfeed.storage._handles import Handles
 from meshfeed.testing import CountingProxy
 
@@ -258,6 +260,41 @@ def test_the_pool_of_open_files_closes_the_least_recently_used_and_never_a_pinne
         assert len(pool) == 1
     with pytest.raises(ValueError, match=r"max_open_files=0 must be an int >= 1"):
         meshfeed.open_source(os.devnull, max_open_files=0)
+
+
+def test_small_files_past_the_bound_are_held_whole_within_their_byte_budget(tmp_path, monkeypatch):
+    """Past ``max_open_files`` a small file is read whole and kept by its bytes, with no
+    descriptor; the held bytes stay within their budget (least recently held dropped), a
+    file over ``SMALL_FILE`` is still read through a descriptor, and a read past a held
+    file's end is refused as truncated."""
+    pool = _handles.HANDLES
+    monkeypatch.setattr(_handles, "HELD_BYTES", 3 * (1000 + _handles._HELD_OVERHEAD))
+    files = []
+    for i in range(8):
+        (tmp_path / f"{i}.bin").write_bytes(bytes([i]) * 1000)
+        files.append(Blob(str(tmp_path / f"{i}.bin")))
+    (tmp_path / "big.bin").write_bytes(b"b" * (_handles.SMALL_FILE + 1))
+    big = Blob(str(tmp_path / "big.bin"))
+    try:
+        pool.ask(2)
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            for i, blob in enumerate(files):
+                assert blob.read(10, 20) == bytes([i]) * 10
+                view = bytearray(5)
+                blob.read_into([memoryview(view)], [995])
+                assert view == bytes([i]) * 5
+                assert len(pool) <= 2 and pool.held_bytes <= _handles.HELD_BYTES
+        assert len(os.listdir("/proc/self/fd")) <= before + 2
+        assert pool.held == 3  # the budget holds three; the rest were dropped in turn
+        held = pool.held
+        end = _handles.SMALL_FILE
+        assert big.read(0, 4) == b"bbbb" and big.read(end, end + 99) == b"b"
+        assert big.read(0, 1) == b"b" and pool.held == held  # by descriptor, not held
+        with pytest.raises(TruncatedError, match=r"7.bin ended early"):
+            files[7].read_into([memoryview(bytearray(10))], [995])
+    finally:
+        pool.ask(_handles.DEFAULT_MAX_OPEN_FILES)
 
 
 def test_plan_says_what_4096_hosts_ask_of_the_store(server, proxy, tmp_path):

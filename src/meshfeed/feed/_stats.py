@@ -83,6 +83,8 @@ class PipelineStats:
                     "opened": int(d["files"]["opened"]),
                     "open": len(HANDLES),
                     "max_open_files": HANDLES.limit(),
+                    "held": HANDLES.held,
+                    "held_bytes": HANDLES.held_bytes,
                 },
             },
             "record_transform": None,

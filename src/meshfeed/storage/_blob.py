@@ -2,7 +2,8 @@
 
 Locally, ``pread``/``preadv`` on a descriptor from the process's pool of open files
 (``_handles``: opened on first use, closed when the least recently used of too many;
-nothing is mapped into the process). Behind a URL, ``fetch_ranges`` (``_remote``): every
+nothing is mapped into the process), or, past the pool's bound, a copy from a small
+file's bytes held whole without a descriptor. Behind a URL, ``fetch_ranges`` (``_remote``): every
 range of a read in flight together, nearby ones merged, failures named, passing faults
 retried. With a ``ShardCache`` (``open_source(cache_dir=...)``), the first read
 downloads the object whole and later reads ``pread`` the local copy.
@@ -27,7 +28,7 @@ from typing import IO, Any, TypeVar
 from meshfeed.storage._cache import LocalCopy, ShardCache
 from meshfeed.storage._clock import clock_for
 from meshfeed.storage._expect import Expectation, first_range
-from meshfeed.storage._handles import HANDLES, KEYS
+from meshfeed.storage._handles import HANDLES, KEYS, SMALL_FILE
 from meshfeed.storage._hedge import Hedger, hedger_for
 from meshfeed.storage._remote import (
     FETCHES,
@@ -88,8 +89,8 @@ class Blob:
         self._expected: Expectation | None = None
         self._key = next(KEYS)  # its descriptor's in HANDLES
         weakref.finalize(self, HANDLES.forget, self._key)
-        self._touched = 0.0
         self._size: int | None = None
+        self._small: bool | None = None  # a local file of SMALL_FILE bytes at most (None: unseen)
         if is_url(path):
             self._fs, self._fs_path = require_fsspec().core.url_to_fs(
                 path, **reader_options(path, storage_options)
@@ -135,8 +136,10 @@ class Blob:
         """Bytes ``[start, end)``; fewer if the file ends first."""
         if self._fs is not None:
             return self._cat_ranges([start], [end])[0]
-        if self._expected is not None:
-            self._check_first()
+        self._check_first()
+        data = HANDLES.whole(self._key, self._open_fd) if self._small else None
+        if data is not None:
+            return data[start:end]
         entry = HANDLES.pin(self._key, self._open_fd)
         try:
             return os.pread(entry[0], end - start, start)
@@ -203,8 +206,10 @@ class Blob:
                     raise TruncatedError(f"{self.path} ended early: it is truncated.")
                 view[:] = data
             return
-        if self._expected is not None:
-            self._check_first()
+        self._check_first()
+        data = HANDLES.whole(self._key, self._open_fd) if self._small else None
+        if data is not None:
+            return _copy_into(data, views, starts, self.path)
         entry = HANDLES.pin(self._key, self._open_fd)  # pinned: no thread closes it under us
         try:
             _pread_into(entry[0], views, starts, self.path)
@@ -231,17 +236,9 @@ class Blob:
 
     def _cat_ranges(self, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
         assert self._fs is not None
-        return fetch_ranges(
-            self._fs,
-            self._fs_path,
-            self.path,
-            starts,
-            ends,
-            retry_s=self.retry_s,
-            counter=self.fetched,
-            first=self._first_range,
-            hedger=self.hedger(),
-        )
+        return fetch_ranges(self._fs, self._fs_path, self.path, starts, ends,
+                            retry_s=self.retry_s, counter=self.fetched,
+                            first=self._first_range, hedger=self.hedger())  # fmt: skip
 
     def _first_range(self, start: int, end: int) -> bytes | None:
         expected = self._expected
@@ -253,9 +250,12 @@ class Blob:
 
     def _open_fd(self) -> int:
         try:
-            return os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.path} does not exist.") from None
+        if self._small is None:
+            self._small = os.fstat(fd).st_size <= SMALL_FILE
+        return fd
 
     def __getstate__(self) -> dict[str, Any]:  # workers reopen the file themselves
         return {**self.__dict__, "_copy": LocalCopy()}
@@ -266,6 +266,15 @@ class Blob:
         weakref.finalize(self, HANDLES.forget, self._key)
         if self._fs is not None:  # a filesystem is unpickled from its options alone
             bound_inner_retries(self._fs)
+
+
+def _copy_into(data: bytes, views: Sequence[memoryview], starts: Sequence[int], name: str) -> None:
+    whole = memoryview(data)
+    for view, at in zip(views, starts, strict=True):
+        piece = whole[at : at + len(view)]
+        if len(piece) != len(view):
+            raise TruncatedError(f"{name} ended early: it is truncated.")
+        view[:] = piece
 
 
 def _pread_into(fd: int, views: Sequence[memoryview], starts: Sequence[int], name: str) -> None:
