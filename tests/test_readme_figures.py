@@ -238,12 +238,12 @@ def _startup() -> list[str]:
 
 
 def _open_files() -> list[str]:
-    def ratio(files: int) -> str:
+    def ratio(files: int, rows: int) -> str:
         found = _one("startup.jsonl", "ratio_to_unbounded", part="cache", files=files,
-                     name="bounded")  # fmt: skip
+                     rows_a_shard=rows, name="bounded")  # fmt: skip
         return f"{found:.2f}{TIMES}"
 
-    return [ratio(128), ratio(4096)]
+    return [ratio(128, 32), ratio(4096, 2), ratio(4096, 32)]
 
 
 def _tail() -> list[str]:

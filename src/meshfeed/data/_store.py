@@ -108,7 +108,8 @@ def open_source(
       max_open_files: the most files this process keeps open at once (default 128;
         never more than half the soft ``RLIMIT_NOFILE``), the least recently read closed
         first: one bound for the whole process, every source's files together, set by
-        the last source opened with it.
+        the last source opened with it. Past it, small files (64 KiB at most) are held
+        whole by their bytes instead, within 64 MiB a process.
 
     Returns:
       A ``ShardedSource`` reading only the rows asked for.
