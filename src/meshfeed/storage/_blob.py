@@ -5,8 +5,8 @@ Locally, ``pread``/``preadv`` on a descriptor from the process's pool of open fi
 nothing is mapped into the process), or, past the pool's bound, a copy from a small
 file's bytes held whole without a descriptor. Behind a URL, ``fetch_ranges``
 (``_remote``): every range of a read in flight together, nearby ones merged, failures
-named, passing faults retried. With a ``ShardCache`` (``open_source(cache_dir=...)``), the first read
-downloads the object whole and later reads ``pread`` the local copy.
+named, passing faults retried. With a ``ShardCache`` (``open_source(cache_dir=...)``),
+the first read downloads the object whole and later reads ``pread`` the local copy.
 
 Every read behind a URL runs on its store's clock (``_clock``), and a Blob is where the
 filesystem for a URL is built: with the storage options and the client's own retries

@@ -62,8 +62,9 @@ class Handles:
         self._limit: int | None = None  # limit(), read once (a system call)
         self._waiting = 0  # reads waiting for a descriptor to be let go
         self._gone: collections.deque[int] = collections.deque()  # keys whose owner is gone
-        self._held: collections.OrderedDict[int, bytes] = collections.OrderedDict()
-        self.held_bytes = 0  # of the files in _held, with _HELD_OVERHEAD each
+        self._full = False  # the pool has reached its bound: small files are held past it
+        self._reading_whole = 0  # descriptors open to read a small file whole (in the bound)
+        self.held = HeldFiles()  # small files kept by their bytes past the bound
         self.opened = 0  # files opened so far (again after a close, and to hold, included)
 
     def limit(self) -> int:
@@ -78,45 +79,37 @@ class Handles:
         with self._lock:
             self._asked, self._limit = max_open_files, None
             self._shrink()
+            self._full = len(self._open) >= self.limit()
 
     def __len__(self) -> int:
         return len(self._open)
 
-    @property
-    def held(self) -> int:
-        """How many small files are held by their bytes now."""
-        return len(self._held)
-
     def whole(self, key: int, opener: Callable[[], int]) -> bytes | None:
         """The bytes of ``key``'s file (of ``SMALL_FILE`` bytes at most) where it is held,
-        or read whole (through ``opener``'s descriptor, closed at once) and held now if
-        the pool is at its bound and the file not in it; ``None`` otherwise (and for a
-        file that has grown past ``SMALL_FILE``: read by descriptor)."""
-        data = self._held.get(key)  # one C call: safe beside a writer under the lock
-        if data is not None:
-            with self._lock:
-                if key in self._held:
-                    self._held.move_to_end(key)
+        or read whole and held now, if the pool has reached its bound and the file is
+        not in it (``opener``'s descriptor, counted within the bound, is closed at once);
+        ``None`` otherwise (and for a file grown past ``SMALL_FILE``: read by descriptor)."""
+        data = self.held.get(key)
+        if data is not None or not self._full or key in self._open:
             return data
-        if len(self._open) < self.limit() or key in self._open:
-            return None
-        fd = opener()
+        with self._lock:
+            self._make_room()
+            self._reading_whole += 1
         try:
-            data = os.pread(fd, SMALL_FILE + 1, 0)
+            fd = opener()
+            try:
+                data = os.pread(fd, SMALL_FILE + 1, 0)
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
+            with self._lock:
+                self._reading_whole -= 1
+                self.opened += 1
+                if self._waiting:
+                    self._freed.notify_all()
         if len(data) > SMALL_FILE:
             return None
-        with self._lock:
-            if self._gone:
-                self._close_gone()
-            self.opened += 1
-            if key not in self._held:
-                self._held[key] = data
-                self.held_bytes += len(data) + _HELD_OVERHEAD
-                while self.held_bytes > HELD_BYTES:  # the least recently held dropped
-                    _, dropped = self._held.popitem(last=False)
-                    self.held_bytes -= len(dropped) + _HELD_OVERHEAD
+        self.held.put(key, data)
         return data
 
     def use(self, key: int, opener: Callable[[], int]) -> Pinned:
@@ -131,12 +124,10 @@ class Handles:
                 self._close_gone()
             entry = self._open.get(key)
             if entry is None:
-                while len(self._open) >= self.limit() and not self._close_one():
-                    self._waiting += 1  # every descriptor is being read: wait for one
-                    self._freed.wait()
-                    self._waiting -= 1
+                self._make_room()
                 entry = self._open[key] = [opener(), 0]
                 self.opened += 1
+                self._full = self._full or len(self._open) >= self.limit()
             else:
                 self._open.move_to_end(key)
             entry[1] += 1
@@ -156,12 +147,20 @@ class Handles:
         ``pin`` itself, say (keys are never reused, so a later owner gets none of it)."""
         self._gone.append(key)
 
+    def _make_room(self) -> None:
+        """Under the lock: room for one more descriptor, closing the least recently used
+        (or waiting for a read to let one go)."""
+        if self._gone:
+            self._close_gone()
+        while len(self._open) + self._reading_whole >= self.limit() and not self._close_one():
+            self._waiting += 1  # every descriptor is being read: wait for one
+            self._freed.wait()
+            self._waiting -= 1
+
     def _close_gone(self) -> None:
         while self._gone:
             key = self._gone.popleft()
-            data = self._held.pop(key, None)
-            if data is not None:
-                self.held_bytes -= len(data) + _HELD_OVERHEAD
+            self.held.drop(key)
             entry = self._open.get(key)
             if entry is not None and entry[1] == 0:
                 del self._open[key]
@@ -184,9 +183,49 @@ class Handles:
         inherited stay, each still its file's)."""
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
-        self._waiting = 0
+        self._waiting = self._reading_whole = 0
+        self.held.after_fork()
         for entry in self._open.values():
             entry[1] = 0
+
+
+class HeldFiles:
+    """Small files' bytes by key, within ``HELD_BYTES``: the least recently used dropped."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self.bytes = 0  # of the files held, with _HELD_OVERHEAD each
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def get(self, key: int) -> bytes | None:
+        data = self._files.get(key)  # one C call: safe beside a writer under the lock
+        if data is not None:
+            with self._lock:
+                if key in self._files:
+                    self._files.move_to_end(key)
+        return data
+
+    def put(self, key: int, data: bytes) -> None:
+        with self._lock:
+            if key in self._files:  # another thread read it whole too
+                return
+            self._files[key] = data
+            self.bytes += len(data) + _HELD_OVERHEAD
+            while self.bytes > HELD_BYTES:
+                _, dropped = self._files.popitem(last=False)
+                self.bytes -= len(dropped) + _HELD_OVERHEAD
+
+    def drop(self, key: int) -> None:
+        with self._lock:
+            data = self._files.pop(key, None)
+            if data is not None:
+                self.bytes -= len(data) + _HELD_OVERHEAD
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
 
 
 class Pinned:
