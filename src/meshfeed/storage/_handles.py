@@ -17,8 +17,9 @@ source opened with one (``limit_open_files``), and never more than half the soft
 ``RLIMIT_NOFILE`` (the other half is the process's: sockets, pipes, the libraries' own
 files).
 
-Past the bound, a small file is *held* instead: read whole (``SMALL_FILE`` bytes at
-most) and kept by its bytes, with no descriptor, while the held bytes stay within
+Once the pool has reached its bound, a small file not in it is *held* instead: read
+whole (``SMALL_FILE`` bytes at most; its descriptor, closed at once, takes a place
+within the bound while it reads) and kept by its bytes, while the held bytes stay within
 ``HELD_BYTES`` (least recently used dropped first). A global shuffle over more small
 files than the bound would otherwise open and close a file for nearly every read (~4
 us, against ~1 us for the read itself); reading a small file whole costs about what
