@@ -24,6 +24,7 @@ import s3fs
 
 import meshfeed
 from formats_fns import payload
+from meshfeed.core._lru import SizedLRU
 from meshfeed.storage import _handles
 from meshfeed.storage._blob import Blob, TruncatedError
 from meshfeed.storage._handles import Handles
@@ -260,6 +261,20 @@ def test_the_pool_of_open_files_closes_the_least_recently_used_and_never_a_pinne
         assert len(pool) == 1
     with pytest.raises(ValueError, match=r"max_open_files=0 must be an int >= 1"):
         meshfeed.open_source(os.devnull, max_open_files=0)
+
+
+def test_a_sized_lru_keeps_its_budget_dropping_the_least_recently_used():
+    """What loaded indexes (``index_bytes``) and held files are kept in."""
+    kept = SizedLRU(10, len)
+    for key, value in enumerate([b"aaaa", b"bbbb", b"cc"]):
+        kept.put(key, value)
+    assert kept.get(0) == b"aaaa" and kept.bytes == 10  # 0 is now the most recent
+    kept.put(3, b"ddd")  # over by 3: 1 goes (the least recently used), not 0
+    assert kept.get(1) is None and kept.get(0) == b"aaaa" and kept.bytes == 9
+    kept.put(4, b"e" * 50)  # alone over the budget: the newest is kept, the rest dropped
+    assert len(kept) == 1 and kept.get(4) == b"e" * 50 and kept.bytes == 50
+    kept.drop(4)
+    assert len(kept) == 0 and kept.bytes == 0
 
 
 def test_small_files_past_the_bound_are_held_whole_within_their_byte_budget(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _held          host memory lent to arrays, given back when no array points at it; HostBuffers
     _waits         WAITS: what this process waits on now, and its last step (stall reports)
     _npy           load_npy, load_npz, NPY_HEADERS: numpy headers parsed one thread at a time
+    _lru           SizedLRU: values by key within a byte budget, least recently used dropped first
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.
 """

@@ -11,15 +11,14 @@ which ranges a sample needs and what its bytes mean.
 
 from __future__ import annotations
 
-import collections
 import functools
 import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from meshfeed.core._lru import SizedLRU
 from meshfeed.data._catalog import catalog_dir, changed, quoted, read_catalog, stamp
 from meshfeed.data._sources import check_ids, locate
 from meshfeed.data._store import no_catalog
@@ -61,7 +60,7 @@ class IndexedFiles:
         patterns = [os.fspath(files)] if isinstance(files, str | os.PathLike) else list(files)
         self.index_dir = None if index_dir is None else os.fspath(index_dir)
         self.storage_options = storage_options
-        self._loaded = IndexCache(index_bytes)
+        self._loaded = SizedLRU(index_bytes, _index_size)  # loaded indexes, by file
         found = None
         if not build and patterns and all(isinstance(p, str | os.PathLike) for p in patterns):
             found = read_catalog(
@@ -254,33 +253,8 @@ def _unchanged(recorded: Mapping[str, Any], blob: Blob) -> None:
         )
 
 
-class IndexCache:
-    """Loaded indexes by file, within a byte budget: least recently used dropped first."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self._lock = threading.Lock()
-        self._held: collections.OrderedDict[int, tuple[Index, int]] = collections.OrderedDict()
-        self.bytes = 0
-
-    def get(self, f: int) -> Index | None:
-        with self._lock:
-            found = self._held.get(f)
-            if found is None:
-                return None
-            self._held.move_to_end(f)
-            return found[0]
-
-    def put(self, f: int, index: Index) -> None:
-        size = sum(a.nbytes for a in index.arrays.values())
-        with self._lock:
-            if f in self._held:
-                return
-            self._held[f] = (index, size)
-            self.bytes += size
-            while self.bytes > self.budget and len(self._held) > 1:
-                _, (_, dropped) = self._held.popitem(last=False)
-                self.bytes -= dropped
+def _index_size(index: Index) -> int:
+    return sum(a.nbytes for a in index.arrays.values())
 
 
 def read_ranges(blob: Blob, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:

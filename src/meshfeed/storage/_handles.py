@@ -34,6 +34,8 @@ import os
 import threading
 from collections.abc import Callable
 
+from meshfeed.core._lru import SizedLRU
+
 DEFAULT_MAX_OPEN_FILES = 128
 SMALL_FILE = 64 << 10
 """The largest file held by its bytes past the bound (whole, it reads in ~2.5 us here)."""
@@ -190,43 +192,19 @@ class Handles:
             entry[1] = 0
 
 
-class HeldFiles:
+class HeldFiles(SizedLRU[bytes]):
     """Small files' bytes by key, within ``HELD_BYTES``: the least recently used dropped."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._files: collections.OrderedDict[int, bytes] = collections.OrderedDict()
-        self.bytes = 0  # of the files held, with _HELD_OVERHEAD each
+        super().__init__(HELD_BYTES, _held_size)
 
-    def __len__(self) -> int:
-        return len(self._files)
+    @property
+    def budget(self) -> int:
+        return HELD_BYTES  # read at each put: the module's setting
 
-    def get(self, key: int) -> bytes | None:
-        data = self._files.get(key)  # one C call: safe beside a writer under the lock
-        if data is not None:
-            with self._lock:
-                if key in self._files:
-                    self._files.move_to_end(key)
-        return data
 
-    def put(self, key: int, data: bytes) -> None:
-        with self._lock:
-            if key in self._files:  # another thread read it whole too
-                return
-            self._files[key] = data
-            self.bytes += len(data) + _HELD_OVERHEAD
-            while self.bytes > HELD_BYTES:
-                _, dropped = self._files.popitem(last=False)
-                self.bytes -= len(dropped) + _HELD_OVERHEAD
-
-    def drop(self, key: int) -> None:
-        with self._lock:
-            data = self._files.pop(key, None)
-            if data is not None:
-                self.bytes -= len(data) + _HELD_OVERHEAD
-
-    def after_fork(self) -> None:
-        self._lock = threading.Lock()
+def _held_size(data: bytes) -> int:
+    return len(data) + _HELD_OVERHEAD
 
 
 class Pinned:
