@@ -42,10 +42,16 @@ The rules now:
   every ask (half the depth would still have had a quarter to spare), or right after a
   trial up did not pay: half the depth; below 2, *inline* (depth 0: the consumer reads
   each step itself, no thread, no hand-off). It stays if its rate is within
-  ``DOWN_LOSS`` of the old one with no new wait, or beat it by the margin. Not with
-  record workers: there a step "ready" is a step in the workers' hands, whose wait for
-  rows the read-ahead does not see, and a step ahead costs shared memory only; the
-  depth only grows there, doubled (to ``FEED_DEPTH`` at most) when the loop waited on
+  ``DOWN_LOSS`` of the old one with no new wait, or beat it by the margin. No new wait
+  is under half ``WAIT_SHARE`` (else the next window calls a trial up, and two depths
+  each "pay" in turn), or, where the old depth waited that much already, not half
+  again its wait. A trial down whose first ``EARLY_STEPS`` steps (once the steps
+  ahead have drained) waited ``LOSING_WAIT`` of their time, and ``LOSING_FACTOR``
+  times what the depth it left waited, goes back there and then: a depth too shallow
+  shows it at once, and every further step of it is a wait. Not with record workers:
+  there a step "ready" is a step in the workers' hands, whose wait for rows the
+  read-ahead does not see, and a step ahead costs shared memory only; the depth only
+  grows there, doubled (to ``FEED_DEPTH`` at most) when the loop waited on
   workers that had nothing in hand (``fed``).
 - Inline against reading ahead is judged on rates alone (inline waits on every read by
   design): on the medians of up to 32 recent windows of each (``_Modes``), since the
@@ -60,7 +66,14 @@ The rules now:
 - A trial that went back makes the next one the same way wait twice as many windows
   (from one, at most ``MAX_WAIT``); one that stayed resets the wait. A run pays for
   failed trials less and less often, and a source that changes is followed both ways.
-- Threads: readers that compute get at most one a core; readers that wait one a step.
+- Threads follow the depth, so a trial runs as the fixed depth would: readers that
+  *sleep* (their CPU time under ``SLEEP_SHARE`` of the time a read was in flight: a
+  database, a small store) get one a step, as ``prefetch=N`` reads N deep; others one
+  fewer than the depth (a step stays ready while one is read), and at most one a core
+  when they compute. (Issue 60: a trial 2 deep on one thread kept one 2 ms read in
+  flight and waited half its time, where ``prefetch=2`` waited under 1%. GIL-bound
+  readers that only look waiting get no thread a step: more threads would make them
+  look more so.)
 - A store behind a URL (issue 51): each read tells how long it waited on a store (its
   longest wait, ``core._waits.timing_waits``). Reads that wait on a store wait, whatever
   the process's CPU does meanwhile (a client signing requests, decoding answers): they
@@ -95,6 +108,9 @@ MAX_MARGIN = 0.5  # the noise margin, at most (a doubling of a waiting source ga
 NOISY = MAX_MARGIN / 2  # windows whose rates spread more than this judge nothing
 DOWN_LOSS = 0.05  # a shallower trial stays if its rate is within this of the old one
 MAX_WAIT = 256  # windows before a trial after trials that went back: 1, doubling up to this
+EARLY_STEPS = 8  # a trial's first steps, after which one that clearly loses ends there
+LOSING_WAIT = 0.2  # ... by waiting this share of them, and LOSING_FACTOR times the depth left
+LOSING_FACTOR = 4
 _MAX_FIRST_STEP = 4  # the first trial up multiplies the depth by at most this
 _KEPT = 16  # moves kept for stats()
 _KEPT_RATES = 32  # window rates kept a mode (inline, reading ahead) to judge between them
@@ -143,7 +159,11 @@ class _Trial:
             return False
         if up:
             return m["wait_after"] < 0.5 * m["wait_before"]
-        return m["wait_after"] <= max(WAIT_SHARE, 1.5 * m["wait_before"])
+        # Down: under half the wait that calls a trial up (else the next window calls one,
+        # and two depths each "pay" in turn), or, where the old depth waited that much
+        # already, not half again its wait.
+        waited = m["wait_before"] >= WAIT_SHARE
+        return m["wait_after"] <= (1.5 * m["wait_before"] if waited else WAIT_SHARE / 2)
 
 
 class _Modes:
@@ -194,7 +214,7 @@ class Climb:
         self._workers = workers  # reads hand rows to record workers: no trials down
         self._window = Window(now)
         self.depth, self._cap = START_DEPTH, START_DEPTH
-        self.readers_wait = False
+        self.readers_wait = self.readers_sleep = False
         self._held: list[tuple[float, float]] = []  # (rate, wait share) at this depth
         self._trial: _Trial | None = None
         self._settle = 0  # steps to let go by before the next window counts
@@ -205,6 +225,11 @@ class Climb:
         self._modes = _Modes()
         self._store = StoreWaits()
         self.moves: collections.deque[dict[str, Any]] = collections.deque(maxlen=_KEPT)
+
+    @property
+    def on_trial(self) -> bool:
+        """Whether a depth is on trial now."""
+        return self._trial is not None
 
     # Reads, from the readers' threads.
 
@@ -230,7 +255,7 @@ class Climb:
         read (``cpu_share``), or, without it, by the window's reads."""
         self._cap = max(1, cap)
         waited = self._window.reads_waited(now) if cpu_share is None else cpu_share < 0.5
-        self.readers_wait = waited or bool(self._store.reads)
+        self.readers_wait = self.readers_sleep = waited or bool(self._store.reads)
         start = START_DEPTH_WAITING if self.readers_wait else START_DEPTH
         why = "start: the first reads waited" if self.readers_wait else "start"
         why += " on a store" if self._store.reads else ""
@@ -238,8 +263,15 @@ class Climb:
         return self.depth
 
     def threads(self) -> int:
-        """Reader threads that can do useful work at this depth."""
-        return self.depth if self.readers_wait else min(self.depth, self._cores)
+        """Reader threads for this depth: one a step for readers that sleep (every step
+        ahead a read in flight, as ``prefetch=depth`` reads), else one fewer than the
+        depth (a step stays ready while one is read), at most one a core for readers
+        that compute; none inline."""
+        if self.depth == 0:
+            return 0
+        if self.readers_sleep:
+            return self.depth
+        return max(1, min(self.depth - 1, self.depth if self.readers_wait else self._cores))
 
     def fed(self, step: int, now: float) -> int:
         """The consumer waited on record workers while some had nothing in hand: twice
@@ -262,12 +294,16 @@ class Climb:
             if self._settle == 0:
                 self._window.reset(now)
             return self.depth
+        if self._losing():
+            self._lost_early(step, now)
+            return self.depth
         if not self._window.full(now):
             return self.depth
         window = self._window.close(now)
         if window is None:
             return self.depth
         self.readers_wait = self._window.readers_wait or self._store.reads > 0
+        self.readers_sleep = self._window.readers_sleep or self._store.reads > 0
         self._store.reads = 0
         self._modes.add(self.depth == 0, window[0])
         self._since = {k: v + 1 for k, v in self._since.items()}
@@ -330,6 +366,26 @@ class Climb:
             why = "trial inline" if depth == 0 else "trial reading ahead"
         self._move(step, depth, why, now)
 
+    def _losing(self) -> bool:
+        """The trial's first ``EARLY_STEPS`` steps waited ``LOSING_WAIT`` of their time,
+        and ``LOSING_FACTOR`` times what the windows before it waited: a depth too
+        shallow for the source shows it at once, and each further step costs a wait.
+        Trials down only, not to inline (which waits on every read by design): a
+        deeper trial is there to cut a wait, and judged on rates."""
+        trial = self._trial
+        if trial is None or trial.windows or not 0 < self.depth < trial.was:
+            return False
+        steps, wait = self._window.so_far()
+        before = sum(w for _, w in trial.base) / len(trial.base) if trial.base else 0.0
+        return steps == EARLY_STEPS and wait >= max(LOSING_WAIT, LOSING_FACTOR * before)
+
+    def _lost_early(self, step: int, now: float) -> None:
+        trial = self._trial
+        assert trial is not None
+        before = sum(w for _, w in trial.base) / len(trial.base) if trial.base else 0.0
+        rates = {"wait_before": round(before, 4), "wait_after": round(self._window.so_far()[1], 4)}
+        self._back(step, trial, "lost early", now, rates)
+
     def _judge(self, step: int, window: tuple[float, float], now: float) -> None:
         trial = self._trial
         assert trial is not None
@@ -349,21 +405,32 @@ class Climb:
             stays = new_rate > base_rate * (1 + margin / 2)
         else:
             stays = trial.paid(up, measured)
-        direction = "up" if up else "down"
-        self._since[direction] = 0  # the wait before the next trial counts from its end
         rates = {k: round(v, 4 if "wait" in k else 3 if k == "margin" else 2)
                  for k, v in measured.items()}  # fmt: skip
-        self._trial = None
-        self._first_up = self._first_up and not up
         if inline_trial:
             self._modes.inline_rate = new_rate if self.depth == 0 else base_rate
         if stays:
-            self._waits_for[direction] = 1
+            self._end(trial)
+            self._waits_for["up" if up else "down"] = 1
             self._held = list(trial.windows)
-            self._note(step, trial.was, self.depth, f"kept: {direction} paid", rates)
+            self._note(step, trial.was, self.depth, f"kept: {'up' if up else 'down'} paid", rates)
             return
-        self._waits_for[direction] = min(MAX_WAIT, 2 * self._waits_for[direction])
         why = "too noisy to judge" if noise > NOISY and faster is None else "did not pay"
+        self._back(step, trial, why, now, rates)
+
+    def _end(self, trial: _Trial) -> None:
+        """The trial is over: the wait before the next one its way counts from now."""
+        self._since["up" if self.depth > trial.was else "down"] = 0
+        self._first_up = self._first_up and not self.depth > trial.was
+        self._trial = None
+
+    def _back(self, step: int, trial: _Trial, why: str, now: float, rates: dict) -> None:
+        """The trial did not pay: back to its depth, and the next trial its way waits
+        twice as long (at most ``MAX_WAIT`` windows)."""
+        up = self.depth > trial.was
+        direction = "up" if up else "down"
+        self._end(trial)
+        self._waits_for[direction] = min(MAX_WAIT, 2 * self._waits_for[direction])
         self._move(step, trial.was, f"back: {direction} {why}", now, rates)
         self._held = list(trial.base)
         if up:  # deeper did not pay: maybe shallower does (a start too deep, say)

@@ -216,9 +216,8 @@ class Prefetcher(Iterator[tuple[int, Any]]):
                 self._readers.notify(self._idle)
 
     def _threads_wanted(self) -> int:
-        """Reader threads for the depth ("auto": one fewer, at most ``Climb.threads``)."""
-        auto = max(1, min(self.depth - 1, self._climb.threads()))
-        return min(auto if self._auto else self.depth, MAX_THREADS)
+        """Reader threads for the depth ("auto": ``Climb.threads``, one asleep inline)."""
+        return min(max(1, self._climb.threads()) if self._auto else self.depth, MAX_THREADS)
 
     @property
     def threads(self) -> int:
