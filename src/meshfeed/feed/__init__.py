@@ -21,6 +21,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _reader        one step's host rows: source, padding, records, transform, checks, mask
     _window        what one window of the consumer's steps measured, which _climb judges by
     _store_waits   how long reads wait on a store behind a URL: the depth that hides it
+    _trial         a depth on trial and how it is judged; inline against reading ahead
     _climb         how deep "auto" reads ahead: where it starts, when and how far it climbs
     _pipeline      steps read ahead on threads, depth adapting (Prefetcher), or on demand
     _placer        steps collected and placed on a few threads of their own (Placer)

@@ -54,7 +54,7 @@ The rules now:
   grows there, doubled (to ``FEED_DEPTH`` at most) when the loop waited on
   workers that had nothing in hand (``fed``).
 - Inline against reading ahead is judged on rates alone (inline waits on every read by
-  design): on the medians of up to 32 recent windows of each (``_Modes``), since the
+  design): on the medians of up to 32 recent windows of each (``Modes``, in ``_trial``), since the
   difference is small in noisy windows; until each has two, faster by half the margin.
   Inline beat a reader thread 2 deep by 1.03-1.7x here (1.14-1.37x in the median
   process) on rows in memory, memory-mapped and in a folder, where the thread's
@@ -92,28 +92,22 @@ from __future__ import annotations
 import collections
 import math
 import os
-import statistics
 from typing import Any
 
 from meshfeed.feed._store_waits import StoreWaits
+from meshfeed.feed._trial import MAX_MARGIN, TRIAL_WINDOWS, WAIT_SHARE, Modes, Trial
 from meshfeed.feed._window import MIN_WINDOW_STEPS, Window
 
 START_DEPTH = 2  # also the least "auto" reads ahead: one reader thread and a step ready
 START_DEPTH_WAITING = 16  # first reads that waited: as deep as they were read (_SPECULATE_DEPTH)
 FEED_DEPTH = 16  # the most steps "auto" reads ahead to keep record workers busy
-TRIAL_WINDOWS = 2  # windows a trial depth is judged on
-WAIT_SHARE = 0.01  # the consumer's wait, over a window's time, that asks for a deeper trial
-MIN_GAIN = 0.10  # a deeper trial pays only if its rate beats the old one by this, at least
-MAX_MARGIN = 0.5  # the noise margin, at most (a doubling of a waiting source gains ~2x)
 NOISY = MAX_MARGIN / 2  # windows whose rates spread more than this judge nothing
-DOWN_LOSS = 0.05  # a shallower trial stays if its rate is within this of the old one
 MAX_WAIT = 256  # windows before a trial after trials that went back: 1, doubling up to this
 EARLY_STEPS = 8  # a trial's first steps, after which one that clearly loses ends there
 LOSING_WAIT = 0.2  # ... by waiting this share of them, and LOSING_FACTOR times the depth left
 LOSING_FACTOR = 4
 _MAX_FIRST_STEP = 4  # the first trial up multiplies the depth by at most this
 _KEPT = 16  # moves kept for stats()
-_KEPT_RATES = 32  # window rates kept a mode (inline, reading ahead) to judge between them
 
 
 def available_cores() -> int:
@@ -122,75 +116,6 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-def _spread(rates: list[float]) -> float:
-    """The relative spread of a few rates: (max - min) / mean."""
-    mean = sum(rates) / len(rates)
-    return (max(rates) - min(rates)) / mean if mean > 0 else 0.0
-
-
-class _Trial:
-    """A depth on trial: where it came from, and what the windows before it measured."""
-
-    def __init__(self, was: int, base: list[tuple[float, float]]) -> None:
-        self.was, self.base = was, base
-        self.windows: list[tuple[float, float]] = []  # (rate, wait share) at the new depth
-
-    def measured(self) -> tuple[dict[str, float], float]:
-        """The mean rate and wait share before and after, the margin; and the noise."""
-        base, new = [r for r, _ in self.base], [r for r, _ in self.windows]
-        noise = max(_spread(base), _spread(new))
-        return {
-            "rate_before": sum(base) / len(base), "rate_after": sum(new) / len(new),
-            "wait_before": sum(w for _, w in self.base) / len(self.base),
-            "wait_after": sum(w for _, w in self.windows) / len(self.windows),
-            "margin": min(MAX_MARGIN, max(MIN_GAIN, 2 * noise)),
-        }, noise  # fmt: skip
-
-    @staticmethod
-    def paid(up: bool, m: dict[str, float]) -> bool:
-        """Whether what ``measured`` gave says the trial paid. Up: in rate, or half the
-        wait taken away at no loss of rate. Down: as fast with no new wait, or faster
-        beyond the noise."""
-        if m["rate_after"] > m["rate_before"] * (1 + m["margin"]):
-            return True
-        if m["rate_after"] < m["rate_before"] * (1 - DOWN_LOSS):
-            return False
-        if up:
-            return m["wait_after"] < 0.5 * m["wait_before"]
-        # Down: under half the wait that calls a trial up (else the next window calls one,
-        # and two depths each "pay" in turn), or, where the old depth waited that much
-        # already, not half again its wait.
-        waited = m["wait_before"] >= WAIT_SHARE
-        return m["wait_after"] <= (1.5 * m["wait_before"] if waited else WAIT_SHARE / 2)
-
-
-class _Modes:
-    """Window rates inline and reading ahead, the latest ``_KEPT_RATES`` of each: inline
-    against a reader thread is a small difference in noisy windows (0-30% in windows
-    that spread ~20% here), judged on every window of both seen lately, not on the two
-    of one trial."""
-
-    def __init__(self) -> None:
-        self._rates = {mode: collections.deque(maxlen=_KEPT_RATES) for mode in (True, False)}
-        self.inline_rate = 0.0  # the rate inline was last judged at
-
-    def add(self, inline: bool, rate: float) -> None:
-        self._rates[inline].append(rate)
-
-    def forget(self) -> None:
-        """What was measured is another loop's, or another source's."""
-        for rates in self._rates.values():
-            rates.clear()
-
-    def inline_faster(self) -> bool | None:
-        """Whether inline's windows ran faster (medians: a pause or a trial's first
-        windows do not decide); ``None`` until each mode has ``TRIAL_WINDOWS``."""
-        if min(map(len, self._rates.values())) < TRIAL_WINDOWS:
-            return None
-        inline, ahead = (statistics.median(self._rates[mode]) for mode in (True, False))
-        return inline > ahead
 
 
 def _up_factor(first: bool, window: Window, depth: int) -> int:
@@ -216,13 +141,13 @@ class Climb:
         self.depth, self._cap = START_DEPTH, START_DEPTH
         self.readers_wait = self.readers_sleep = False
         self._held: list[tuple[float, float]] = []  # (rate, wait share) at this depth
-        self._trial: _Trial | None = None
+        self._trial: Trial | None = None
         self._settle = 0  # steps to let go by before the next window counts
         self._waits_for = {"up": 1, "down": 1}  # windows before the next trial each way
         self._since = {"up": 0, "down": 0}  # windows since the last trial each way
         self._first_up = True
         self._fed_at = 0  # the step the depth last grew to feed record workers at
-        self._modes = _Modes()
+        self._modes = Modes()
         self._store = StoreWaits()
         self.moves: collections.deque[dict[str, Any]] = collections.deque(maxlen=_KEPT)
 
@@ -359,7 +284,7 @@ class Climb:
 
     def _try(self, step: int, depth: int, now: float) -> None:
         was = self.depth
-        self._trial = _Trial(was, list(self._held))
+        self._trial = Trial(was, list(self._held))
         self._since["up" if depth > was else "down"] = 0
         why = "trial deeper" if depth > was else "trial shallower"
         if 0 in (was, depth):
@@ -376,14 +301,15 @@ class Climb:
         if trial is None or trial.windows or not 0 < self.depth < trial.was:
             return False
         steps, wait = self._window.so_far()
-        before = sum(w for _, w in trial.base) / len(trial.base) if trial.base else 0.0
-        return steps == EARLY_STEPS and wait >= max(LOSING_WAIT, LOSING_FACTOR * before)
+        return steps == EARLY_STEPS and wait >= max(
+            LOSING_WAIT, LOSING_FACTOR * trial.wait_before()
+        )
 
     def _lost_early(self, step: int, now: float) -> None:
         trial = self._trial
         assert trial is not None
-        before = sum(w for _, w in trial.base) / len(trial.base) if trial.base else 0.0
-        rates = {"wait_before": round(before, 4), "wait_after": round(self._window.so_far()[1], 4)}
+        wait_after = self._window.so_far()[1]
+        rates = {"wait_before": round(trial.wait_before(), 4), "wait_after": round(wait_after, 4)}
         self._back(step, trial, "lost early", now, rates)
 
     def _judge(self, step: int, window: tuple[float, float], now: float) -> None:
@@ -418,13 +344,13 @@ class Climb:
         why = "too noisy to judge" if noise > NOISY and faster is None else "did not pay"
         self._back(step, trial, why, now, rates)
 
-    def _end(self, trial: _Trial) -> None:
+    def _end(self, trial: Trial) -> None:
         """The trial is over: the wait before the next one its way counts from now."""
         self._since["up" if self.depth > trial.was else "down"] = 0
         self._first_up = self._first_up and not self.depth > trial.was
         self._trial = None
 
-    def _back(self, step: int, trial: _Trial, why: str, now: float, rates: dict) -> None:
+    def _back(self, step: int, trial: Trial, why: str, now: float, rates: dict) -> None:
         """The trial did not pay: back to its depth, and the next trial its way waits
         twice as long (at most ``MAX_WAIT`` windows)."""
         up = self.depth > trial.was
