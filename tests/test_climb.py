@@ -15,7 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from meshfeed.feed._climb import EARLY_STEPS, MAX_MARGIN, START_DEPTH, Climb
+from meshfeed.feed._climb import START_DEPTH, Climb
+from meshfeed.feed._trial import EARLY_STEPS, MAX_MARGIN
 
 CORES = 2
 
@@ -336,7 +337,7 @@ class Sleeper:
             ready = sum(1 for s in done if done[s] <= ask)  # the asked step's too
             at = max(ask, done.pop(step))
             flush(at)
-            trial = climb.on_trial
+            trial = climb.moves[-1]["why"].startswith("trial")  # a trial on (its move last)
             depth = climb.took(step, at, at - ask, ready)
             log.append((depth, at - taken, at - ask, trial))
             taken = at

@@ -95,17 +95,12 @@ import os
 from typing import Any
 
 from meshfeed.feed._store_waits import StoreWaits
-from meshfeed.feed._trial import MAX_MARGIN, TRIAL_WINDOWS, WAIT_SHARE, Modes, Trial
+from meshfeed.feed._trial import MAX_WAIT, TRIAL_WINDOWS, WAIT_SHARE, Backoff, Modes, Trial
 from meshfeed.feed._window import MIN_WINDOW_STEPS, Window
 
 START_DEPTH = 2  # also the least "auto" reads ahead: one reader thread and a step ready
 START_DEPTH_WAITING = 16  # first reads that waited: as deep as they were read (_SPECULATE_DEPTH)
 FEED_DEPTH = 16  # the most steps "auto" reads ahead to keep record workers busy
-NOISY = MAX_MARGIN / 2  # windows whose rates spread more than this judge nothing
-MAX_WAIT = 256  # windows before a trial after trials that went back: 1, doubling up to this
-EARLY_STEPS = 8  # a trial's first steps, after which one that clearly loses ends there
-LOSING_WAIT = 0.2  # ... by waiting this share of them, and LOSING_FACTOR times the depth left
-LOSING_FACTOR = 4
 _MAX_FIRST_STEP = 4  # the first trial up multiplies the depth by at most this
 _KEPT = 16  # moves kept for stats()
 
@@ -143,18 +138,12 @@ class Climb:
         self._held: list[tuple[float, float]] = []  # (rate, wait share) at this depth
         self._trial: Trial | None = None
         self._settle = 0  # steps to let go by before the next window counts
-        self._waits_for = {"up": 1, "down": 1}  # windows before the next trial each way
-        self._since = {"up": 0, "down": 0}  # windows since the last trial each way
+        self._due = Backoff()  # when the next trial each way is due
         self._first_up = True
         self._fed_at = 0  # the step the depth last grew to feed record workers at
         self._modes = Modes()
         self._store = StoreWaits()
         self.moves: collections.deque[dict[str, Any]] = collections.deque(maxlen=_KEPT)
-
-    @property
-    def on_trial(self) -> bool:
-        """Whether a depth is on trial now."""
-        return self._trial is not None
 
     # Reads, from the readers' threads.
 
@@ -219,8 +208,10 @@ class Climb:
             if self._settle == 0:
                 self._window.reset(now)
             return self.depth
-        if self._losing():
-            self._lost_early(step, now)
+        trial = self._trial
+        if trial is not None and trial.losing(*self._window.so_far()):
+            rates = {"wait_before": trial.wait_before(), "wait_after": self._window.so_far()[1]}
+            self._back(step, trial, "lost early", now, rates)
             return self.depth
         if not self._window.full(now):
             return self.depth
@@ -231,7 +222,7 @@ class Climb:
         self.readers_sleep = self._window.readers_sleep or self._store.reads > 0
         self._store.reads = 0
         self._modes.add(self.depth == 0, window[0])
-        self._since = {k: v + 1 for k, v in self._since.items()}
+        self._due.window()
         floor = self.store_floor()
         if self._trial is None and self.depth < floor:
             self._move(step, floor, self._store.why(self._window.own_s), now)
@@ -247,23 +238,16 @@ class Climb:
         if self.depth == 0:  # inline: read ahead again when the rate fell from the one
             # inline was kept at (the loop or the source changed), when reads wait (as
             # often as trials up are due), or every MAX_WAIT windows, to check
-            slower = window[0] < 0.5 * self._modes.inline_rate  # not noise, nor a cold cache
-            due = self._since["up"] >= (self._waits_for["up"] if self.readers_wait else MAX_WAIT)
-            if slower:  # what was measured before is another loop's, or another source's
-                self._modes.forget()
-            if slower or due:  # as deep as a start whose first reads waited, if they do
+            due = self._due.due("up") if self.readers_wait else self._due.since["up"] >= MAX_WAIT
+            if self._modes.leave_inline(window[0], due):  # as deep as a start whose first
+                # reads waited, if they do
                 depth = START_DEPTH_WAITING if self.readers_wait else START_DEPTH
                 self._try(step, min(self._cap, depth), now)
             return
         if window[1] >= WAIT_SHARE and self.readers_wait and self.depth < self._cap:
-            if self._since["up"] >= self._waits_for["up"]:
-                self._try(
-                    step,
-                    min(
-                        self._cap, _up_factor(self._first_up, self._window, self.depth) * self.depth
-                    ),
-                    now,
-                )
+            if self._due.due("up"):
+                deeper = _up_factor(self._first_up, self._window, self.depth) * self.depth
+                self._try(step, min(self._cap, deeper), now)
         elif not self.readers_wait or 4 * self._window.least >= 3 * self.depth:
             # Readers that compute gain nothing from the depth (a start misjudged, a
             # store that stopped waiting); or half the depth would have had a quarter
@@ -273,44 +257,23 @@ class Climb:
     def _try_down(self, step: int, now: float) -> None:
         if self._workers:  # a step ahead is a step in the workers' hands: shared memory only
             return
-        if self.depth > 0 and self._since["down"] >= self._waits_for["down"]:
+        if self.depth > 0 and self._due.due("down"):
             half = self.depth // 2  # below START_DEPTH: inline (the consumer reads);
             # for reads that wait, only every MAX_WAIT windows (inline waits them all);
             # never under the store's floor
             if half < self.store_floor():
                 return
-            if half >= START_DEPTH or not self.readers_wait or self._since["down"] >= MAX_WAIT:
+            if half >= START_DEPTH or not self.readers_wait or self._due.since["down"] >= MAX_WAIT:
                 self._try(step, half if half >= START_DEPTH else 0, now)
 
     def _try(self, step: int, depth: int, now: float) -> None:
         was = self.depth
-        self._trial = Trial(was, list(self._held))
-        self._since["up" if depth > was else "down"] = 0
+        self._trial = Trial(was, depth, list(self._held))
+        self._due.since["up" if depth > was else "down"] = 0  # due counts from its end
         why = "trial deeper" if depth > was else "trial shallower"
         if 0 in (was, depth):
             why = "trial inline" if depth == 0 else "trial reading ahead"
         self._move(step, depth, why, now)
-
-    def _losing(self) -> bool:
-        """The trial's first ``EARLY_STEPS`` steps waited ``LOSING_WAIT`` of their time,
-        and ``LOSING_FACTOR`` times what the windows before it waited: a depth too
-        shallow for the source shows it at once, and each further step costs a wait.
-        Trials down only, not to inline (which waits on every read by design): a
-        deeper trial is there to cut a wait, and judged on rates."""
-        trial = self._trial
-        if trial is None or trial.windows or not 0 < self.depth < trial.was:
-            return False
-        steps, wait = self._window.so_far()
-        return steps == EARLY_STEPS and wait >= max(
-            LOSING_WAIT, LOSING_FACTOR * trial.wait_before()
-        )
-
-    def _lost_early(self, step: int, now: float) -> None:
-        trial = self._trial
-        assert trial is not None
-        wait_after = self._window.so_far()[1]
-        rates = {"wait_before": round(trial.wait_before(), 4), "wait_after": round(wait_after, 4)}
-        self._back(step, trial, "lost early", now, rates)
 
     def _judge(self, step: int, window: tuple[float, float], now: float) -> None:
         trial = self._trial
@@ -318,48 +281,28 @@ class Climb:
         trial.windows.append(window)
         if len(trial.windows) < TRIAL_WINDOWS:
             return
-        measured, noise = trial.measured()
-        base_rate, new_rate, margin = (measured[k] for k in ("rate_before", "rate_after", "margin"))
-        up = self.depth > trial.was
-        inline_trial = 0 in (self.depth, trial.was)
-        faster = self._modes.inline_faster() if inline_trial else None
-        if faster is not None:  # whichever mode's windows ran faster lately
-            stays = faster == (self.depth == 0)
-        elif noise > NOISY:  # the windows disagree among themselves: no verdict, no move
-            stays = False
-        elif inline_trial:  # inline waits on every read by design: rates alone
-            stays = new_rate > base_rate * (1 + margin / 2)
-        else:
-            stays = trial.paid(up, measured)
-        rates = {k: round(v, 4 if "wait" in k else 3 if k == "margin" else 2)
-                 for k, v in measured.items()}  # fmt: skip
-        if inline_trial:
-            self._modes.inline_rate = new_rate if self.depth == 0 else base_rate
-        if stays:
-            self._end(trial)
-            self._waits_for["up" if up else "down"] = 1
-            self._held = list(trial.windows)
-            self._note(step, trial.was, self.depth, f"kept: {'up' if up else 'down'} paid", rates)
+        stays, why, rates = trial.verdict(self._modes.inline_faster() if trial.inline else None)
+        if trial.inline:
+            self._modes.inline_rate = rates["rate_after" if self.depth == 0 else "rate_before"]
+        if not stays:
+            self._back(step, trial, why, now, rates)
             return
-        why = "too noisy to judge" if noise > NOISY and faster is None else "did not pay"
-        self._back(step, trial, why, now, rates)
+        self._end(trial, stayed=True)
+        self._held = list(trial.windows)
+        self._note(step, trial.was, self.depth, f"kept: {trial.way} paid", rates)
 
-    def _end(self, trial: Trial) -> None:
-        """The trial is over: the wait before the next one its way counts from now."""
-        self._since["up" if self.depth > trial.was else "down"] = 0
-        self._first_up = self._first_up and not self.depth > trial.was
+    def _end(self, trial: Trial, *, stayed: bool) -> None:
+        """The trial is over: the next one its way is due from now (``Backoff``)."""
+        self._due.ended(trial.way, stayed)
+        self._first_up = self._first_up and not trial.up
         self._trial = None
 
     def _back(self, step: int, trial: Trial, why: str, now: float, rates: dict) -> None:
-        """The trial did not pay: back to its depth, and the next trial its way waits
-        twice as long (at most ``MAX_WAIT`` windows)."""
-        up = self.depth > trial.was
-        direction = "up" if up else "down"
-        self._end(trial)
-        self._waits_for[direction] = min(MAX_WAIT, 2 * self._waits_for[direction])
-        self._move(step, trial.was, f"back: {direction} {why}", now, rates)
+        """The trial did not pay: back to its depth."""
+        self._end(trial, stayed=False)
+        self._move(step, trial.was, f"back: {trial.way} {why}", now, rates)
         self._held = list(trial.base)
-        if up:  # deeper did not pay: maybe shallower does (a start too deep, say)
+        if trial.up:  # deeper did not pay: maybe shallower does (a start too deep, say)
             self._try_down(step, now)
 
     def _move(
@@ -374,4 +317,6 @@ class Climb:
         self._note(step, was, depth, why, rates)
 
     def _note(self, step: int, was: int, depth: int, why: str, rates: dict | None) -> None:
-        self.moves.append({"step": step, "depth": depth, "was": was, "why": why, **(rates or {})})
+        rates = {k: round(v, 4 if "wait" in k else 3 if k == "margin" else 2)
+                 for k, v in (rates or {}).items()}  # fmt: skip
+        self.moves.append({"step": step, "depth": depth, "was": was, "why": why, **rates})

@@ -19,6 +19,11 @@ MIN_GAIN = 0.10  # a deeper trial pays only if its rate beats the old one by thi
 MAX_MARGIN = 0.5  # the noise margin, at most (a doubling of a waiting source gains ~2x)
 DOWN_LOSS = 0.05  # a shallower trial stays if its rate is within this of the old one
 KEPT_RATES = 32  # window rates kept a mode (inline, reading ahead) to judge between them
+NOISY = MAX_MARGIN / 2  # windows whose rates spread more than this judge nothing
+EARLY_STEPS = 8  # a trial's first steps, after which one that clearly loses ends there
+LOSING_WAIT = 0.2  # ... by waiting this share of them, and LOSING_FACTOR times the depth left
+LOSING_FACTOR = 4
+MAX_WAIT = 256  # windows before a trial after trials that went back: 1, doubling up to this
 
 
 def spread(rates: list[float]) -> float:
@@ -30,9 +35,38 @@ def spread(rates: list[float]) -> float:
 class Trial:
     """A depth on trial: where it came from, and what the windows before it measured."""
 
-    def __init__(self, was: int, base: list[tuple[float, float]]) -> None:
-        self.was, self.base = was, base
+    def __init__(self, was: int, depth: int, base: list[tuple[float, float]]) -> None:
+        self.was, self.depth, self.base = was, depth, base
         self.windows: list[tuple[float, float]] = []  # (rate, wait share) at the new depth
+        self.up = depth > was
+        self.way = "up" if self.up else "down"
+        self.inline = 0 in (was, depth)  # to or from inline, judged by ``Modes``
+
+    def losing(self, steps: int, wait: float) -> bool:
+        """Whether the trial's first ``EARLY_STEPS`` steps (``steps`` so far in its first
+        window, ``wait`` of their time waiting) waited ``LOSING_WAIT`` of their time, and
+        ``LOSING_FACTOR`` times what the windows before it waited: a depth too shallow
+        for the source shows it at once, and each further step costs a wait. Trials down
+        only, not to inline (which waits on every read by design): a deeper trial is
+        there to cut a wait, and judged on rates."""
+        if self.windows or not 0 < self.depth < self.was or steps != EARLY_STEPS:
+            return False
+        return wait >= max(LOSING_WAIT, LOSING_FACTOR * self.wait_before())
+
+    def verdict(self, inline_faster: bool | None) -> tuple[bool, str, dict[str, float]]:
+        """Whether the depth stays, how it was judged (``"paid"``, ``"did not pay"``,
+        ``"too noisy to judge"``) and the rates judged. ``inline_faster``: for a trial
+        to or from inline, what ``Modes`` says (``None``: too few windows yet)."""
+        measured, noise = self.measured()
+        if inline_faster is not None:  # whichever mode's windows ran faster lately
+            stays = inline_faster == (self.depth == 0)
+        elif noise > NOISY:  # the windows disagree among themselves: no verdict, no move
+            return False, "too noisy to judge", measured
+        elif self.inline:  # inline waits on every read by design: rates alone
+            stays = measured["rate_after"] > measured["rate_before"] * (1 + measured["margin"] / 2)
+        else:
+            stays = self.paid(self.up, measured)
+        return stays, "paid" if stays else "did not pay", measured
 
     def wait_before(self) -> float:
         """The wait share of the windows before the trial (0 with none)."""
@@ -85,6 +119,16 @@ class Modes:
         for rates in self._rates.values():
             rates.clear()
 
+    def leave_inline(self, rate: float, due: bool) -> bool:
+        """Whether inline, at a window's ``rate``, tries reading ahead again: when a
+        trial is ``due``, or the rate fell to half the one inline was kept at (not
+        noise, nor a cold cache: the loop or the source changed, and what was measured
+        before is forgotten)."""
+        slower = rate < 0.5 * self.inline_rate
+        if slower:
+            self.forget()
+        return slower or due
+
     def inline_faster(self) -> bool | None:
         """Whether inline's windows ran faster (medians: a pause or a trial's first
         windows do not decide); ``None`` until each mode has ``TRIAL_WINDOWS``."""
@@ -92,3 +136,26 @@ class Modes:
             return None
         inline, ahead = (statistics.median(self._rates[mode]) for mode in (True, False))
         return inline > ahead
+
+
+class Backoff:
+    """When the next trial each way (``"up"``, ``"down"``) is due: ``waits`` windows
+    after the last one ended, 1 at first and after a trial that stayed, twice as many
+    after each that went back (at most ``MAX_WAIT``), so a run pays for failed trials
+    less and less often, and a source that changes is followed both ways."""
+
+    def __init__(self) -> None:
+        self.waits = {"up": 1, "down": 1}  # windows before the next trial each way
+        self.since = {"up": 0, "down": 0}  # windows since the last trial each way ended
+
+    def window(self) -> None:
+        """A window went by."""
+        self.since = {k: v + 1 for k, v in self.since.items()}
+
+    def due(self, way: str) -> bool:
+        return self.since[way] >= self.waits[way]
+
+    def ended(self, way: str, stayed: bool) -> None:
+        """A trial that way ended (or started: it counts from there too)."""
+        self.since[way] = 0
+        self.waits[way] = 1 if stayed else min(MAX_WAIT, 2 * self.waits[way])
