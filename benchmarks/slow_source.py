@@ -106,6 +106,7 @@ def child(latency_ms: float, prefetch: str, steps: int, warmup: int) -> dict[str
         "steps_per_s": steps / (t1 - t0),
         "depth": loader.prefetch_depth,
         "trials": sum(m["why"].startswith("trial") for m in moves),
+        "moves": moves,
         "jax": jax.__version__,
     }
 

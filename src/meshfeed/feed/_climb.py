@@ -40,8 +40,9 @@ The rules now:
 - Down, when the readers compute (the depth cannot help them: a start misjudged, a
   store that stopped waiting), when a window had three quarters of the depth ready at
   every ask (half the depth would still have had a quarter to spare), or right after a
-  trial up did not pay: half the depth; below 2, *inline* (depth 0: the consumer reads
-  each step itself, no thread, no hand-off). It stays if its rate is within
+  trial up did not pay where readers compute (not where a wait on readers that wait
+  called it: shallower would only wait more): half the depth; below 2, *inline* (depth
+  0: the consumer reads each step itself, no thread, no hand-off). It stays if its rate is within
   ``DOWN_LOSS`` of the old one with no new wait, or beat it by the margin. No new wait
   is under half ``WAIT_SHARE`` (else the next window calls a trial up, and two depths
   each "pay" in turn), or, where the old depth waited that much already, not half
@@ -302,8 +303,9 @@ class Climb:
         self._end(trial, stayed=False)
         self._move(step, trial.was, f"back: {trial.way} {why}", now, rates)
         self._held = list(trial.base)
-        if trial.up:  # deeper did not pay: maybe shallower does (a start too deep, say)
-            self._try_down(step, now)
+        if trial.up and not self.readers_wait:  # deeper did not pay: maybe shallower
+            self._try_down(step, now)  # does (a start misjudged); not where the wait that
+            # called the trial was on readers that wait: shallower only waits more
 
     def _move(
         self, step: int, depth: int, why: str, now: float, rates: dict[str, Any] | None = None

@@ -21,7 +21,7 @@ DOWN_LOSS = 0.05  # a shallower trial stays if its rate is within this of the ol
 KEPT_RATES = 32  # window rates kept a mode (inline, reading ahead) to judge between them
 NOISY = MAX_MARGIN / 2  # windows whose rates spread more than this judge nothing
 EARLY_STEPS = 8  # a trial's first steps, after which one that clearly loses ends there
-LOSING_WAIT = 0.2  # ... by waiting this share of them, and LOSING_FACTOR times the depth left
+LOSING_WAIT = 0.1  # ... by waiting this share of them, and LOSING_FACTOR times the depth left
 LOSING_FACTOR = 4
 MAX_WAIT = 256  # windows before a trial after trials that went back: 1, doubling up to this
 
