@@ -294,7 +294,7 @@ class Climb:
 
     def _end(self, trial: Trial, *, stayed: bool) -> None:
         """The trial is over: the next one its way is due from now (``Backoff``)."""
-        self._due.ended(trial.way, stayed)
+        self._due.ended(trial, stayed)
         self._first_up = self._first_up and not trial.up
         self._trial = None
 

@@ -139,23 +139,35 @@ class Modes:
 
 
 class Backoff:
-    """When the next trial each way (``"up"``, ``"down"``) is due: ``waits`` windows
-    after the last one ended, 1 at first and after a trial that stayed, twice as many
+    """When the next trial each way (``"up"``, ``"down"``) is due: windows after the
+    last one that way ended, 1 at first and after a trial that stayed, twice as many
     after each that went back (at most ``MAX_WAIT``), so a run pays for failed trials
-    less and less often, and a source that changes is followed both ways."""
+    less and less often, and a source that changes is followed both ways. A trial
+    that stayed and was undone by one the other way that stayed too (2 deep, then 4
+    again: two depths within the noise of each other) counts as one that went back."""
 
     def __init__(self) -> None:
-        self.waits = {"up": 1, "down": 1}  # windows before the next trial each way
+        self.failed = {"up": 0, "down": 0}  # trials each way in a row that did not pay
+        self._before = {"up": 0, "down": 0}  # ... before the last that stayed
         self.since = {"up": 0, "down": 0}  # windows since the last trial each way ended
+        self._kept: tuple[int, int] | None = None  # the last trial that stayed: from, to
 
     def window(self) -> None:
         """A window went by."""
         self.since = {k: v + 1 for k, v in self.since.items()}
 
     def due(self, way: str) -> bool:
-        return self.since[way] >= self.waits[way]
+        return self.since[way] >= min(MAX_WAIT, 1 << self.failed[way])
 
-    def ended(self, way: str, stayed: bool) -> None:
-        """A trial that way ended (or started: it counts from there too)."""
+    def ended(self, trial: Trial, stayed: bool) -> None:
+        """``trial`` ended, its depth kept or not."""
+        way = trial.way
         self.since[way] = 0
-        self.waits[way] = 1 if stayed else min(MAX_WAIT, 2 * self.waits[way])
+        if not stayed:
+            self.failed[way] += 1
+            return
+        self._before[way], self.failed[way] = self.failed[way], 0
+        if self._kept == (trial.depth, trial.was):  # it undid the last that stayed
+            other = "down" if trial.up else "up"
+            self.failed[other] = self._before[other] + 1
+        self._kept = (trial.was, trial.depth)
