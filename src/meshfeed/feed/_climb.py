@@ -95,7 +95,7 @@ import math
 import os
 from typing import Any
 
-from meshfeed.feed._store_waits import StoreWaits
+from meshfeed.feed._store_waits import Floor
 from meshfeed.feed._trial import MAX_WAIT, TRIAL_WINDOWS, WAIT_SHARE, Backoff, Modes, Trial
 from meshfeed.feed._window import MIN_WINDOW_STEPS, Window
 
@@ -143,7 +143,8 @@ class Climb:
         self._first_up = True
         self._fed_at = 0  # the step the depth last grew to feed record workers at
         self._modes = Modes()
-        self._store = StoreWaits()
+        self._floor = Floor()  # a store's wait, or sleeping reads', kept in flight
+        self._store = self._floor.store
         self.moves: collections.deque[dict[str, Any]] = collections.deque(maxlen=_KEPT)
 
     # Reads, from the readers' threads.
@@ -156,11 +157,11 @@ class Climb:
         """A read took ``wall_s`` seconds, ``busy_s`` of them on a CPU, and waited
         ``store_s`` on a store behind a URL (its longest wait)."""
         self._window.read(now, wall_s, busy_s)
-        self._store.add(store_s)
+        self._floor.add(wall_s, busy_s, store_s)
 
-    def store_floor(self) -> int:
-        """The least depth that keeps the store's usual wait out of the consumer's way."""
-        return self._store.floor(self._window.own_s, min(self._cap, START_DEPTH_WAITING))
+    def floor(self) -> tuple[int, str]:
+        """The least depth that keeps reads' usual wait out of the loop's way, and why."""
+        return self._floor.depth(self._window.own_s, self._cap, self.readers_sleep)
 
     # The depth.
 
@@ -224,9 +225,9 @@ class Climb:
         self._store.reads = 0
         self._modes.add(self.depth == 0, window[0])
         self._due.window()
-        floor = self.store_floor()
+        floor, why = self.floor()
         if self._trial is None and self.depth < floor:
-            self._move(step, floor, self._store.why(self._window.own_s), now)
+            self._move(step, floor, why, now)
         elif self._trial is None:
             self._hold(step, window, now)
         else:
@@ -262,7 +263,7 @@ class Climb:
             half = self.depth // 2  # below START_DEPTH: inline (the consumer reads);
             # for reads that wait, only every MAX_WAIT windows (inline waits them all);
             # never under the store's floor
-            if half < self.store_floor():
+            if half < self.floor()[0]:
                 return
             if half >= START_DEPTH or not self.readers_wait or self._due.since["down"] >= MAX_WAIT:
                 self._try(step, half if half >= START_DEPTH else 0, now)
