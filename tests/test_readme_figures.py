@@ -73,6 +73,20 @@ def _wait(*, read_ahead: bool = False) -> list[str]:
     return figures
 
 
+def _slow_source() -> list[str]:
+    def worst(latency: float, *, fixed: bool = False) -> str:
+        (row,) = _lines("slow_source.jsonl", name=f"summary:{latency:g}ms")
+        waits = row["fixed"]["input_wait_share"] if fixed else row["input_wait_share"]["auto"]
+        return f"{100 * max(waits):.1f}%"
+
+    return [
+        worst(2.0),
+        f"`prefetch=2` {worst(2.0, fixed=True)}",
+        f"behind 20 ms {worst(20.0)}",
+        f"`prefetch=16`: {worst(20.0, fixed=True)}",
+    ]
+
+
 def _prepare() -> list[str]:
     def ratio(to: str) -> float:
         return _one("prepare.jsonl", f"ratio_to_{to}", name="meshfeed")
@@ -266,6 +280,7 @@ BOTH: Checks = {  # rows both pages show, by a start of the first cell common to
     "`meshfeed.select` on 2 workers, a 20 µs predicate": _select,
     "a loader over a selection": _selection,
     "input wait behind 20 ms per read": _wait,
+    "input wait behind 2 ms per read, 5 fresh processes": _slow_source,
     "text to tokens, `meshfeed.prepare` with 2 workers": _prepare,
     "conversations to HF's chat-template tokens and masks": _chat,
     "WebDataset shards read by index": _tar_loading,
