@@ -172,10 +172,17 @@ def test_loader_holds_its_position_and_reset_starts_over():
     loader = meshfeed.Loader(
         meshfeed.ArraySource(make_arrays(32)), global_batch_size=16, sharding=_sharding()
     )
-    assert len(list(loader)) == 2
-    assert list(loader) == []
+    first = list(loader)
+    assert len(first) == 2
+    it = iter(loader)
+    next(it)
+    del it  # a loop left early: the next one continues where it stopped
+    assert len(list(loader)) == 1 and loader.step == 4  # then the next epoch's loop
     loader.reset()
-    assert len(list(loader)) == 2
+    again = list(loader)
+    assert [np.asarray(b["label"]).tolist() for b in again] == [
+        np.asarray(b["label"]).tolist() for b in first
+    ]
 
 
 def test_endless_loader_has_no_len_but_keeps_going():
@@ -278,9 +285,12 @@ def test_a_state_from_another_run_is_refused(change, match):
 def test_a_state_that_is_not_one_is_refused():
     with pytest.raises(ValueError, match=r"pass the dict returned by Loader\.state"):
         _loader().restore({"step": 3})
-    state = _loader().state()
-    with pytest.raises(ValueError, match="past this loader's 6 steps"):
-        _loader().restore({**state, "step": 7})
+    ramp = _loader(global_batch_size=[(0, 8), (2, 16)])
+    with pytest.raises(ValueError, match=r"past this loader's \d+ steps"):
+        ramp.restore({**ramp.state(), "step": 100})
+    loader = _loader()  # fixed steps: a state past the first pass is in a later one
+    loader.restore({**loader.state(), "step": 7})
+    assert len(list(loader)) == 5 and loader.step == 12
 
 
 def test_arguments_are_read_only_attributes():
@@ -291,3 +301,19 @@ def test_arguments_are_read_only_attributes():
     with pytest.raises(AttributeError):
         loader.plan = None  # type: ignore[misc]
     assert loader.seed == 3 and loader.ids(0).tolist() == _loader(seed=3).ids(0).tolist()
+
+
+def test_each_option_is_explained_once_and_in_the_docstring():
+    """One text an option (``OPTION_DOCS``): the signature, ``LoaderOptions`` and the
+    texts name the same options, and ``Loader``'s Args are those texts."""
+    import dataclasses
+    import inspect
+
+    from meshfeed.feed._option_docs import OPTION_DOCS
+
+    signature = list(inspect.signature(meshfeed.Loader).parameters)
+    fields = [f.name for f in dataclasses.fields(meshfeed.LoaderOptions) if f.init]
+    assert signature == list(OPTION_DOCS) == ["source", *fields]
+    doc = meshfeed.Loader.__doc__ or ""
+    for name, text in OPTION_DOCS.items():
+        assert f"\n      {name}: {text.split()[0]}" in doc, name

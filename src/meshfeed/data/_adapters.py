@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed.data._sources import FieldSpec, check_ids
+from meshfeed.data._sources import FieldSpec, check_ids, example_at
 
 OBJECT = np.dtype(object)
 
@@ -77,8 +77,10 @@ class _Records:
         """The number of examples."""
         return self._n
 
-    def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
+    def __getitem__(self, ids: np.ndarray | int) -> dict[str, Any]:
         """The examples ``ids`` (a 1-D int array): one array per field, a row per id."""
+        if isinstance(ids, int | np.integer):  # source[i]: one example
+            return example_at(self, ids)
         ids = check_ids(ids, self._n, self.name)
         return _stack([self._record(i) for i in ids.tolist()], self._fields, self.name, ids)
 
@@ -170,8 +172,10 @@ class ArrayRecordSource:
         """The number of examples."""
         return len(self._records)
 
-    def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
+    def __getitem__(self, ids: np.ndarray | int) -> dict[str, Any]:
         """The examples ``ids`` (a 1-D int array): one array per field, a row per id."""
+        if isinstance(ids, int | np.integer):  # source[i]: one example
+            return example_at(self, ids)
         ids = check_ids(ids, len(self), self._records.name)
         raws = self._reader.__getitems__(ids.tolist())  # one batched read
         self.records_read += len(raws)

@@ -11,7 +11,7 @@ import numpy as np
 
 from meshfeed.data._files import Blob, RowFile
 from meshfeed.data._ragged import Ragged
-from meshfeed.data._sources import FieldSpec, fields_text
+from meshfeed.data._sources import FieldSpec, example_at, fields_text
 
 _ROW_BY_ROW = 16 << 10  # rows this large are copied one by one (a call a row is then cheap)
 
@@ -113,8 +113,10 @@ class ArraySource:
         """The number of examples."""
         return self._len
 
-    def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
+    def __getitem__(self, ids: np.ndarray | int) -> dict[str, Any]:
         """The examples ``ids`` (a 1-D int array): one array per field, a row per id."""
+        if isinstance(ids, int | np.integer):  # source[i]: one example
+            return example_at(self, ids)
         return {name: gather(ids) for name, gather in self._gathers.items()}
 
     def read_into(self, ids: np.ndarray, out: Mapping[str, np.ndarray]) -> None:

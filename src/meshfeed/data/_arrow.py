@@ -17,7 +17,7 @@ import numpy as np
 
 from meshfeed.data._adapters import OBJECT, require
 from meshfeed.data._ragged import Ragged
-from meshfeed.data._sources import FieldSpec, check_ids
+from meshfeed.data._sources import FieldSpec, check_ids, example_at
 
 T = TypeVar("T")
 
@@ -149,8 +149,10 @@ class HFSource:
         """The number of examples."""
         return self._n
 
-    def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
+    def __getitem__(self, ids: np.ndarray | int) -> dict[str, Any]:
         """The examples ``ids`` (a 1-D int array): one array per field, a row per id."""
+        if isinstance(ids, int | np.integer):  # source[i]: one example
+            return example_at(self, ids)
         ids = check_ids(ids, self._n, "HFSource")
         out: dict[str, Any] = {}
         rows = self._numpy[ids] if self._numpy is not None else {}

@@ -31,6 +31,7 @@ from meshfeed.data._sources import (
     check_ids,
     describe,
     document_lengths,
+    example_at,
     gather_by_part,
     thread_safe,
 )
@@ -191,8 +192,10 @@ class Mixture:
         """(source index, example id in that source) of each mixture id."""
         return self._require().locate(np.asarray(ids, dtype=np.int64))
 
-    def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
+    def __getitem__(self, ids: np.ndarray | int) -> dict[str, Any]:
         """The examples at positions ``ids``, each read from the source that position names."""
+        if isinstance(ids, int | np.integer):  # source[i]: one example
+            return example_at(self, ids)
         ids = check_ids(ids, len(self), "this mixture")
         which, local = self.locate(ids)
         return gather_by_part(which, local, self.fields, lambda s, rows: self.sources[s][rows])

@@ -37,6 +37,7 @@ from meshfeed.data._sources import (
     Source,
     check_ids,
     document_lengths,
+    example_at,
     field_text,
     thread_safe,
 )
@@ -138,8 +139,10 @@ class Packed:
             )
         ]
 
-    def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+    def __getitem__(self, ids: np.ndarray | int) -> dict[str, np.ndarray]:
         """The packed rows ``ids``, built from the documents the plan puts in them."""
+        if isinstance(ids, int | np.integer):  # source[i]: one example
+            return example_at(self, ids)
         ids = check_ids(ids, len(self), "this packed source")
         plan, seq_len, n = self.plan, self.seq_len, len(ids)
         first, last = plan.row_starts[ids], plan.row_starts[ids + 1]

@@ -28,7 +28,7 @@ import numpy as np
 from meshfeed.data._adapters import OBJECT, require
 from meshfeed.data._arrow import arrow_column, arrow_spec, list_lengths, one_length, ragged_field
 from meshfeed.data._catalog import catalog_dir, quoted, read_catalog, stamp
-from meshfeed.data._sources import FieldSpec, check_ids, gather_by_part, locate
+from meshfeed.data._sources import FieldSpec, check_ids, example_at, gather_by_part, locate
 from meshfeed.data._store import no_catalog
 from meshfeed.storage._blob import Blob
 from meshfeed.storage._handles import limit_open_files
@@ -265,8 +265,10 @@ class ParquetSource:
                     self._cached -= sum(a.nbytes for a in dropped.values())
             return group
 
-    def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
+    def __getitem__(self, ids: np.ndarray | int) -> dict[str, Any]:
         """The examples ``ids`` (a 1-D int array): one array per field, a row per id."""
+        if isinstance(ids, int | np.integer):  # source[i]: one example
+            return example_at(self, ids)
         ids = check_ids(ids, self._n, self.path)
         group, local = locate(self._starts, ids)
         return gather_by_part(

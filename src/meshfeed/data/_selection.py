@@ -19,7 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed.data._sources import Column, FieldSpec, Source, check_ids, document_lengths
+from meshfeed.data._sources import (
+    Column,
+    FieldSpec,
+    Source,
+    check_ids,
+    document_lengths,
+    example_at,
+)
 
 
 def kept_dtype(n: int) -> np.dtype:
@@ -84,8 +91,10 @@ class Selection:
         """The source's ids of kept examples ``ids``."""
         return self._kept[check_ids(ids, len(self._kept), "a selection")].astype(np.int64)
 
-    def __getitem__(self, ids: np.ndarray) -> Mapping[str, Column]:
+    def __getitem__(self, ids: np.ndarray | int) -> Mapping[str, Column]:
         """Kept examples ``ids``: the source's rows of their ids there."""
+        if isinstance(ids, int | np.integer):  # source[i]: one example
+            return example_at(self, ids)
         return self._source[self.ids_in_source(ids)]
 
     @property

@@ -15,7 +15,14 @@ from typing import Any
 import numpy as np
 
 from meshfeed.data._files import NpyRows, RaggedRows
-from meshfeed.data._sources import FieldSpec, check_ids, fields_text, gather_by_part, locate
+from meshfeed.data._sources import (
+    FieldSpec,
+    check_ids,
+    example_at,
+    fields_text,
+    gather_by_part,
+    locate,
+)
 from meshfeed.storage._blob import is_url
 from meshfeed.storage._remote import merge, remote_pool
 
@@ -87,8 +94,10 @@ class ShardedSource:
                 fetched += sum(hi - lo for lo, hi, _ in merged)
         return requests, fetched
 
-    def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
+    def __getitem__(self, ids: np.ndarray | int) -> dict[str, Any]:
         """The examples ``ids`` (a 1-D int array): one array per field, a row per id."""
+        if isinstance(ids, int | np.integer):  # source[i]: one example
+            return example_at(self, ids)
         ids = check_ids(ids, self._len, self.name)
         shard, local = locate(self._starts, ids)
         parts = np.unique(shard).tolist()

@@ -99,6 +99,19 @@ def document_lengths(source: Source, field: str, *, chunk: int = 65_536) -> np.n
     return np.concatenate(parts).astype(np.int64)
 
 
+def example_at(source: Source, index: int | np.integer) -> dict[str, Any]:
+    """``source[i]`` for an int ``i`` (negative counts from the end): the example,
+    each field's one row of ``source[np.array([i])]`` (a ragged field's document as an
+    array). What every built-in source's ``__getitem__`` gives for an int."""
+    if isinstance(index, bool):
+        raise TypeError(f"source[{index!r}]: pass an int index or an array of ids.")
+    n, i = len(source), int(index)
+    if not -n <= i < n:
+        raise IndexError(f"example {i} is out of range for a source of {n} examples.")
+    rows = source[np.array([i % n], np.int64)]
+    return {name: column[0] for name, column in rows.items()}
+
+
 def check_ids(ids: object, n: int, name: str) -> np.ndarray:
     """``ids`` as ``int64``; raises ``IndexError`` unless every id is in ``[0, n)``."""
     out = np.asarray(ids, dtype=np.int64)

@@ -17,6 +17,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _shardings     the sharding of each field, the rows it puts where; place_host
     _strategies    per strategy, the rows a process reads and how they are placed; reshard
     _skips         the examples on_error="skip" skipped, and the budget max_skipped sets
+    _option_docs   what each Loader option means: the Args of Loader's docstring
     _options       LoaderOptions: every argument checked before anything starts
     _reader        one step's host rows: source, padding, records, transform, checks, mask
     _window        what one window of the consumer's steps measured, which _climb judges by

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,7 @@ from meshfeed.feed._stream import GlobalBatch, Stream
 from meshfeed.feed._timeline import StepStage, Timeline
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Assembly:
     """A loader's working parts (``assemble``)."""
 
@@ -57,6 +57,43 @@ class Assembly:
     timeline: Timeline
     stats: PipelineStats
     _fetches: list[Fetches] = dataclasses.field(default_factory=list)  # sampled once
+    pass_steps: int | None = dataclasses.field(init=False)
+    """Steps of one pass, ``num_epochs`` epochs (``None``: endless)."""
+
+    def __post_init__(self) -> None:
+        self.pass_steps = self.end
+
+    def loop(self) -> Iterator[GlobalBatch]:
+        """Batches from the stream's step to the end of its pass; a loop begun where a
+        pass ended runs the next (the epoch loop), where epochs line up with steps."""
+        if self.stream.closed:
+            raise RuntimeError(
+                "the loader is closed (close(), or the end of its `with` block); build a "
+                "new Loader, and restore(state) to continue where this one was."
+            )
+        step, end, size = self.stream.step, self.end, self.pass_steps
+        if end is not None and size is not None and step >= end:
+            if self.schedule.steps_per_epoch is None:
+                raise RuntimeError(
+                    f"the loader's epochs ended at step {end}, and under a batch size that "
+                    "ramps a next pass has no whole epochs to give; pass num_epochs with "
+                    "every epoch the run needs (or None: endless)."
+                )
+            self.run_to(step + size)
+        return iter(self.stream)
+
+    def pass_end(self, step: int) -> int | None:
+        """The end of the pass ``step`` is in (a step at a pass's end: that pass's end);
+        under a ramp, only the first pass's."""
+        size = self.pass_steps
+        if size is None or self.schedule.steps_per_epoch is None:
+            return size
+        return max(1, -(-step // size)) * size
+
+    def run_to(self, end: int | None) -> None:
+        """Runs on to step ``end``: another pass of the epochs (fixed-size steps only,
+        whose epochs line up with steps: the schedule of a later epoch is its own)."""
+        self.end = self.stream.end = self.timeline.end = end
 
     def lane(self, step: int) -> Lane:
         """The lane of ``step``'s batch size."""

@@ -71,20 +71,29 @@ class Stream:
         self._prefetch, self._budget, self._check_every = prefetch, prefetch_bytes, check_every
         self.step = 0
         self._ahead: Inline | Prefetcher | None = None
+        self._live: set[Inline | Prefetcher | Placer] = set()  # the loops' read-aheads now
+        self.closed = False
 
     def __iter__(self) -> Iterator[GlobalBatch]:
         ahead: Inline | Prefetcher | Placer | None = None
         try:
-            while self.end is None or self.step < self.end:
+            while (self.end is None or self.step < self.end) and not self.closed:
                 if ahead is None or ahead.next_step != self.step:  # or restore()/reset()
                     if ahead is not None:
                         ahead.close()
+                        self._live.discard(ahead)
                     ahead = self._read_ahead()
                     if self._place_threads:
                         ahead = Placer(ahead, self._place, threads=self._place_threads)
+                    self._live.add(ahead)
                 doing(f"loading step {self.step}")
                 began = time.perf_counter()
-                step, got = next(ahead)
+                try:
+                    step, got = next(ahead)
+                except StopIteration:
+                    if self.closed:  # closed from outside the loop (the loader's close)
+                        return
+                    raise
                 waited = time.perf_counter() - began
                 if isinstance(ahead, Placer):  # placed on its threads, rows collected there
                     batch, done = got[0], got[1]
@@ -103,6 +112,15 @@ class Stream:
         finally:
             if ahead is not None:
                 ahead.close()
+                self._live.discard(ahead)
+
+    def close(self) -> None:
+        """Stops every read-ahead's threads, also of loops not run to their end; a
+        loop over the stream ends at its next step."""
+        self.closed = True
+        for ahead in list(self._live):
+            ahead.close()
+        self._live.clear()
 
     def _count(self, ask: Any, done: HostStep, waited: float, began: float, placed: bool) -> None:
         """One step handed out, in ``CONSUMER``'s order. Only the consuming thread writes

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from meshfeed.data._ragged import Ragged
-from meshfeed.data._sources import FieldSpec, fields_text
+from meshfeed.data._sources import FieldSpec, example_at, fields_text
 from meshfeed.formats._index import INDEX_FORMAT, Index, ReadAhead
 from meshfeed.formats._indexed import FilesSource, IndexedFiles
 from meshfeed.storage._blob import Blob
@@ -240,8 +240,10 @@ class JsonlSource(FilesSource):
                     )
         return out
 
-    def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
+    def __getitem__(self, ids: np.ndarray | int) -> dict[str, Any]:
         """The records ``ids``: per field an array (or ``Ragged``) with a row per id."""
+        if isinstance(ids, int | np.integer):  # source[i]: one example
+            return example_at(self, ids)
         records = self._records(ids)
         out: dict[str, Any] = {}
         for name, spec in self._fields.items():

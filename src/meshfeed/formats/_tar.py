@@ -16,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from meshfeed.core._npy import load_npy
-from meshfeed.data._sources import FieldSpec, fields_text
+from meshfeed.data._sources import FieldSpec, example_at, fields_text
 from meshfeed.formats._indexed import FilesSource, IndexedFiles
 from meshfeed.formats._tar_scan import scan_tar
 from meshfeed.storage._cache import CACHE_BYTES
@@ -180,8 +180,10 @@ class TarSource(FilesSource):
             )
         return out
 
-    def __getitem__(self, ids: np.ndarray) -> dict[str, Any]:
+    def __getitem__(self, ids: np.ndarray | int) -> dict[str, Any]:
         """The samples ``ids``: per field an array with a row per id."""
+        if isinstance(ids, int | np.integer):  # source[i]: one example
+            return example_at(self, ids)
         file, local = self.files.locate(ids)
         ranges = self._ranges(file, local)
         data = self.files.read({f: (s, e) for f, (s, e, _) in ranges.items()})

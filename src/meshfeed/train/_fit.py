@@ -94,7 +94,8 @@ def fit(
         that ramps, ``step`` compiles once per size, when it first meets it; each log
         line (and ``History.train``) carries the batch size and mixture stage of its
         step (``"batch_size"``, ``"mix_stage"``).
-      num_steps: stop after this many steps; default: until the loader ends.
+      num_steps: stop after this many steps (a ``Loader`` runs on into its next pass
+        of epochs); default: until the loader's pass ends.
       eval_loader: batches to evaluate on, with ``eval_fn``.
       eval_fn: ``eval_fn(params, batch) -> {name: mean over valid rows}``; when the
         state holds model state (``state.model_state`` is not ``None``),
@@ -197,7 +198,10 @@ def fit(
             try:
                 batch = next(iterator)
             except StopIteration:
-                break
+                if not isinstance(loader, Loader):
+                    break
+                iterator = iter(loader)  # num_steps past the pass: the next epochs
+                batch = next(iterator)
             spent = time.perf_counter() - t
             in_loader += spent
             # While the previous step still computes, loading overlaps it: no one waits.
@@ -284,7 +288,8 @@ def fit(
 def _total_steps(loader: Iterable[Batch], num_steps: int | None) -> int:
     if num_steps is not None:
         return num_steps
-    remaining = _length(loader) - getattr(loader, "step", 0)
+    length = _length(loader)  # a Loader's pass: at its end, a loop runs the next one
+    remaining = length - getattr(loader, "step", 0) % length
     if remaining < 1:
         raise ValueError(
             "the loader has no steps left; call loader.reset() or restore an earlier state."
