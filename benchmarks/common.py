@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -124,3 +124,21 @@ def fit_digits(loader: meshfeed.Loader, steps: int) -> meshfeed.History:
     state, _ = step(state, loader.batch(0))  # compile outside the timed loop
     jax.block_until_ready(state)
     return meshfeed.fit(step, state, loader, num_steps=steps, log_every=50, progress=False)
+
+
+class Remote:
+    """An in-memory source that takes ``latency_s`` per read, like a remote store."""
+
+    def __init__(self, source: meshfeed.ArraySource, latency_s: float) -> None:
+        self.source, self.latency_s = source, latency_s
+
+    @property
+    def fields(self) -> Mapping[str, meshfeed.FieldSpec]:
+        return self.source.fields
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        time.sleep(self.latency_s)
+        return self.source[ids]

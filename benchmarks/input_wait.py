@@ -32,35 +32,14 @@ import argparse
 import json
 import platform
 import statistics
-import time
-from collections.abc import Mapping
 
 import jax
-import numpy as np
 
 import meshfeed
 from common import DIGITS_BATCH_SIZE as GLOBAL_BATCH_SIZE
-from common import digits, fit_digits
+from common import Remote, digits, fit_digits
 
 LATENCIES_S = {"memory": 0.0, "remote 2ms": 0.002, "remote 20ms": 0.020}
-
-
-class Remote:
-    """An in-memory source that takes ``latency_s`` per read, like a remote store."""
-
-    def __init__(self, source: meshfeed.ArraySource, latency_s: float) -> None:
-        self.source, self.latency_s = source, latency_s
-
-    @property
-    def fields(self) -> Mapping[str, meshfeed.FieldSpec]:
-        return self.source.fields
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        time.sleep(self.latency_s)
-        return self.source[ids]
 
 
 def run(source: str, prefetch: meshfeed.Prefetch, steps: int) -> dict[str, float]:

@@ -24,8 +24,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,30 +41,13 @@ def child(latency_ms: float, prefetch: str, steps: int, warmup: int) -> dict[str
     import optax
 
     import meshfeed
-    from common import digits
-
-    class Slow:
-        """The digits, each read ``latency_ms`` late."""
-
-        def __init__(self, source: meshfeed.ArraySource) -> None:
-            self.source = source
-
-        @property
-        def fields(self) -> Mapping[str, meshfeed.FieldSpec]:
-            return self.source.fields
-
-        def __len__(self) -> int:
-            return len(self.source)
-
-        def __getitem__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-            time.sleep(latency_ms / 1000)
-            return self.source[ids]
+    from common import Remote, digits
 
     data = digits()
     flat = {"x": data["image"].reshape(len(data["image"]), -1), "y": data["label"]}
     mesh = meshfeed.make_mesh(data=8)
     loader = meshfeed.Loader(
-        Slow(meshfeed.ArraySource(flat)),
+        Remote(meshfeed.ArraySource(flat), latency_ms / 1000),
         global_batch_size=BATCH,
         sharding=meshfeed.batch_sharding(mesh),
         num_epochs=None,
