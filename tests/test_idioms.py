@@ -79,27 +79,28 @@ def _meshfeed_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("meshfeed")]
 
 
-def _children() -> list[psutil.Process]:
-    """This process's children but multiprocessing's resource tracker (one a process,
+def _children() -> set[int]:
+    """This process's live children (in a test session also its servers and workers
+    other tests left resting) but multiprocessing's resource tracker (one a process,
     started with the first shared memory, for good)."""
-    return [
-        p
+    return {
+        p.pid
         for p in psutil.Process().children()
         if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())
-    ]
+    }
 
 
 def test_with_leaves_no_thread_or_worker_behind():
     """A loop left mid-way inside ``with`` (its iterator still referenced): the block's
     end stops the read-ahead's threads and the record workers; the loader then refuses
     a new loop, by name."""
-    before = set(_meshfeed_threads())
+    before, children = set(_meshfeed_threads()), _children()
     with _loader(record_transform=record_fns.copy_rows, num_workers=2, prefetch=4) as loader:
         it = iter(loader)
         next(it)
-        assert _children()
+        assert _children() - children
         assert set(_meshfeed_threads()) - before
-    assert not _children()
+    assert not _children() - children
     assert not set(_meshfeed_threads()) - before
     assert list(it) == []  # the loop left open ends at its next step
     with pytest.raises(RuntimeError, match="the loader is closed"):
