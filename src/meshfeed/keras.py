@@ -387,7 +387,8 @@ def _to_host(value: jax.Array) -> np.ndarray:
 def _check_enough_steps(loader: Any, epochs: int, steps: int) -> None:
     """Refuses, before training, a finite loader that runs out before ``epochs``."""
     try:
-        left = len(loader) - getattr(loader, "step", 0)
+        length = len(loader)  # a Loader's pass: at its end, a loop runs the next one
+        left = length - getattr(loader, "step", 0) % length
     except TypeError:
         return  # endless
     if left < epochs * steps:

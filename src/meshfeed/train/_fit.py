@@ -162,9 +162,10 @@ def fit(
         total = num_steps  # the whole run's
     else:
         total = done + _total_steps(loader, num_steps)
-    every: int = eval_every or getattr(loader, "steps_per_epoch", None) or total
+    feed = loader if isinstance(loader, Loader) else None  # what a Loader tells the loop
+    every: int = eval_every or (feed.steps_per_epoch if feed else None) or total
     evaluate = None if eval_fn is None or eval_loader is None else _evaluator(eval_fn)
-    stage_of: Callable[[int], Any] | None = getattr(loader, "stage", None)
+    stage_of: Callable[[int], Any] | None = feed.stage if feed else None
 
     ensure_watched()  # a job connected by jax.distributed.initialize itself
     history = History(state=state, steps=done)
@@ -183,7 +184,7 @@ def fit(
         disable=not (show and console.is_terminal),
     )
     iterator = iter(loader)
-    stats_of: Callable[[], dict[str, Any]] | None = getattr(loader, "stats", None)
+    stats_of: Callable[[], dict[str, Any]] | None = feed.stats if feed else None
     stats_before = stats_of() if callable(stats_of) else {}  # a Loader's, stage by stage
     wait = in_loader = 0.0
     previous: Any = None  # an output of the last step (is_ready is on concrete arrays)
@@ -239,7 +240,7 @@ def fit(
                     if here.mix_stage is not None:
                         logged["mix_stage"] = float(here.mix_stage)
                     info += f"  {here}"
-                depth = getattr(loader, "prefetch_depth", None)
+                depth = feed.prefetch_depth if feed else None
                 if depth is not None:
                     logged["prefetch_depth"] = float(depth)
                     info += f"  read-ahead {depth}"
@@ -247,12 +248,12 @@ def fit(
                     stats_now = stats_of()
                     logged.update(stage_figures(stats_now, stats_before))
                     stats_before = stats_now
-                skipped = getattr(loader, "skipped", None)  # on_error="skip"
-                if isinstance(skipped, list) and skipped:
+                skipped = feed.skipped if feed else None  # on_error="skip"
+                if skipped:
                     logged["skipped"] = float(len(skipped))
                     info += f"  skipped {len(skipped)}"
-                filtered = getattr(loader, "filtered", None)  # record_transform -> None
-                if isinstance(filtered, int) and filtered:
+                filtered = feed.filtered if feed else 0  # record_transform -> None
+                if filtered:
                     logged["filtered"] = float(filtered)
                     info += f"  filtered {filtered}"
                 bar.update(task, completed=k, info=info)
@@ -280,7 +281,7 @@ def fit(
     history.samples_per_s = rows / history.seconds if history.seconds else 0.0
     history.input_wait_share = wait / history.seconds if history.seconds else 0.0
     history.loader_share = in_loader / history.seconds if history.seconds else 0.0
-    history.prefetch_depth = getattr(loader, "prefetch_depth", None)
+    history.prefetch_depth = feed.prefetch_depth if feed else None
     history.state = state
     return history
 
@@ -289,7 +290,7 @@ def _total_steps(loader: Iterable[Batch], num_steps: int | None) -> int:
     if num_steps is not None:
         return num_steps
     length = _length(loader)  # a Loader's pass: at its end, a loop runs the next one
-    remaining = length - getattr(loader, "step", 0) % length
+    remaining = length - (loader.step if isinstance(loader, Loader) else 0) % length
     if remaining < 1:
         raise ValueError(
             "the loader has no steps left; call loader.reset() or restore an earlier state."
