@@ -82,7 +82,9 @@ The rules now:
   below the *store's floor*: one step more than the store's usual wait (the median of
   the last reads' waits, ``_store_waits``) over the consumer's own time a step, at most
   ``START_DEPTH_WAITING``; below it, the depth moves up to it at the next window, and
-  no trial goes under it. The median, not the tail: hedged reads cut the tail.
+  no trial goes under it. The median, not the tail: hedged reads cut the tail. Reads
+  that sleep keep such a floor too, by their own time, while the readers sleep
+  (``Floor``, issue 60): 2 deep behind reads of 2 ms and steps of 2 ms waited 1-2%.
 
 Every move is kept in ``moves`` (the step, the depth before and after, why, and the
 rates judged), which ``loader.stats()`` shows.
