@@ -163,9 +163,9 @@ def fit(
     else:
         total = done + _total_steps(loader, num_steps)
     feed = loader if isinstance(loader, Loader) else None  # what a Loader tells the loop
-    every: int = eval_every or (feed.steps_per_epoch if feed else None) or total
+    every: int = eval_every or (feed.steps_per_epoch if feed is not None else None) or total
     evaluate = None if eval_fn is None or eval_loader is None else _evaluator(eval_fn)
-    stage_of: Callable[[int], Any] | None = feed.stage if feed else None
+    stage_of: Callable[[int], Any] | None = feed.stage if feed is not None else None
 
     ensure_watched()  # a job connected by jax.distributed.initialize itself
     history = History(state=state, steps=done)
@@ -184,7 +184,7 @@ def fit(
         disable=not (show and console.is_terminal),
     )
     iterator = iter(loader)
-    stats_of: Callable[[], dict[str, Any]] | None = feed.stats if feed else None
+    stats_of: Callable[[], dict[str, Any]] | None = feed.stats if feed is not None else None
     stats_before = stats_of() if callable(stats_of) else {}  # a Loader's, stage by stage
     wait = in_loader = 0.0
     previous: Any = None  # an output of the last step (is_ready is on concrete arrays)
@@ -240,7 +240,7 @@ def fit(
                     if here.mix_stage is not None:
                         logged["mix_stage"] = float(here.mix_stage)
                     info += f"  {here}"
-                depth = feed.prefetch_depth if feed else None
+                depth = feed.prefetch_depth if feed is not None else None
                 if depth is not None:
                     logged["prefetch_depth"] = float(depth)
                     info += f"  read-ahead {depth}"
@@ -248,11 +248,11 @@ def fit(
                     stats_now = stats_of()
                     logged.update(stage_figures(stats_now, stats_before))
                     stats_before = stats_now
-                skipped = feed.skipped if feed else None  # on_error="skip"
+                skipped = feed.skipped if feed is not None else None  # on_error="skip"
                 if skipped:
                     logged["skipped"] = float(len(skipped))
                     info += f"  skipped {len(skipped)}"
-                filtered = feed.filtered if feed else 0  # record_transform -> None
+                filtered = feed.filtered if feed is not None else 0  # record_transform -> None
                 if filtered:
                     logged["filtered"] = float(filtered)
                     info += f"  filtered {filtered}"
@@ -281,7 +281,7 @@ def fit(
     history.samples_per_s = rows / history.seconds if history.seconds else 0.0
     history.input_wait_share = wait / history.seconds if history.seconds else 0.0
     history.loader_share = in_loader / history.seconds if history.seconds else 0.0
-    history.prefetch_depth = feed.prefetch_depth if feed else None
+    history.prefetch_depth = feed.prefetch_depth if feed is not None else None
     history.state = state
     return history
 
