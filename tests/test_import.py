@@ -1,5 +1,12 @@
+import importlib
 import subprocess
 import sys
+
+import pytest
+
+import meshfeed
+from meshfeed.sources import TarSource
+from meshfeed.train import History
 
 
 def test_importing_meshfeed_touches_no_device():
@@ -15,7 +22,27 @@ def test_importing_meshfeed_touches_no_device():
 
 
 def test_public_names_are_exported():
-    import meshfeed
-
     for name in meshfeed.__all__:
         assert getattr(meshfeed, name) is not None
+
+
+SUBMODULES = ("sources", "schedules", "inspect", "train", "types")
+
+
+def test_the_top_level_holds_at_most_40_names_and_each_module_names_its_own():
+    assert len(meshfeed.__all__) <= 40
+    homes = {m: set(importlib.import_module(f"meshfeed.{m}").__all__) for m in SUBMODULES}
+    seen = set(meshfeed.__all__)
+    for module, names in homes.items():
+        assert not names & seen, f"meshfeed.{module} repeats {sorted(names & seen)}"
+        seen |= names
+
+
+def test_a_moved_name_warns_with_its_new_home_and_still_works():
+    with pytest.warns(DeprecationWarning, match=r"meshfeed\.sources\.TarSource"):
+        assert meshfeed.TarSource is TarSource
+    with pytest.warns(DeprecationWarning, match=r"meshfeed\.train\.History"):
+        from meshfeed import History as old  # the from-import of user code
+    assert old is History
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        _ = meshfeed.Nope

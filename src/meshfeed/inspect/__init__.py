@@ -17,7 +17,35 @@ Modules, lowest first (each imports only modules listed before it)::
     _plot_mixture  plot_mixture: a mixture's shares over the steps (the plot extra)
     _plot_pipeline plot_pipeline: where a step's time goes, stage by stage (the plot extra)
 
-Users import these names from ``meshfeed``; this package exports nothing of its own.
+``show_sharding`` and ``show_plan`` are at the top level too; this package exports the
+pictures, the planner (``plan`` and what it returns, ``STRATEGIES``), ``check_replicas``
+and what ``on_error="skip"`` skipped.
 """
 
-__all__: list[str] = []
+from meshfeed.feed._plan import STRATEGIES as STRATEGIES
+from meshfeed.feed._plan import Cost as Cost
+from meshfeed.feed._plan import Fetches as Fetches
+from meshfeed.feed._plan import Plan as Plan
+from meshfeed.feed._plan import PodCost as PodCost
+from meshfeed.feed._pod import plan as plan
+from meshfeed.feed._replicas import check_replicas as check_replicas
+from meshfeed.feed._skips import Skipped as Skipped
+from meshfeed.inspect._plot import plot_sharding as plot_sharding
+from meshfeed.inspect._plot_mixture import plot_mixture as plot_mixture
+from meshfeed.inspect._plot_packing import plot_packing as plot_packing
+from meshfeed.inspect._plot_pipeline import plot_pipeline as plot_pipeline
+
+__all__ = [
+    "STRATEGIES",
+    "Cost",
+    "Fetches",
+    "Plan",
+    "PodCost",
+    "Skipped",
+    "check_replicas",
+    "plan",
+    "plot_mixture",
+    "plot_packing",
+    "plot_pipeline",
+    "plot_sharding",
+]

@@ -17,7 +17,18 @@ Modules, lowest first (each imports only modules listed before it)::
     _writers       fit's figures to CLU, tensorboardX or W&B writers; every process's wait
     _fit           fit and History
 
-Users import these names from ``meshfeed``; this package exports nothing of its own.
+The names most users need are at the top level (``meshfeed.fit``, ``meshfeed.TrainState``,
+``meshfeed.make_train_step``, ...); this package exports the rest: the types of a step and
+its batch, the modes, ``collective_axes`` and ``History``.
 """
 
-__all__: list[str] = []
+from meshfeed.train._fit import EvalFn as EvalFn
+from meshfeed.train._fit import History as History
+from meshfeed.train._fit import StepFn as StepFn
+from meshfeed.train._steps import MODES as MODES
+from meshfeed.train._steps import Batch as Batch
+from meshfeed.train._steps import LossFn as LossFn
+from meshfeed.train._steps import Mode as Mode
+from meshfeed.train._steps import collective_axes as collective_axes
+
+__all__ = ["MODES", "Batch", "EvalFn", "History", "LossFn", "Mode", "StepFn", "collective_axes"]

@@ -1,0 +1,49 @@
+"""Sources and formats: every way to read examples by index, and what they are built of.
+
+The sources most users need are at the top level too (``meshfeed.ArraySource``,
+``meshfeed.open_source``, ``meshfeed.write_source``, ``meshfeed.pack``,
+``meshfeed.mix``, ``meshfeed.index``, ``meshfeed.Ragged``); this module holds the rest:
+the readers of Parquet, Hugging Face, Grain, PyTorch and ArrayRecord datasets, of
+WebDataset tar shards, JSON Lines and TFRecord files, and the sources that ``mix``,
+``pack`` and ``select`` return.
+"""
+
+from meshfeed.data._adapters import ArrayRecordSource as ArrayRecordSource
+from meshfeed.data._adapters import GrainSource as GrainSource
+from meshfeed.data._adapters import TorchSource as TorchSource
+from meshfeed.data._arrow import HFSource as HFSource
+from meshfeed.data._mix import Mixture as Mixture
+from meshfeed.data._pack import Packed as Packed
+from meshfeed.data._pack_plan import PackPlan as PackPlan
+from meshfeed.data._parquet import ParquetSource as ParquetSource
+from meshfeed.data._selection import Selection as Selection
+from meshfeed.data._sharded import ShardedSource as ShardedSource
+from meshfeed.data._sources import Column as Column
+from meshfeed.data._sources import FieldSpec as FieldSpec
+from meshfeed.formats._build import IndexReport as IndexReport
+from meshfeed.formats._jsonl import JsonlSource as JsonlSource
+from meshfeed.formats._tar import TarSource as TarSource
+from meshfeed.formats._tfrecord import TFRecordSource as TFRecordSource
+from meshfeed.formats._tfrecord import parse_example as parse_example
+from meshfeed.prepare._prepare import PrepareStatus as PrepareStatus
+
+__all__ = [
+    "ArrayRecordSource",
+    "Column",
+    "FieldSpec",
+    "GrainSource",
+    "HFSource",
+    "IndexReport",
+    "JsonlSource",
+    "Mixture",
+    "PackPlan",
+    "Packed",
+    "ParquetSource",
+    "PrepareStatus",
+    "Selection",
+    "ShardedSource",
+    "TFRecordSource",
+    "TarSource",
+    "TorchSource",
+    "parse_example",
+]
