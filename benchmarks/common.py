@@ -114,7 +114,7 @@ def digits_loss(params: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
     return meshfeed.masked_mean(loss, batch), {}
 
 
-def fit_digits(loader: meshfeed.Loader, steps: int) -> meshfeed.History:
+def fit_digits(loader: meshfeed.Loader, steps: int) -> meshfeed.train.History:
     """The demo's convnet trained by ``fit`` for ``steps`` steps of ``loader`` (the digits
     at ``DIGITS_BATCH_SIZE``), compiled before the timed loop."""
     mesh = next(iter(loader.batch(0).values())).sharding.mesh  # type: ignore[attr-defined]
@@ -133,7 +133,7 @@ class Remote:
         self.source, self.latency_s = source, latency_s
 
     @property
-    def fields(self) -> Mapping[str, meshfeed.FieldSpec]:
+    def fields(self) -> Mapping[str, meshfeed.sources.FieldSpec]:
         return self.source.fields
 
     def __len__(self) -> int:

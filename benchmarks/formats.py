@@ -73,7 +73,7 @@ def write_shards(folder: Path, n: int, shards: int) -> list[str]:
 
 def _meshfeed(shards: list[str]) -> Callable[[], Iterator[Any]]:
     meshfeed.index(shards, progress=False)
-    source = meshfeed.TarSource(shards, decode={"cls": "int"}, key=None)
+    source = meshfeed.sources.TarSource(shards, decode={"cls": "int"}, key=None)
     sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
 
     def run() -> Iterator[Any]:

@@ -42,7 +42,7 @@ from common import Remote, digits, fit_digits
 LATENCIES_S = {"memory": 0.0, "remote 2ms": 0.002, "remote 20ms": 0.020}
 
 
-def run(source: str, prefetch: meshfeed.Prefetch, steps: int) -> dict[str, float]:
+def run(source: str, prefetch: meshfeed.types.Prefetch, steps: int) -> dict[str, float]:
     train = digits()
     mesh = meshfeed.make_mesh(data=8)
     data = meshfeed.ArraySource(train)
@@ -72,8 +72,10 @@ def main() -> None:
     parser.add_argument("--default-only", action="store_true", help='prefetch="auto" alone')
     args = parser.parse_args()
     steps, rounds = (20, 1) if args.smoke else (args.steps, args.rounds)
-    settings: tuple[meshfeed.Prefetch, ...] = ("auto",) if args.default_only else (0, 2, "auto")
-    results: dict[tuple[str, meshfeed.Prefetch], list[dict[str, float]]] = {
+    settings: tuple[meshfeed.types.Prefetch, ...] = (
+        ("auto",) if args.default_only else (0, 2, "auto")
+    )
+    results: dict[tuple[str, meshfeed.types.Prefetch], list[dict[str, float]]] = {
         (source, p): [] for source in LATENCIES_S for p in settings
     }
     for _ in range(rounds):
@@ -97,7 +99,7 @@ def main() -> None:
                     "samples_per_s": round(statistics.median(r["samples_per_s"] for r in runs)),
                     "prefetch_depth": round(statistics.median(r["prefetch_depth"] for r in runs)),
                     "prefetch_peak_bytes": round(max(r["prefetch_peak_bytes"] for r in runs)),
-                    "prefetch_bytes": meshfeed.LoaderOptions.prefetch_bytes,
+                    "prefetch_bytes": meshfeed.types.LoaderOptions.prefetch_bytes,
                     "steps": steps,
                     "global_batch_size": GLOBAL_BATCH_SIZE,
                     "devices": jax.device_count(),

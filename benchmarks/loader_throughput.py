@@ -220,7 +220,7 @@ def run(smoke: bool, seconds: float, rounds: int) -> list[dict[str, Any]]:
     }
     for workload, (arrays, batch) in workloads(smoke).items():
         entries: dict[str, tuple[str, Batches | str]] = {"floor": ("floor", _floor(arrays, batch))}
-        for strategy in meshfeed.STRATEGIES:
+        for strategy in meshfeed.inspect.STRATEGIES:
             entries[f"meshfeed:{strategy}"] = ("meshfeed", _meshfeed(arrays, batch, strategy))
         # The cost of replica checks: the same layout without and with check_every=1.
         entries["meshfeed:per_process:data4xmodel2"] = (

@@ -316,7 +316,7 @@ def _scaling_part(
 ) -> None:
     """S: 1, 2, 4, ... Ray workers on the sleeping transform."""
     source = images(args.examples)
-    options = meshfeed.RayOptions(cpus=SCALING_CPUS)
+    options = meshfeed.types.RayOptions(cpus=SCALING_CPUS)
     entries: list[_Entry] = []
     try:
         for w in counts:

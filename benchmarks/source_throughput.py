@@ -4,11 +4,11 @@ One process, 8 CPU devices, shuffled, global batch 256, workload A's data (60000
 28x28x1 uint8 images + int64 labels) written at set-up as
 
 - P: one Parquet file (image as a fixed-size list column, row groups of 1000 rows):
-  ``meshfeed.ParquetSource`` + ``Loader`` vs the PyTorch ``DataLoader`` over the table
+  ``meshfeed.sources.ParquetSource`` + ``Loader`` vs the PyTorch ``DataLoader`` over the table
   read with pyarrow (batched ``__getitems__``, numpy collate), the way a pyarrow user
   feeds PyTorch;
 - R: one ArrayRecord file of raw records (784 image bytes + 8 label bytes):
-  ``meshfeed.ArrayRecordSource(decode=...)`` + ``Loader`` vs Grain
+  ``meshfeed.sources.ArrayRecordSource(decode=...)`` + ``Loader`` vs Grain
   (``MapDataset.source(ArrayRecordDataSource).shuffle().map(decode).batch()``) vs the
   PyTorch ``DataLoader`` over the same data source (batched ``__getitems__``).
 
@@ -113,7 +113,7 @@ def parquet_entries(path: str) -> dict[str, tuple[str, Run | str]]:
 
     table = pq.read_table(path)
     return {
-        "meshfeed:parquet": ("meshfeed", _loader(lambda: meshfeed.ParquetSource(path))),
+        "meshfeed:parquet": ("meshfeed", _loader(lambda: meshfeed.sources.ParquetSource(path))),
         "torch:pyarrow": ("peer", _torch(_Batched(table.num_rows, table_rows))),
     }
 
@@ -150,7 +150,7 @@ def arrayrecord_entries(path: str) -> dict[str, tuple[str, Run | str]]:
     return {
         "meshfeed:arrayrecord": (
             "meshfeed",
-            _loader(lambda: meshfeed.ArrayRecordSource(path, decode_record)),
+            _loader(lambda: meshfeed.sources.ArrayRecordSource(path, decode_record)),
         ),
         "grain:arrayrecord": ("peer", grain_entry),
         "torch:arrayrecord": ("peer", _torch(_Batched(len(reader), records))),

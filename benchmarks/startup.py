@@ -62,15 +62,17 @@ start = time.perf_counter()
 if kind == "folder":
     source = meshfeed.open_source(url, storage_options=options)
 elif kind == "tar":
-    source = meshfeed.TarSource(url + "/*.tar", storage_options=options)
+    source = meshfeed.sources.TarSource(url + "/*.tar", storage_options=options)
 else:
     try:
-        source = meshfeed.ParquetSource(url + "/*.parquet", storage_options=options)
+        source = meshfeed.sources.ParquetSource(url + "/*.parquet", storage_options=options)
     except FileNotFoundError:  # the build before: one file a source, each opened
         import s3fs
         fs = s3fs.S3FileSystem(**options)
         files = sorted(fs.glob(url.split("://", 1)[1] + "/*.parquet"))
-        source = [meshfeed.ParquetSource("s3://" + f, storage_options=options) for f in files]
+        source = [
+            meshfeed.sources.ParquetSource("s3://" + f, storage_options=options) for f in files
+        ]
 print(json.dumps({"seconds": time.perf_counter() - start}))
 """
 

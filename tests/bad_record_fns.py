@@ -55,7 +55,7 @@ class BadReads:
         self.inner, self.reads = inner, 0
 
     @property
-    def fields(self) -> Mapping[str, meshfeed.FieldSpec]:
+    def fields(self) -> Mapping[str, meshfeed.sources.FieldSpec]:
         return self.inner.fields
 
     def __len__(self) -> int:

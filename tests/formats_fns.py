@@ -105,13 +105,13 @@ def _size(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
 
 def source(kind: str, paths: list[str], storage_options: Any = None) -> Any:
     if kind == "tar":
-        return meshfeed.TarSource(
+        return meshfeed.sources.TarSource(
             paths, decode={"id": "int"}, key=None, storage_options=storage_options
         )
     if kind == "jsonl":
-        return meshfeed.JsonlSource(paths, fields={"id": "int64", "score": "float32"},
+        return meshfeed.sources.JsonlSource(paths, fields={"id": "int64", "score": "float32"},
                                     storage_options=storage_options)  # fmt: skip
-    return meshfeed.TFRecordSource(paths, decode="example", features={"label": "int64"},
+    return meshfeed.sources.TFRecordSource(paths, decode="example", features={"label": "int64"},
                                    storage_options=storage_options)  # fmt: skip
 
 

@@ -57,7 +57,9 @@ def _model_across_processes(data: int, model: int) -> list[Any]:
     return list(np.asarray(devices, dtype=object).reshape(model, data).T.reshape(-1))
 
 
-def make_layout(name: str, axis_types: meshfeed.AxisTypes = "auto") -> dict[str, NamedSharding]:
+def make_layout(
+    name: str, axis_types: meshfeed.types.AxisTypes = "auto"
+) -> dict[str, NamedSharding]:
     """A sharding per field for one named layout."""
     if name == "data8":
         mesh = meshfeed.make_mesh(data=8, axis_types=axis_types)
@@ -105,7 +107,7 @@ def needed_ids(sharding: NamedSharding, ids: np.ndarray) -> np.ndarray:
 
 
 def check_strategy(
-    strategy: meshfeed.Strategy, layout: str, *, last_batch: meshfeed.LastBatch = "pad"
+    strategy: meshfeed.types.Strategy, layout: str, *, last_batch: meshfeed.types.LastBatch = "pad"
 ) -> dict[str, Any]:
     """Runs a loader over one epoch and checks every batch on this process.
 
@@ -138,7 +140,7 @@ def check_strategy(
             assert array.shape == want[name].shape
             for index, data in local_shards(array):
                 np.testing.assert_array_equal(data, want[name][index], err_msg=f"{name} {index}")
-        meshfeed.check_replicas(batch)  # a collective: replicas on other processes too
+        meshfeed.inspect.check_replicas(batch)  # a collective: replicas on other processes too
         need = needed_ids(shardings["label"], ids)
         needed.append(need[need >= 0])
         steps += 1
@@ -159,4 +161,4 @@ def check_strategy(
 
 def check_all() -> list[dict[str, Any]]:
     """Every strategy on every layout, on this process."""
-    return [check_strategy(s, layout) for s in meshfeed.STRATEGIES for layout in LAYOUTS]
+    return [check_strategy(s, layout) for s in meshfeed.inspect.STRATEGIES for layout in LAYOUTS]

@@ -20,7 +20,7 @@ from meshfeed.testing import local_shards
 
 
 def run_stream(
-    state: dict[str, Any] | None, skip: int, strategy: meshfeed.Strategy
+    state: dict[str, Any] | None, skip: int, strategy: meshfeed.types.Strategy
 ) -> dict[str, Any]:
     """Skips ``skip`` steps (or restores ``state``), then records every later batch."""
     loader = meshfeed.Loader(
@@ -73,9 +73,11 @@ def disagreeing_replicas() -> dict[str, Any]:
     s = NamedSharding(mesh, P("data"))
     same = np.arange(8, dtype=np.float32)
     differ = same + 100 * jax.process_index()
-    meshfeed.check_replicas({"same": jax.make_array_from_process_local_data(s, same, (8,))})
+    meshfeed.inspect.check_replicas({"same": jax.make_array_from_process_local_data(s, same, (8,))})
     try:
-        meshfeed.check_replicas({"differ": jax.make_array_from_process_local_data(s, differ, (8,))})
+        meshfeed.inspect.check_replicas(
+            {"differ": jax.make_array_from_process_local_data(s, differ, (8,))}
+        )
     except ValueError as error:
         return {"error": str(error)}
     return {"error": None}
@@ -138,7 +140,7 @@ def plan_against_reads() -> list[tuple[str, str, int, int]]:
 
     out = []
     for layout in ("data8", "data4_model2", "data2_model4_2d", "data_model_batch"):
-        for strategy in meshfeed.STRATEGIES:
+        for strategy in meshfeed.inspect.STRATEGIES:
             source = CountingSource(meshfeed.ArraySource(make_arrays()))
             loader = meshfeed.Loader(
                 source,

@@ -33,7 +33,7 @@ def source(n: int = 300) -> meshfeed.ArraySource:
     )
 
 
-def packed(**kwargs: Any) -> meshfeed.Packed:
+def packed(**kwargs: Any) -> meshfeed.sources.Packed:
     return meshfeed.pack(source(), SEQ_LEN, **kwargs)
 
 

@@ -13,7 +13,7 @@ import meshfeed
 from meshfeed.testing import local_shards
 
 N, BATCH = 300, 32
-ON_WORKER_NODES = meshfeed.RayOptions(cpus=0.5, resources={"records": 1})
+ON_WORKER_NODES = meshfeed.types.RayOptions(cpus=0.5, resources={"records": 1})
 """What the tests' Ray workers reserve: a share of a worker node (the head has none)."""
 
 

@@ -96,22 +96,22 @@ def build_source(kind: str, where: str) -> Any:
     if kind == "store":
         return meshfeed.open_source(where)
     if kind == "parquet":
-        return meshfeed.ParquetSource(where)
+        return meshfeed.sources.ParquetSource(where)
     if kind == "arrayrecord":
-        return meshfeed.ArrayRecordSource(where, decode)
+        return meshfeed.sources.ArrayRecordSource(where, decode)
     if kind == "hf":
         import datasets
 
-        return meshfeed.HFSource(datasets.load_from_disk(where))
+        return meshfeed.sources.HFSource(datasets.load_from_disk(where))
     if kind == "grain":
         import grain
 
         data = original()
-        return meshfeed.GrainSource(
+        return meshfeed.sources.GrainSource(
             grain.MapDataset.source([{k: v[i] for k, v in data.items()} for i in range(N)])
         )
     if kind == "torch":
-        return meshfeed.TorchSource(TorchDataset())
+        return meshfeed.sources.TorchSource(TorchDataset())
     if kind == "mix":
         return meshfeed.mix(halves(), [0.5, 0.5], length=N)
     raise ValueError(f"unknown kind {kind!r}")

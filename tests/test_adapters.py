@@ -26,8 +26,8 @@ def _where(tmp_path, kind: str) -> str:
 def test_reads_the_original_values(tmp_path, kind):
     source = build_source(kind, _where(tmp_path, kind))
     assert len(source) == N
-    assert source.fields["image"] == meshfeed.FieldSpec((4, 4), np.dtype(np.uint8))
-    assert source.fields["tokens"] == meshfeed.FieldSpec((6,), np.dtype(np.int32))
+    assert source.fields["image"] == meshfeed.sources.FieldSpec((4, 4), np.dtype(np.uint8))
+    assert source.fields["tokens"] == meshfeed.sources.FieldSpec((6,), np.dtype(np.int32))
     ids = np.array([95, 3, 3, 40, 0])
     got = source[ids]
     for name, array in original().items():
@@ -48,12 +48,12 @@ def test_two_processes_each_read_only_their_ids(tmp_path, kind):
 
 def test_parquet_reads_only_row_groups_with_requested_ids(tmp_path):
     where = _where(tmp_path, "parquet")  # row groups of 20
-    source = meshfeed.ParquetSource(where)
+    source = meshfeed.sources.ParquetSource(where)
     source[np.array([0, 5, 19, 61])]
     assert source.row_groups_read == 2
     source[np.array([1, 62, 95])]  # two cached, one new
     assert source.row_groups_read == 3
-    uncached = meshfeed.ParquetSource(where, cache_bytes=0)
+    uncached = meshfeed.sources.ParquetSource(where, cache_bytes=0)
     uncached[np.array([0, 61])]
     uncached[np.array([1, 62])]
     assert uncached.row_groups_read == 4
@@ -66,8 +66,8 @@ def test_variable_length_lists_are_ragged_and_bytes_object_arrays(tmp_path):
     tokens = [list(range(n)) for n in (3, 1, 4, 2)]
     blobs = [b"a", b"bcd", b"", b"ef"]
     pq.write_table(pa.table({"tokens": tokens, "blob": blobs}), tmp_path / "v.parquet")
-    source = meshfeed.ParquetSource(str(tmp_path / "v.parquet"))
-    assert source.fields["tokens"] == meshfeed.FieldSpec((None,), np.dtype(np.int64))
+    source = meshfeed.sources.ParquetSource(str(tmp_path / "v.parquet"))
+    assert source.fields["tokens"] == meshfeed.sources.FieldSpec((None,), np.dtype(np.int64))
     got = source[np.array([2, 0])]
     assert isinstance(got["tokens"], meshfeed.Ragged)
     np.testing.assert_array_equal(got["tokens"][0], [0, 1, 2, 3])
@@ -87,8 +87,8 @@ def test_changing_shapes_name_the_example():
 
     ds = grain.MapDataset.source([{"x": np.zeros(3)}, {"x": np.zeros(2)}])
     with pytest.raises(ValueError, match=r"field 'x' of example 1 .* pass variable=\['x'\]"):
-        meshfeed.GrainSource(ds)[np.array([0, 1])]
-    as_objects = meshfeed.GrainSource(ds, variable=["x"])[np.array([1])]
+        meshfeed.sources.GrainSource(ds)[np.array([0, 1])]
+    as_objects = meshfeed.sources.GrainSource(ds, variable=["x"])[np.array([1])]
     assert as_objects["x"][0].shape == (2,)
 
 
@@ -97,15 +97,15 @@ def test_hf_refuses_an_iterable_dataset():
 
     iterable = datasets.Dataset.from_dict({"a": [1, 2]}).to_iterable_dataset()
     with pytest.raises(TypeError, match=r"HFSource takes a datasets\.Dataset"):
-        meshfeed.HFSource(iterable)
+        meshfeed.sources.HFSource(iterable)
 
 
 @pytest.mark.parametrize(
     ("make", "module", "extra"),
     [
-        (lambda: meshfeed.ParquetSource("x.parquet"), "pyarrow", "parquet"),
-        (lambda: meshfeed.HFSource(None), "datasets", "hf"),
-        (lambda: meshfeed.ArrayRecordSource("x", None), "array_record", "arrayrecord"),
+        (lambda: meshfeed.sources.ParquetSource("x.parquet"), "pyarrow", "parquet"),
+        (lambda: meshfeed.sources.HFSource(None), "datasets", "hf"),
+        (lambda: meshfeed.sources.ArrayRecordSource("x", None), "array_record", "arrayrecord"),
     ],
 )
 def test_a_missing_library_names_the_extra(monkeypatch, make, module, extra):

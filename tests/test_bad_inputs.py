@@ -153,7 +153,7 @@ CASES: list[tuple[str, Callable[..., Any], type[BaseException], str]] = [
         lambda t, p, m: _loader(record_transform=_keep, num_workers=2, worker_type="fork"),
         ValueError,
         "worker_type='fork' is unknown; pass 'processes', 'threads', 'ray' or "
-        "meshfeed.RayOptions(...).",
+        "meshfeed.types.RayOptions(...).",
     ),
     (
         "check_every zero",

@@ -121,7 +121,7 @@ def test_a_malformed_json_line_is_skipped(tmp_path):
     lines[10] = '{"x": 10, oops'
     path.write_text("\n".join(lines) + "\n")
     meshfeed.index([str(path)], progress=False)
-    source = meshfeed.JsonlSource(str(path), fields={"x": "int64"})
+    source = meshfeed.sources.JsonlSource(str(path), fields={"x": "int64"})
     feed = fns.loader(None, source_=source, shuffle=False)
     batches = _epoch(feed)
     xs = np.concatenate([b["x"][b["mask"]] for b in batches])
@@ -214,7 +214,7 @@ def test_a_tar_member_cut_short_is_skipped(tmp_path):
             info = tarfile.TarInfo(f"{i:05d}.id")
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
-    source = meshfeed.TarSource(str(path), decode={"id": "int"}, key=None, build=True)
+    source = meshfeed.sources.TarSource(str(path), decode={"id": "int"}, key=None, build=True)
     os.truncate(path, 3 * path.stat().st_size // 4)  # cut short while in use
     broken = []
     for i in range(64):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import meshfeed
-from meshfeed import Permutation
 from meshfeed.feed._schedule import BlockOrder
+from meshfeed.schedules import Permutation
 
 
 def _runs(ids: np.ndarray) -> int:
@@ -44,8 +44,10 @@ def test_block_order_depends_on_seed_and_epoch_and_is_evaluated_position_by_posi
 @pytest.mark.parametrize("n", [10_000, 10_037])  # whole blocks, and a short last block
 def test_each_step_reads_a_few_runs_and_each_block_once(n):
     k, w, b = 500, 8, 256
-    schedule = meshfeed.Schedule(n, b, shuffle=True, seed=0, last_batch="pad", block=k, window=w)
-    per_row = meshfeed.Schedule(n, b, shuffle=True, seed=0, last_batch="pad")
+    schedule = meshfeed.schedules.Schedule(
+        n, b, shuffle=True, seed=0, last_batch="pad", block=k, window=w
+    )
+    per_row = meshfeed.schedules.Schedule(n, b, shuffle=True, seed=0, last_batch="pad")
     seen = np.concatenate([schedule.ids(s) for s in range(schedule.steps_per_epoch)])
     np.testing.assert_array_equal(np.sort(seen[seen >= 0]), np.arange(n))
     runs, per_row_runs = 0, 0

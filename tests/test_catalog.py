@@ -115,7 +115,7 @@ def test_indexed_tar_shards_open_from_their_catalog(server, proxy, tmp_path, sha
     url = _catalogued(server, _tars(tmp_path, shards), "*.tar", f"catalog-tars-{shards}")
     options = _options(server, proxy)
     counts, source = _startup(
-        proxy, lambda: meshfeed.TarSource(f"{url}/*.tar", storage_options=options)
+        proxy, lambda: meshfeed.sources.TarSource(f"{url}/*.tar", storage_options=options)
     )
     assert counts["total"] == 1 and counts["list"] == counts["head"] == 0
     assert len(source) == 2 * shards  # type: ignore[arg-type]
@@ -128,11 +128,12 @@ def test_parquet_files_open_from_their_catalog(server, proxy, tmp_path, files):
     url = _catalogued(server, _parquets(tmp_path, files), "*.parquet", f"catalog-pq-{files}")
     options = _options(server, proxy)
     counts, source = _startup(
-        proxy, lambda: meshfeed.ParquetSource(f"{url}/train-*.parquet", storage_options=options)
+        proxy,
+        lambda: meshfeed.sources.ParquetSource(f"{url}/train-*.parquet", storage_options=options),
     )
     assert counts["total"] == 1 and counts["list"] == counts["head"] == 0
     assert len(source) == 2 * files  # type: ignore[arg-type]
-    assert source.fields["tok"] == meshfeed.FieldSpec((2,), np.dtype(np.int64))  # type: ignore[attr-defined]
+    assert source.fields["tok"] == meshfeed.sources.FieldSpec((2,), np.dtype(np.int64))  # type: ignore[attr-defined]
     got = source[np.array([2 * files - 1, 0])]  # type: ignore[index]
     assert got["x"].tolist() == [2 * files - 1, 0]
 
@@ -141,7 +142,7 @@ def test_data_without_a_catalog_opens_as_before_and_says_so_once(tmp_path, capsy
     folder = _tars(tmp_path, 3)
     meshfeed.index(str(folder / "*.tar"), progress=False)
     (folder / "meshfeed.catalog.json").unlink()
-    sources = [meshfeed.TarSource(str(folder / "*.tar")) for _ in range(2)]
+    sources = [meshfeed.sources.TarSource(str(folder / "*.tar")) for _ in range(2)]
     err = capsys.readouterr().err
     assert err.count("has no catalog (3 tar files)") == 1
     assert f"`meshfeed index '{folder}/*.tar'`" in err  # quoted for a shell
@@ -157,8 +158,8 @@ def test_a_catalog_in_an_index_dir_over_several_kinds_serves_each_kind(tmp_path,
     catalog = json.loads((index_dir / "meshfeed.catalog.json").read_text())
     assert catalog["kind"] == "mixed"
     assert all(os.path.isabs(e["path"]) for e in catalog["files"])
-    tar = meshfeed.TarSource(str(tars / "*.tar"), index_dir=index_dir)
-    jsonl = meshfeed.JsonlSource(str(lines), index_dir=index_dir)
+    tar = meshfeed.sources.TarSource(str(tars / "*.tar"), index_dir=index_dir)
+    jsonl = meshfeed.sources.JsonlSource(str(lines), index_dir=index_dir)
     assert "has no catalog" not in capsys.readouterr().err  # each kind found its entries
     assert tar[np.array([5])]["txt"].tolist() == [payload(5)]
     assert len(jsonl) == 5
@@ -333,7 +334,7 @@ def test_plan_says_what_4096_hosts_ask_of_the_store(server, proxy, tmp_path):
     line = next(x for x in out.stdout.splitlines() if "start-up:" in x)
     assert f"start-up: {one_host:,} request(s) a process" in line
     assert f"{4096 * one_host:,} for the pod" in line
-    plan = meshfeed.plan(
+    plan = meshfeed.inspect.plan(
         meshfeed.batch_sharding(meshfeed.make_mesh(data=8)), data=url, processes=4096,
         global_batch_size=64, storage_options=options,
     )  # fmt: skip

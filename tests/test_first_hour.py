@@ -173,8 +173,8 @@ def test_a_hugging_face_dataset_made_from_numpy_has_fixed_shapes():
 
     x = np.random.default_rng(0).normal(size=(1000, 6)).astype(np.float32)
     dataset = datasets.Dataset.from_dict({"x": x, "y": np.arange(1000)})
-    source = meshfeed.HFSource(dataset)
-    assert source.fields["x"] == meshfeed.FieldSpec((6,), np.dtype(np.float32))
+    source = meshfeed.sources.HFSource(dataset)
+    assert source.fields["x"] == meshfeed.sources.FieldSpec((6,), np.dtype(np.float32))
     got = source[np.array([999, 0, 5])]
     np.testing.assert_array_equal(got["x"], x[[999, 0, 5]])
     loader = meshfeed.Loader(
@@ -182,7 +182,7 @@ def test_a_hugging_face_dataset_made_from_numpy_has_fixed_shapes():
     )
     assert next(iter(loader))["x"].shape == (8, 6)
     ragged = datasets.Dataset.from_dict({"t": [[1, 2], [3]]})
-    assert meshfeed.HFSource(ragged).fields["t"].ragged
+    assert meshfeed.sources.HFSource(ragged).fields["t"].ragged
 
 
 def test_a_parquet_list_column_of_one_length_has_a_fixed_shape(tmp_path):
@@ -192,12 +192,12 @@ def test_a_parquet_list_column_of_one_length_has_a_fixed_shape(tmp_path):
     x = np.arange(60, dtype=np.float32).reshape(20, 3)
     column = pa.array(list(x), type=pa.list_(pa.float32()))
     pq.write_table(pa.table({"x": column}), tmp_path / "t.parquet", row_group_size=7)
-    source = meshfeed.ParquetSource(str(tmp_path / "t.parquet"))
-    assert source.fields["x"] == meshfeed.FieldSpec((3,), np.dtype(np.float32))
+    source = meshfeed.sources.ParquetSource(str(tmp_path / "t.parquet"))
+    assert source.fields["x"] == meshfeed.sources.FieldSpec((3,), np.dtype(np.float32))
     np.testing.assert_array_equal(source[np.array([19, 0, 8])]["x"], x[[19, 0, 8]])
     uneven = pa.array([[1.0, 2.0], [3.0]], type=pa.list_(pa.float32()))
     pq.write_table(pa.table({"x": uneven}), tmp_path / "u.parquet")
-    assert meshfeed.ParquetSource(str(tmp_path / "u.parquet")).fields["x"].ragged
+    assert meshfeed.sources.ParquetSource(str(tmp_path / "u.parquet")).fields["x"].ragged
 
 
 def test_keras_fit_with_more_epochs_than_the_loader_holds_is_refused_first():

@@ -135,7 +135,7 @@ def _assert_close(got, want, **tolerance):
         np.testing.assert_allclose(a, b, err_msg=jax.tree_util.keystr(path), **tolerance)
 
 
-@pytest.mark.parametrize("mode", meshfeed.MODES)
+@pytest.mark.parametrize("mode", meshfeed.train.MODES)
 def test_each_mode_trains_an_nnx_cnn_like_a_hand_written_nnx_jit_loop(mode, reference):
     model, history = _train(mode, evaluate=True)
     ref_model, ref_accuracy = reference

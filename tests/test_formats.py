@@ -51,7 +51,7 @@ def files(tmp_path_factory):
 def test_webdataset_shards_read_as_webdataset_reads_them(files):
     from webdataset.compat import WebDataset
 
-    ours = meshfeed.TarSource(files["tar"])
+    ours = meshfeed.sources.TarSource(files["tar"])
     assert len(ours) == SAMPLES and set(ours.fields) == {"png", "cls", "id", "json", "__key__"}
     with warnings.catch_warnings():  # webdataset leaves its shard files for the collector
         warnings.simplefilter("ignore", ResourceWarning)
@@ -62,14 +62,14 @@ def test_webdataset_shards_read_as_webdataset_reads_them(files):
         assert got["__key__"][i] == sample["__key__"]
         for ext in ("png", "cls", "id", "json"):
             assert got[ext][i] == sample[ext], (i, ext)
-    decoded = meshfeed.TarSource(files["tar"], decode={"cls": "int", "json": "json"})
+    decoded = meshfeed.sources.TarSource(files["tar"], decode={"cls": "int", "json": "json"})
     rows = decoded[np.array([3, 77])]
     assert rows["cls"].tolist() == [3, 7] and rows["json"][1] == {"i": 77, "even": False}
 
 
 def test_a_shard_made_by_gnu_tar_with_long_names(tmp_path):
     shard = write_tar_command(tmp_path)
-    source = meshfeed.TarSource(shard, decode={"id": "int"}, build=True)
+    source = meshfeed.sources.TarSource(shard, decode={"id": "int"}, build=True)
     with tarfile.open(shard) as archive:
         members = {}
         for member in archive.getmembers():
@@ -87,7 +87,7 @@ def test_a_shard_made_by_gnu_tar_with_long_names(tmp_path):
 def test_json_lines_plain_or_in_members(tmp_path, kind):
     paths = write_jsonl(tmp_path, kind)
     meshfeed.index(paths, progress=False)
-    source = meshfeed.JsonlSource(paths)
+    source = meshfeed.sources.JsonlSource(paths)
     assert source.fields["tokens"].ragged and source.fields["text"].dtype == object
     order = [r for k in range(3) for r in records()[k::3]]  # file after file
     got = source[np.arange(len(source))]
@@ -106,14 +106,14 @@ def test_one_large_compressed_member_is_refused_then_rewritten_seekable(tmp_path
         meshfeed.index(str(path), progress=False)
     meshfeed.index(str(path), seekable=True, progress=False)
     assert gzip.decompress(path.read_bytes()) == "".join(rows).encode()  # the same text
-    source = meshfeed.JsonlSource(str(path), fields=["id"])
+    source = meshfeed.sources.JsonlSource(str(path), fields=["id"])
     assert source[np.array([0, 59_999, 31_337])]["id"].tolist() == [0, 59_999, 31_337]
 
 
 def test_tfrecord_files_read_as_the_tfrecord_package_reads_them(files):
     from tfrecord.reader import tfrecord_loader
 
-    inferred = meshfeed.TFRecordSource(files["tfrecord"], decode="example")  # from record 0
+    inferred = meshfeed.sources.TFRecordSource(files["tfrecord"], decode="example")  # from record 0
     assert set(inferred.fields) == {"image", "label", "vec"} and not inferred.fields["vec"].ragged
     with pytest.raises(
         ValueError,
@@ -121,15 +121,15 @@ def test_tfrecord_files_read_as_the_tfrecord_package_reads_them(files):
     ):
         inferred[np.arange(len(inferred))]
     features = {"image": "bytes", "label": "int64", "vec": "ragged:float32"}
-    ours = meshfeed.TFRecordSource(files["tfrecord"], decode="example", features=features)
+    ours = meshfeed.sources.TFRecordSource(files["tfrecord"], decode="example", features=features)
     got = ours[np.arange(len(ours))]
     theirs: list[Any] = [r for p in files["tfrecord"] for r in tfrecord_loader(p, None)]
     for i, record in enumerate(theirs):
         assert got["image"][i] == record["image"]
         assert got["label"][i] == record["label"][0]
         np.testing.assert_array_equal(got["vec"].to_list()[i], record["vec"])
-    raw = meshfeed.TFRecordSource(files["tfrecord"])
-    assert meshfeed.parse_example(raw[np.array([4])]["record"][0])["label"].tolist() == [8]
+    raw = meshfeed.sources.TFRecordSource(files["tfrecord"])
+    assert meshfeed.sources.parse_example(raw[np.array([4])]["record"][0])["label"].tolist() == [8]
 
 
 def _ids(batches: list[dict[str, np.ndarray]], key: str) -> list[int]:
@@ -165,11 +165,11 @@ def test_every_sample_once_per_epoch_and_a_two_process_state_resumes_on_one_and_
 
 
 def test_formats_pack_mix_and_block_shuffle(files):
-    docs = meshfeed.JsonlSource(files["jsonl"], fields={"tokens": "ragged:int32"})
+    docs = meshfeed.sources.JsonlSource(files["jsonl"], fields={"tokens": "ragged:int32"})
     packed = meshfeed.pack(docs, 16)
     assert packed.stats()["tokens"] == sum(len(r["tokens"]) for r in records())
-    halves = [meshfeed.JsonlSource(files["jsonl"][:2], fields={"id": "int64"}),
-              meshfeed.JsonlSource(files["jsonl"][2:], fields={"id": "int64"})]  # fmt: skip
+    halves = [meshfeed.sources.JsonlSource(files["jsonl"][:2], fields={"id": "int64"}),
+              meshfeed.sources.JsonlSource(files["jsonl"][2:], fields={"id": "int64"})]  # fmt: skip
     both = meshfeed.mix(halves, weights=[0.5, 0.5])
     seen = set(both[np.arange(len(both))]["id"].tolist())
     assert seen == set(range(SAMPLES))
@@ -180,16 +180,16 @@ def test_formats_pack_mix_and_block_shuffle(files):
 def test_a_file_changed_after_indexing_is_refused_by_name(tmp_path):
     (path,) = write_jsonl(tmp_path, "plain", files=1)
     meshfeed.index(path, progress=False)
-    meshfeed.JsonlSource(path)
+    meshfeed.sources.JsonlSource(path)
     time.sleep(0.01)
     with open(path, "a") as f:
         f.write(json.dumps({"id": 1000, "text": "", "tokens": [1], "score": 0.0}) + "\n")
     with pytest.raises(
         ValueError, match=r"part-0.jsonl changed since it was indexed \(its size is"
     ):
-        meshfeed.JsonlSource(path)
+        meshfeed.sources.JsonlSource(path)
     report = meshfeed.index(path, progress=False)  # indexing again accepts it
-    assert report.indexed == [path] and len(meshfeed.JsonlSource(path)) == SAMPLES + 1
+    assert report.indexed == [path] and len(meshfeed.sources.JsonlSource(path)) == SAMPLES + 1
 
 
 def test_a_missing_index_says_how_to_build_it_and_index_dir_keeps_them_elsewhere(tmp_path):
@@ -197,14 +197,14 @@ def test_a_missing_index_says_how_to_build_it_and_index_dir_keeps_them_elsewhere
     with pytest.raises(
         FileNotFoundError, match=r"has no index yet; build the indexes once with meshfeed.index"
     ):
-        meshfeed.TFRecordSource(path)
+        meshfeed.sources.TFRecordSource(path)
     os.chmod(tmp_path, 0o555)  # the data's folder read-only: indexes go elsewhere
     try:
         report = meshfeed.index(path, index_dir=tmp_path.parent / "indexes", progress=False)
     finally:
         os.chmod(tmp_path, 0o755)
     assert report.samples == SAMPLES
-    source = meshfeed.TFRecordSource(path, index_dir=tmp_path.parent / "indexes")
+    source = meshfeed.sources.TFRecordSource(path, index_dir=tmp_path.parent / "indexes")
     assert len(source) == SAMPLES
     again = meshfeed.index(path, index_dir=tmp_path.parent / "indexes", progress=False)
     assert again.indexed == [] and again.current == [path]  # resumable per file
@@ -226,11 +226,11 @@ def test_damaged_files_are_named_with_file_and_offset(tmp_path, files):
     with pytest.raises(
         ValueError, match=r"bad.tfrecord: the record at byte 0 does not match its CRC"
     ):
-        meshfeed.TFRecordSource(str(record))[np.array([0])]
+        meshfeed.sources.TFRecordSource(str(record))[np.array([0])]
     lines = tmp_path / "bad.jsonl"
     lines.write_text('{"id": 0}\n{"id": 1\n{"id": 2}\n')
     meshfeed.index(str(lines), progress=False)
-    source = meshfeed.JsonlSource(str(lines), fields={"id": "int64"})
+    source = meshfeed.sources.JsonlSource(str(lines), fields={"id": "int64"})
     with pytest.raises(ValueError, match=r"bad.jsonl, the record at byte 10: not JSON"):
         source[np.array([1])]
     with pytest.raises(ValueError, match=r"notes.txt: meshfeed.index reads .tar"):
@@ -250,8 +250,10 @@ def test_a_sample_missing_an_extension_is_refused_or_marked(tmp_path):
     with pytest.raises(
         ValueError, match=r"gaps.tar: sample 'k4' has no 'txt' member .* missing='mark'"
     ):
-        meshfeed.TarSource(str(tmp_path / "gaps.tar"), build=True)
-    marked = meshfeed.TarSource(str(tmp_path / "gaps.tar"), missing="mark", decode={"txt": "text"})
+        meshfeed.sources.TarSource(str(tmp_path / "gaps.tar"), build=True)
+    marked = meshfeed.sources.TarSource(
+        str(tmp_path / "gaps.tar"), missing="mark", decode={"txt": "text"}
+    )
     rows = marked[np.arange(6)]
     assert rows["txt_missing"].tolist() == [False] * 4 + [True, False]
     assert rows["txt"][5] == "text 5" and rows["txt"][4] is None
@@ -277,7 +279,7 @@ def test_from_the_s3_server_through_an_outage(files, server, tmp_path):
         np.testing.assert_array_equal(g["id"], w["id"])
     proxy = Proxy(server.port)
     flaky = {**opts, "endpoint_url": proxy.endpoint}
-    source = meshfeed.TarSource(urls, decode={"id": "int"}, storage_options=flaky)
+    source = meshfeed.sources.TarSource(urls, decode={"id": "int"}, storage_options=flaky)
     first = source[np.arange(0, 10)]["id"].tolist()
     proxy.stop()
     start_back = time.monotonic()

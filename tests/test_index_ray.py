@@ -92,7 +92,7 @@ def test_ray_writes_the_local_executors_sidecars_and_resumes_per_file(local_ray,
     # Indexes beside the files, read back by the sources.
     meshfeed.index(paths, executor="ray", progress=False)
     tar = [p for p in paths if p.endswith(".tar")]
-    assert len(meshfeed.TarSource(tar)) == 90
+    assert len(meshfeed.sources.TarSource(tar)) == 90
 
 
 def test_a_bad_file_stops_the_run_by_name(local_ray, tmp_path):

@@ -142,7 +142,7 @@ def test_slots_past_most_lent_are_copied_out_so_kept_batches_do_not_pin_new_memo
 
 
 def test_host_buffers_are_reused_once_their_arrays_are_gone_and_capped_while_kept():
-    spec = {"x": meshfeed.FieldSpec((3,), np.dtype(np.float32))}
+    spec = {"x": meshfeed.sources.FieldSpec((3,), np.dtype(np.float32))}
     buffers = HostBuffers(keep=2, most_lent=3)
     a = buffers.take(spec, 5)
     assert a["x"].shape == (5, 3) and a["x"].ctypes.data % 64 == 0

@@ -12,13 +12,13 @@ from meshfeed.testing import assert_resumes_identically
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("strategy", meshfeed.STRATEGIES)
+@pytest.mark.parametrize("strategy", meshfeed.inspect.STRATEGIES)
 def test_every_strategy_gives_source_rows_in_the_requested_sharding(strategy, layout):
     result = check_strategy(strategy, layout)
     assert result["steps"] == 7
 
 
-@pytest.mark.parametrize("strategy", meshfeed.STRATEGIES)
+@pytest.mark.parametrize("strategy", meshfeed.inspect.STRATEGIES)
 def test_strategies_agree_bit_for_bit(strategy):
     arrays = make_arrays()
     shardings = make_layout("data2_model4_2d")
@@ -134,7 +134,7 @@ def test_auto_records_its_choice_and_reason():
     assert "auto -> per_process" in str(loader.plan)
 
 
-@pytest.mark.parametrize("strategy", meshfeed.STRATEGIES)
+@pytest.mark.parametrize("strategy", meshfeed.inspect.STRATEGIES)
 def test_resume_at_every_step_gives_the_uninterrupted_stream(strategy):
     def make():
         return meshfeed.Loader(
@@ -303,17 +303,26 @@ def test_arguments_are_read_only_attributes():
     assert loader.seed == 3 and loader.ids(0).tolist() == _loader(seed=3).ids(0).tolist()
 
 
-def test_each_option_is_explained_once_and_in_the_docstring():
-    """One text an option (``OPTION_DOCS``): the signature, ``LoaderOptions`` and the
-    texts name the same options, and ``Loader``'s Args are those texts."""
+def test_each_option_is_defined_once_and_the_signature_docs_and_attributes_follow():
+    """One field an option (``LoaderOptions``): the signature names the same options in
+    the same order with the same defaults and types, ``Loader``'s Args are the fields'
+    texts, and each is a read-only attribute documented by its text."""
     import dataclasses
     import inspect
 
-    from meshfeed.feed._option_docs import OPTION_DOCS
-
-    signature = list(inspect.signature(meshfeed.Loader).parameters)
-    fields = [f.name for f in dataclasses.fields(meshfeed.LoaderOptions) if f.init]
-    assert signature == list(OPTION_DOCS) == ["source", *fields]
+    fields = [f for f in dataclasses.fields(meshfeed.types.LoaderOptions) if f.init]
+    parameters = list(inspect.signature(meshfeed.Loader).parameters.values())
+    assert [p.name for p in parameters] == ["source", *(f.name for f in fields)]
+    for parameter, field in zip(parameters[1:], fields, strict=True):
+        default = field.default
+        assert parameter.default == (
+            inspect.Parameter.empty if default is dataclasses.MISSING else default
+        ), field.name
+        assert parameter.annotation == field.type, field.name
+        assert parameter.kind == inspect.Parameter.KEYWORD_ONLY
     doc = meshfeed.Loader.__doc__ or ""
-    for name, text in OPTION_DOCS.items():
-        assert f"\n      {name}: {text.split()[0]}" in doc, name
+    for field in fields:
+        assert f"\n      {field.name}: {field.metadata['doc'].split()[0]}" in doc, field.name
+        if field.name != "strategy":  # the loader's own: the strategy in use
+            assert getattr(meshfeed.Loader, field.name).__doc__ == field.metadata["doc"]
+    assert "The options, by group: what a step holds" in doc

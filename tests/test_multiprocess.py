@@ -20,7 +20,7 @@ def test_every_strategy_and_layout_on_several_processes(num_processes, devices_p
     )
     assert len(results) == num_processes
     for per_process in results:
-        assert len(per_process) == len(meshfeed.STRATEGIES) * len(LAYOUTS)
+        assert len(per_process) == len(meshfeed.inspect.STRATEGIES) * len(LAYOUTS)
         assert all(r["steps"] == 7 for r in per_process)
     # Every process makes the same "auto" choice without talking to the others.
     assert len({tuple(r["chosen"] for r in p) for p in results}) == 1

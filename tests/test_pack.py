@@ -168,7 +168,7 @@ def test_packed_sources_mix_and_load_with_every_strategy():
     mesh = meshfeed.make_mesh(data=4, model=2)
     sharding = NamedSharding(mesh, P("data", None))
     both = meshfeed.mix([pack_fns.packed(), pack_fns.packed(seed=3)], weights=[0.5, 0.5])
-    for strategy in meshfeed.STRATEGIES:
+    for strategy in meshfeed.inspect.STRATEGIES:
         loader = meshfeed.Loader(both, global_batch_size=8, sharding=sharding, strategy=strategy)
         batch = meshfeed.reshard(next(iter(loader)), sharding)
         pack_fns.check_rows({k: np.asarray(v) for k, v in batch.items()})
@@ -177,11 +177,13 @@ def test_packed_sources_mix_and_load_with_every_strategy():
 def test_plot_packing_draws_the_rows(tmp_path):
     import matplotlib.image
 
-    path = meshfeed.plot_packing(pack_fns.packed(), tmp_path / "packing.png", rows=5, dpi=60)
+    path = meshfeed.inspect.plot_packing(
+        pack_fns.packed(), tmp_path / "packing.png", rows=5, dpi=60
+    )
     image = matplotlib.image.imread(path)
     assert image.shape[0] > 100 and image[..., :3].std() > 0.05
     with pytest.raises(ValueError, match=r"must end in \.png or \.svg"):
-        meshfeed.plot_packing(pack_fns.packed(), tmp_path / "packing.jpg")
+        meshfeed.inspect.plot_packing(pack_fns.packed(), tmp_path / "packing.jpg")
 
 
 def test_alongside_packs_the_named_fields_and_leaves_per_document_ones_out():

@@ -10,7 +10,9 @@ from meshfeed.testing import run_in_processes
 
 
 def test_single_process_costs():
-    plan = meshfeed.plan(NamedSharding(meshfeed.make_mesh(data=8), P("data")), (256, 784), "uint8")
+    plan = meshfeed.inspect.plan(
+        NamedSharding(meshfeed.make_mesh(data=8), P("data")), (256, 784), "uint8"
+    )
     assert plan.choice == "per_process" and "one process" in plan.reason
     per_process = plan.costs["per_process"]
     assert per_process.rows_read == {0: 256}
@@ -22,12 +24,12 @@ def test_single_process_costs():
 
 def test_replicas_across_processes_cost_reads_that_reshard_saves():
     spread = make_layout("data4_model2")["image"]  # model replicas on other processes
-    plan = meshfeed.plan(spread, (16, 4, 4), np.uint8, processes=2)
+    plan = meshfeed.inspect.plan(spread, (16, 4, 4), np.uint8, processes=2)
     assert plan.choice == "global" and "replicated across processes" in plan.reason
     assert plan.costs["per_process"].rows_read == {0: 16, 1: 16}
     assert plan.costs["reshard"].rows_read == {0: 8, 1: 8}
     assert plan.costs["reshard"].device_to_device > 0
-    four = meshfeed.plan(spread, (16, 4, 4), np.uint8, processes=4)
+    four = meshfeed.inspect.plan(spread, (16, 4, 4), np.uint8, processes=4)
     assert four.costs["per_process"].rows_read == {0: 8, 1: 8, 2: 8, 3: 8}
     assert "read more than once" in four.reason
 
@@ -47,6 +49,6 @@ def test_plan_rows_are_the_rows_the_source_is_asked_for(num_processes, devices):
 
 def test_plan_rejects_bad_input():
     with pytest.raises(TypeError, match="pass a NamedSharding"):
-        meshfeed.plan(P("data"), (8,))  # type: ignore[arg-type]
+        meshfeed.inspect.plan(P("data"), (8,))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no batch dimension"):
-        meshfeed.plan(NamedSharding(meshfeed.make_mesh(data=8), P()), ())
+        meshfeed.inspect.plan(NamedSharding(meshfeed.make_mesh(data=8), P()), ())

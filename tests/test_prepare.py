@@ -341,12 +341,16 @@ def test_a_function_tokenizer_is_recorded_by_name_and_version(corpus, tmp_path):
     def encode(texts):
         return [list(t.encode()) for t in texts]  # bytes as ids
 
-    tok = meshfeed.TokenizerFunction(encode, name="bytes", version="1", vocab_size=257, eos_id=256)
+    tok = meshfeed.types.TokenizerFunction(
+        encode, name="bytes", version="1", vocab_size=257, eos_id=256
+    )
     _prepare(corpus, tmp_path / "out", tokenizer=tok, workers=2)
     source = meshfeed.open_source(tmp_path / "out", tokenizer=tok)
     texts = [r["text"] for r in corpus["records"] if r["text"]]
     assert [g.tolist() for g in token_documents(source)] == [[*t.encode(), 256] for t in texts]
-    v2 = meshfeed.TokenizerFunction(encode, name="bytes", version="2", vocab_size=257, eos_id=256)
+    v2 = meshfeed.types.TokenizerFunction(
+        encode, name="bytes", version="2", vocab_size=257, eos_id=256
+    )
     with pytest.raises(ValueError, match=r"name: 'bytes@1' in the folder, 'bytes@2' here"):
         meshfeed.open_source(tmp_path / "out", tokenizer=v2)
 

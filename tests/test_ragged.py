@@ -54,7 +54,7 @@ def test_bad_ragged_input_is_refused(values, offsets, match):
 def test_array_source_gives_ragged_fields_and_their_lengths():
     docs = ragged_fns.documents()
     src = meshfeed.ArraySource({"tokens": meshfeed.Ragged.from_list(docs), "id": np.arange(50)})
-    assert src.fields["tokens"] == meshfeed.FieldSpec((None,), np.dtype(np.int32))
+    assert src.fields["tokens"] == meshfeed.sources.FieldSpec((None,), np.dtype(np.int32))
     got = src[np.array([4, 0])]
     _equal(got["tokens"], [docs[4], docs[0]])
     np.testing.assert_array_equal(src.lengths("tokens"), [len(d) for d in docs])
@@ -68,7 +68,7 @@ def test_ragged_fields_round_trip_through_write_and_open(tmp_path, where):
     path = str(tmp_path / "docs") if where == "local" else f"memory://ragged-{id(tmp_path)}"
     meshfeed.write_source(path, {"tokens": docs, "id": np.arange(50)}, shard_size=16)
     src = meshfeed.open_source(path, verify=True)
-    assert src.fields["tokens"] == meshfeed.FieldSpec((None,), np.dtype(np.int32))
+    assert src.fields["tokens"] == meshfeed.sources.FieldSpec((None,), np.dtype(np.int32))
     np.testing.assert_array_equal(src.lengths("tokens"), [len(d) for d in docs])
     assert src.bytes_read == 8 * (50 + 4)  # the offsets of 4 shards, no value yet
     ids = np.array([40, 3, 17, 3, 16])
@@ -108,8 +108,8 @@ def test_parquet_list_columns_keep_their_value_type(tmp_path):
     docs = ragged_fns.documents()
     table = pa.table({"tokens": pa.array([d.tolist() for d in docs], pa.list_(pa.int32()))})
     pq.write_table(table, tmp_path / "t.parquet", row_group_size=16)
-    src = meshfeed.ParquetSource(str(tmp_path / "t.parquet"))
-    assert src.fields["tokens"] == meshfeed.FieldSpec((None,), np.dtype(np.int32))
+    src = meshfeed.sources.ParquetSource(str(tmp_path / "t.parquet"))
+    assert src.fields["tokens"] == meshfeed.sources.FieldSpec((None,), np.dtype(np.int32))
     np.testing.assert_array_equal(src.lengths("tokens"), [len(d) for d in docs])
     ids = np.array([33, 2, 49, 2])
     _equal(src[ids]["tokens"], [docs[i] for i in ids])
@@ -121,8 +121,8 @@ def test_hugging_face_sequences_are_ragged():
     docs = ragged_fns.documents()
     features = datasets.Features({"tokens": datasets.Sequence(datasets.Value("int32"))})
     ds = datasets.Dataset.from_dict({"tokens": [d.tolist() for d in docs]}, features=features)
-    src = meshfeed.HFSource(ds)
-    assert src.fields["tokens"] == meshfeed.FieldSpec((None,), np.dtype(np.int32))
+    src = meshfeed.sources.HFSource(ds)
+    assert src.fields["tokens"] == meshfeed.sources.FieldSpec((None,), np.dtype(np.int32))
     np.testing.assert_array_equal(src.lengths("tokens"), [len(d) for d in docs])
     _equal(src[np.array([7, 0])]["tokens"], [docs[7], docs[0]])
 

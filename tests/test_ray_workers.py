@@ -118,7 +118,7 @@ def test_ray_workers_open_a_parquet_file_and_a_meshfeed_folder_themselves(cluste
     pq.write_table(pa.table({"image": images, "label": data["label"]}), tmp_path / "t.parquet")
     meshfeed.write_source(str(tmp_path / "folder"), data)
     for source in (
-        meshfeed.ParquetSource(str(tmp_path / "t.parquet")),
+        meshfeed.sources.ParquetSource(str(tmp_path / "t.parquet")),
         meshfeed.open_source(str(tmp_path / "folder")),
     ):
         want = _batches(fns.loader(fns.flat_decode, data=source))  # read here, no workers
@@ -200,7 +200,7 @@ def test_a_node_removed_mid_epoch_costs_nothing(cluster, clean, capfd):
 
 def test_no_worker_left_is_an_error_after_replace_s(cluster):
     lonely = cluster.cluster.add_node(num_cpus=1, resources={"lonely": 2})
-    options = meshfeed.RayOptions(cpus=0.5, resources={"lonely": 1}, replace_s=3)
+    options = meshfeed.types.RayOptions(cpus=0.5, resources={"lonely": 1}, replace_s=3)
     feed = fns.loader(fns.slow_decode, num_workers=2, worker_type=options)
     try:
         _batches(feed, 2)
@@ -291,7 +291,7 @@ def test_without_ray_the_error_names_the_extra(monkeypatch):
 )
 def test_bad_ray_options_are_named(kwargs, error, message):
     with pytest.raises(error) as raised:
-        meshfeed.RayOptions(**kwargs)
+        meshfeed.types.RayOptions(**kwargs)
     assert str(raised.value) == message
 
 

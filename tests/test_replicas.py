@@ -15,9 +15,9 @@ def _sharding():
 
 def test_identical_replicas_pass_even_with_nan():
     s = _sharding()
-    meshfeed.check_replicas({"x": jax.device_put(np.arange(8, dtype=np.float32), s)})
-    meshfeed.check_replicas(jax.device_put(np.full(8, np.nan, np.float32), s))
-    meshfeed.check_replicas({"b": jax.device_put(np.ones(8, bool), s)})
+    meshfeed.inspect.check_replicas({"x": jax.device_put(np.arange(8, dtype=np.float32), s)})
+    meshfeed.inspect.check_replicas(jax.device_put(np.full(8, np.nan, np.float32), s))
+    meshfeed.inspect.check_replicas({"b": jax.device_put(np.ones(8, bool), s)})
 
 
 def test_differing_replicas_are_named():
@@ -26,7 +26,7 @@ def test_differing_replicas_are_named():
     arrays = [jax.device_put(np.full(2, 7.0 if d.id == 3 else 1.0, np.float32), d) for d in blocks]
     x = jax.make_array_from_single_device_arrays((8,), s, arrays)
     with pytest.raises(ValueError, match=r"'x' block \[2:4\]: devices \[2, 3\] on processes \[0\]"):
-        meshfeed.check_replicas({"x": x})
+        meshfeed.inspect.check_replicas({"x": x})
 
 
 @pytest.mark.multiprocess

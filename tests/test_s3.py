@@ -72,7 +72,7 @@ def test_parquet_on_the_server(server):
     fs, path = fsspec.core.url_to_fs("s3://data/table.parquet", **server.storage_options)
     with fs.open(path, "wb") as f:
         pq.write_table(table, f, row_group_size=25)
-    source = meshfeed.ParquetSource(
+    source = meshfeed.sources.ParquetSource(
         "s3://data/table.parquet", storage_options=server.storage_options
     )
     got = source[np.array([99, 0, 50])]
@@ -136,7 +136,7 @@ def test_parquet_outlives_the_store_going_away_for_3_s(server):
         pq.write_table(table, f, row_group_size=10)
     proxy = Proxy(server.port)
     options = {**server.storage_options, "endpoint_url": proxy.endpoint}
-    source = meshfeed.ParquetSource(
+    source = meshfeed.sources.ParquetSource(
         "s3://data/outage.parquet", storage_options=options, retry_s=30, cache_bytes=0
     )
     np.testing.assert_array_equal(source[np.arange(10)]["id"], np.arange(10))

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from meshfeed import Permutation, Schedule
+from meshfeed.schedules import Permutation, Schedule
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 65, 1000, 60_001])

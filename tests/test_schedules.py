@@ -330,11 +330,11 @@ def test_fit_logs_the_mixture_stage_and_the_plan_shows_the_spans_ahead(capsys):
 def test_plot_mixture_draws_each_sources_share_over_the_steps(tmp_path):
     from matplotlib.image import imread
 
-    path = meshfeed.plot_mixture(schedule_fns.loader(), tmp_path / "mix.png")
+    path = meshfeed.inspect.plot_mixture(schedule_fns.loader(), tmp_path / "mix.png")
     height, width, _ = imread(path).shape
     assert width > 600 and height > 300
     with pytest.raises(TypeError, match="reads a mixture"):
-        meshfeed.plot_mixture(_ramp(), tmp_path / "none.png")
+        meshfeed.inspect.plot_mixture(_ramp(), tmp_path / "none.png")
 
 
 def test_a_mixtures_fingerprint_includes_its_sources_own():

@@ -86,15 +86,17 @@ def test_plot_sharding_writes_a_png_of_the_expected_size(tmp_path):
     from meshfeed.inspect._show import grid
 
     sharding = NamedSharding(_mesh(), P("data", "model"))
-    path = meshfeed.plot_sharding(sharding, tmp_path / "layout.png", shape=(256, 128), dpi=80)
+    path = meshfeed.inspect.plot_sharding(
+        sharding, tmp_path / "layout.png", shape=(256, 128), dpi=80
+    )
     image = matplotlib.image.imread(path)
     width, height = figure_size(grid(sharding, shape=(256, 128)))
     assert image.shape[:2] == (round(height * 80), round(width * 80))
     assert image[..., :3].std() > 0.05  # not blank
-    svg = meshfeed.plot_sharding(sharding, tmp_path / "layout.svg", shape=(256, 128))
+    svg = meshfeed.inspect.plot_sharding(sharding, tmp_path / "layout.svg", shape=(256, 128))
     assert "<svg" in svg.read_text()
     with pytest.raises(ValueError, match=r"must end in \.png or \.svg"):
-        meshfeed.plot_sharding(sharding, tmp_path / "layout.jpg", shape=(256, 128))
+        meshfeed.inspect.plot_sharding(sharding, tmp_path / "layout.jpg", shape=(256, 128))
 
 
 def test_plot_sharding_leaves_the_matplotlib_backend_alone(tmp_path):
@@ -104,7 +106,7 @@ def test_plot_sharding_leaves_the_matplotlib_backend_alone(tmp_path):
     matplotlib.use("svg")  # a backend plot_sharding would not pick itself
     try:
         sharding = NamedSharding(_mesh(), P("data"))
-        meshfeed.plot_sharding(sharding, tmp_path / "layout.png", shape=(8,))
+        meshfeed.inspect.plot_sharding(sharding, tmp_path / "layout.png", shape=(8,))
         assert matplotlib.get_backend() == "svg"
     finally:
         matplotlib.use(before)

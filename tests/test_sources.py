@@ -10,7 +10,7 @@ def test_array_source_gathers_rows_and_describes_fields():
     src = meshfeed.ArraySource({"x": x, "y": y})
     assert isinstance(src, meshfeed.Source)
     assert len(src) == 10
-    assert src.fields["x"] == meshfeed.FieldSpec((3,), np.dtype(np.float32))
+    assert src.fields["x"] == meshfeed.sources.FieldSpec((3,), np.dtype(np.float32))
     out = src[np.array([4, 0, 4])]
     np.testing.assert_array_equal(out["x"], x[[4, 0, 4]])
     np.testing.assert_array_equal(out["y"], [4, 0, 4])

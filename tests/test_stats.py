@@ -111,7 +111,7 @@ def test_plot_pipeline_draws_a_loaders_stats_even_read_back_from_json(tmp_path):
     loader = _loader(record_transform=_double, transform=lambda batch: batch)
     list(loader)
     stats = json.loads(json.dumps(loader.stats()))
-    path = meshfeed.plot_pipeline(stats, tmp_path / "pipeline.png")
+    path = meshfeed.inspect.plot_pipeline(stats, tmp_path / "pipeline.png")
     image = pytest.importorskip("matplotlib.image", reason="the plot extra").imread(path)
     assert image.shape[0] > 200 and image.shape[1] > 600
     assert image[..., :3].std() > 0.05  # something drawn, not a blank page
@@ -119,11 +119,11 @@ def test_plot_pipeline_draws_a_loaders_stats_even_read_back_from_json(tmp_path):
 
 def test_plot_pipeline_says_what_it_needs():
     with pytest.raises(TypeError, match="stats"):
-        meshfeed.plot_pipeline([1, 2], "x.png")  # type: ignore[arg-type]
+        meshfeed.inspect.plot_pipeline([1, 2], "x.png")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no step"):
-        meshfeed.plot_pipeline(_loader().stats(), "x.png")
+        meshfeed.inspect.plot_pipeline(_loader().stats(), "x.png")
     with pytest.raises(ValueError, match=r"\.png or \.svg"):
-        meshfeed.plot_pipeline(_loader().stats(), "x.jpg")
+        meshfeed.inspect.plot_pipeline(_loader().stats(), "x.jpg")
 
 
 def test_counts_from_many_threads_are_exact_after_the_threads_end():

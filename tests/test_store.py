@@ -26,7 +26,7 @@ def test_round_trip_over_several_shards(tmp_path):
     assert sorted(os.listdir(path / "image")) == ["00000.npy", "00001.npy", "00002.npy"]
     source = meshfeed.open_source(path)
     assert len(source) == N
-    assert source.fields["image"] == meshfeed.FieldSpec((4, 4), np.dtype(np.uint8))
+    assert source.fields["image"] == meshfeed.sources.FieldSpec((4, 4), np.dtype(np.uint8))
     ids = np.array([95, 0, 41, 39, 40, 41, 7])  # across shard edges, repeated, unsorted
     got = source[ids]
     for name, array in original().items():

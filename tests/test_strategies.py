@@ -58,11 +58,11 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_the_table_names_a_call_for_every_concrete_strategy():
-    assert sorted(_table()) == sorted(s for s in meshfeed.STRATEGIES if s != "auto")
+    assert sorted(_table()) == sorted(s for s in meshfeed.inspect.STRATEGIES if s != "auto")
     assert set(_table().values()) <= set(BUILDERS)
 
 
-@pytest.mark.parametrize("strategy", meshfeed.STRATEGIES)
+@pytest.mark.parametrize("strategy", meshfeed.inspect.STRATEGIES)
 def test_each_strategy_builds_with_the_call_the_readme_names(strategy, calls):
     mesh = meshfeed.make_mesh(data=4, model=2)
     loader = meshfeed.Loader(

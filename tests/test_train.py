@@ -20,7 +20,7 @@ def _assert_same_params(got, want):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("mode", meshfeed.MODES)
+@pytest.mark.parametrize("mode", meshfeed.train.MODES)
 def test_each_mode_on_8_devices_matches_single_device_training(mode, reference):
     _assert_same_params(train_fns.train(mode), reference)
 
@@ -29,21 +29,21 @@ def test_each_mode_on_8_devices_matches_single_device_training(mode, reference):
 def test_each_mode_on_2_processes_matches_single_device_training(reference):
     results = run_in_processes(_train_every_mode, num_processes=2, devices_per_process=4)
     for per_process in results:
-        for mode in meshfeed.MODES:
+        for mode in meshfeed.train.MODES:
             _assert_same_params(per_process[mode], reference)
 
 
 def _train_every_mode():
-    return {mode: train_fns.train(mode) for mode in meshfeed.MODES}
+    return {mode: train_fns.train(mode) for mode in meshfeed.train.MODES}
 
 
-@pytest.mark.parametrize("mode", meshfeed.MODES)
+@pytest.mark.parametrize("mode", meshfeed.train.MODES)
 def test_hybrid_mlp_with_hidden_layer_over_model_matches_single_device(mode, reference):
     # shard_map and pmap take the kernel whole and give it back over 'model'.
     _assert_same_params(train_fns.train_hybrid(mode), reference)
 
 
-@pytest.mark.parametrize("mode", meshfeed.MODES)
+@pytest.mark.parametrize("mode", meshfeed.train.MODES)
 def test_each_step_function_compiles_once(mode):
     compiles = []
 
@@ -68,7 +68,7 @@ def test_each_step_function_compiles_once(mode):
     assert compiles == []
 
 
-@pytest.mark.parametrize("mode", meshfeed.MODES)
+@pytest.mark.parametrize("mode", meshfeed.train.MODES)
 def test_padded_rows_do_not_count_in_the_loss(mode):
     mesh = meshfeed.make_mesh(data=8)
     loader = train_fns.loader(mesh)

@@ -66,7 +66,7 @@ def test_model_state_in_the_manual_modes_equals_jit_on_the_global_batch(mode, ji
 
 def _every_mode_here():
     out = {}
-    for mode in meshfeed.MODES:
+    for mode in meshfeed.train.MODES:
         state, noise = _run(mode)
         here = {"mean": state.model_state["mean"], "w1": state.params["w1"]}
         out[mode] = {k: np.asarray(v.addressable_shards[0].data) for k, v in here.items()}

@@ -199,7 +199,7 @@ def restore_and_peek(directory: str, seed: int = 4) -> dict[str, Any]:
     }
 
 
-def steps_and_shapes(n: int, last_batch: meshfeed.LastBatch) -> list[tuple[int, ...]]:
+def steps_and_shapes(n: int, last_batch: meshfeed.types.LastBatch) -> list[tuple[int, ...]]:
     """Every batch's global shape over one epoch of ``n`` examples (batch 8)."""
     mesh = meshfeed.make_mesh(data=jax.device_count())
     data = meshfeed.ArraySource({"x": np.arange(n * 3, dtype=np.float32).reshape(n, 3)})

@@ -2,7 +2,7 @@
 
 * A public name whose docstring is empty is a warning (and, with ``-W``, a failed
   build): ``autodoc-process-docstring`` sees each object the reference documents.
-* A re-exported constant or type alias (``meshfeed.DATA``, ``meshfeed.Strategy``) has no
+* A re-exported constant or type alias (``meshfeed.DATA``, ``meshfeed.types.Strategy``) has no
   ``__doc__`` of its own: its docstring is the string literal under its assignment in
   the module that defines it, found here by reading meshfeed's sources once.
 """

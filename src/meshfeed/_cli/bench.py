@@ -18,7 +18,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from meshfeed import STRATEGIES, ArraySource, Loader, Strategy, batch_sharding, make_mesh, reshard
+from meshfeed import ArraySource, Loader, batch_sharding, make_mesh, reshard
+from meshfeed.inspect import STRATEGIES
+from meshfeed.types import Strategy
 
 
 def _samples_per_s(run: Callable[[], Iterator[Any]], batch: int, seconds: float) -> float:

@@ -85,7 +85,7 @@ def plan_data(args: argparse.Namespace, sharding: Any) -> Any:
     options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None
     order = {"shuffle_block": args.shuffle_block, "shuffle_window": args.shuffle_window}
     try:
-        return meshfeed.plan(
+        return meshfeed.inspect.plan(
             sharding, data=args.data, processes=args.processes, global_batch_size=args.batch,
             storage_options=options, store_rps=args.store_rps, loader_options=order,
         )  # fmt: skip

@@ -21,7 +21,7 @@ def add_parser(sub: Any) -> None:
         "index",
         help="index WebDataset tar shards, JSON Lines or TFRecord files for random access",
         description="Scans each file once and writes a small sidecar of byte offsets, so "
-        "meshfeed.TarSource, JsonlSource and TFRecordSource read any sample by range. "
+        "meshfeed.sources.TarSource, JsonlSource and TFRecordSource read any sample by range. "
         "Files already indexed (and unchanged) are skipped: run it again to finish.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -177,12 +177,12 @@ def _run(args: argparse.Namespace) -> int:
                 return 0
             if args.shape is None:
                 fail("plan needs --shape (or --data).")
-            plan = meshfeed.plan(sharding, args.shape, args.dtype, processes=args.processes)
+            plan = meshfeed.inspect.plan(sharding, args.shape, args.dtype, processes=args.processes)
             print(meshfeed.show_plan(plan), end="")
             return 0
         meshfeed.show_sharding(sharding, shape=args.shape, processes=args.processes)
         if args.out:
-            path = meshfeed.plot_sharding(
+            path = meshfeed.inspect.plot_sharding(
                 sharding, args.out, shape=args.shape, processes=args.processes
             )
             print(f"wrote {path}")

@@ -113,7 +113,7 @@ class Tokenizer:
         else:
             raise TypeError(
                 f"tokenizer is a {type(tokenizer).__name__}; pass a tokenizers.Tokenizer, "
-                "the path of a tokenizer.json, or meshfeed.TokenizerFunction(encode, "
+                "the path of a tokenizer.json, or meshfeed.types.TokenizerFunction(encode, "
                 "name=..., version=..., vocab_size=...)."
             )
         self.bos_id = self._special("bos", bos, self._own[0], required=False)
@@ -124,7 +124,7 @@ class Tokenizer:
         if not os.path.isfile(path):
             raise FileNotFoundError(
                 f"tokenizer={path!r} is not a file; pass the path of a tokenizer.json, a "
-                "tokenizers.Tokenizer or a meshfeed.TokenizerFunction."
+                "tokenizers.Tokenizer or a meshfeed.types.TokenizerFunction."
             )
         with open(path, encoding="utf-8") as f:
             self._from_json(f.read(), name=os.path.basename(path))

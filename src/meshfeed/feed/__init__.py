@@ -17,8 +17,9 @@ Modules, lowest first (each imports only modules listed before it)::
     _shardings     the sharding of each field, the rows it puts where; place_host
     _strategies    per strategy, the rows a process reads and how they are placed; reshard
     _skips         the examples on_error="skip" skipped, and the budget max_skipped sets
-    _option_docs   what each Loader option means: the Args of Loader's docstring
-    _options       LoaderOptions: every argument checked before anything starts
+    _option        one Loader option defined once: a field with its group, text and check
+    _options       LoaderOptions: each option defined once, checked alone and by group
+    _source_check  the source checked against the options: its kind, length and fields
     _reader        one step's host rows: source, padding, records, transform, checks, mask
     _window        what one window of the consumer's steps measured, which _climb judges by
     _store_waits   how long reads wait on a store behind a URL: the depth that hides it

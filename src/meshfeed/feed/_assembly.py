@@ -208,7 +208,7 @@ class AssemblyViews:
           on average), ``peak_bytes``;
         - ``counter_updates``: adds to these counters (each costs under 1 us).
 
-        ``meshfeed.plot_pipeline(stats, path)`` draws where a step's time goes.
+        ``meshfeed.inspect.plot_pipeline(stats, path)`` draws where a step's time goes.
         """
         return self._parts.stats.report(reset)
 

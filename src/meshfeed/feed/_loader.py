@@ -14,7 +14,7 @@ any number of processes or devices.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
@@ -23,28 +23,27 @@ from meshfeed.core._stages import BatchSizeArg
 from meshfeed.data._bad_records import OnError
 from meshfeed.data._sources import Source
 from meshfeed.feed._assembly import AssemblyViews, assemble
-from meshfeed.feed._option_docs import args_section
+from meshfeed.feed._option import add_attributes, args_section, groups_line
 from meshfeed.feed._options import (
+    GROUPS,
     PREFETCH_BYTES,
+    SOURCE_DOC,
     LoaderOptions,
-    OptionAttributes,
     PlaceThreads,
     Prefetch,
     Transform,
-    bound,
-    check_source,
-    check_source_kind,
 )
 from meshfeed.feed._plan import Plan, Strategy
 from meshfeed.feed._schedule import LastBatch
 from meshfeed.feed._shardings import ShardingArg
 from meshfeed.feed._skips import DEFAULT_MAX_SKIPPED
+from meshfeed.feed._source_check import bound, check_source, check_source_kind
 from meshfeed.feed._state import LoaderState, fingerprint
 from meshfeed.workers._record_rows import RecordFn
 from meshfeed.workers._records import WorkerType
 
 
-class Loader(OptionAttributes, AssemblyViews):
+class Loader(AssemblyViews):
     """Global sharded batches from a source, on one process or many.
 
     Every argument is a read-only attribute afterwards (``loader.seed``, ...).
@@ -68,26 +67,20 @@ class Loader(OptionAttributes, AssemblyViews):
         num_epochs: int | None = 1,
         last_batch: LastBatch = "drop",
         transform: Transform | None = None,
-        prefetch: Prefetch = "auto",
-        prefetch_bytes: int = PREFETCH_BYTES,
-        place_threads: PlaceThreads = "auto",
-        check_every: int | None = None,
         record_transform: RecordFn | None = None,
         num_workers: int = 0,
         worker_type: WorkerType = "processes",
+        prefetch: Prefetch = "auto",
+        prefetch_bytes: int = PREFETCH_BYTES,
+        place_threads: PlaceThreads = "auto",
         on_error: OnError = "raise",
         max_skipped: int | float = DEFAULT_MAX_SKIPPED,
+        check_every: int | None = None,
     ) -> None:
+        # The keywords are LoaderOptions' fields, in their order (a test holds them).
+        given = {k: v for k, v in locals().items() if k not in ("self", "source")}
         check_source_kind(source)
-        options = LoaderOptions(
-            global_batch_size=global_batch_size, sharding=sharding, strategy=strategy,
-            shuffle=shuffle, shuffle_block=shuffle_block, shuffle_window=shuffle_window,
-            seed=seed, num_epochs=num_epochs, last_batch=last_batch,
-            transform=transform, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
-            place_threads=place_threads, check_every=check_every, record_transform=record_transform,
-            num_workers=num_workers, worker_type=worker_type, on_error=on_error,
-            max_skipped=max_skipped,
-        )  # fmt: skip
+        options = LoaderOptions(**given)
         ensure_watched()  # connected if started as several; watched (if several)
         self._source = source = bound(source, options)  # a mixture by stage counts our steps
         self._options = options
@@ -199,8 +192,18 @@ class Loader(OptionAttributes, AssemblyViews):
             f"strategy={self.strategy!r}, {steps}, at step {self.step})"
         )
 
+    if TYPE_CHECKING:  # the options' attributes, added below from LoaderOptions' fields
 
-# The Args section, from the one text of each option.
+        def __getattr__(self, name: str) -> Any: ...
+
+
+add_attributes(Loader, LoaderOptions)
 Loader.__doc__ = (Loader.__doc__ or "").replace(
-    "\n    Every argument", "\n" + args_section() + "\n    Every argument", 1
+    "\n    Every argument",
+    "\n"
+    + groups_line(GROUPS)
+    + "\n"
+    + args_section(LoaderOptions, {"source": SOURCE_DOC})
+    + "\n    Every argument",
+    1,
 )

@@ -1,29 +1,31 @@
-"""A loader's options, checked once, before anything starts.
+"""A loader's options, each defined once, checked once, before anything starts.
 
-``LoaderOptions`` is a frozen dataclass that validates itself on construction (grain's
-option bundles are the model): every argument of ``Loader(...)`` but the source, each
-with the error that names it and the fix. ``check_source`` then checks the source
-against them -- its kind, its length, and the shardings against its fields -- so a
-``Loader`` either gets fully valid input or raises before any thread, worker process or
-array exists. ``Option`` exposes one option as a read-only attribute of the loader: it
-read each option once, so setting one afterwards would change nothing and raises.
+``LoaderOptions`` is a frozen dataclass that checks itself on construction (grain's
+option bundles are the model), made of one dataclass per group of options: the layout,
+the order, the work on the host, the read-ahead, the faults. Each option is one field
+made by ``option(...)``: its name, type and default, its text (``Loader``'s Args are made
+of them) and its own check, with the error that names it and the fix. Options that only
+make sense together are then checked by their group (``check_together``): a shuffle
+block and its window, a record function and its workers, a skip budget and
+``on_error``. ``Loader`` keeps the flat keywords users know from the
+PyTorch DataLoader, in the order of the groups, and reads each option back as a
+read-only attribute (``add_attributes``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, Literal, TypeVar, cast, overload
+from typing import Any, Literal
 
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from meshfeed.core._mesh import check_sharding
 from meshfeed.core._stages import BatchSizeArg, BatchSizes
 from meshfeed.data._bad_records import ON_ERROR, OnError
-from meshfeed.data._sources import FieldSpec, Source
+from meshfeed.feed._option import check_each, count, function, is_count, known, option
 from meshfeed.feed._plan import STRATEGIES, Strategy
-from meshfeed.feed._schedule import LAST_BATCH, MASK, LastBatch
+from meshfeed.feed._schedule import LAST_BATCH, LastBatch
 from meshfeed.feed._shardings import ShardingArg
 from meshfeed.feed._skips import DEFAULT_MAX_SKIPPED
 from meshfeed.workers._processes import send_by_value
@@ -42,101 +44,133 @@ loop's thread), or ``"auto"``: none on CPU devices, ``AUTO_PLACE_THREADS`` elsew
 AUTO_PLACE_THREADS = 4  # device_put of numpy batches scaled to ~4 threads on an H200 host
 PREFETCH_BYTES = 256 << 20
 SHUFFLE_WINDOW = 16  # blocks mixed together by default with shuffle_block
-T = TypeVar("T")
+SOURCE_DOC = (
+    "a ``meshfeed.Source`` (``len``, ``source[ids]``, ``fields``). A mixture with "
+    "stages is bound to this loader's steps, and read in order (``shuffle=False``)."
+)
+"""The text of ``Loader``'s one positional argument, which is not an option."""
 
 
-def _count(value: object) -> bool:
-    """An ``int`` proper (``bool`` is an int to Python, never a count here)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+def _batch_size(name: str, b: Any) -> None:
+    if isinstance(b, bool) or not isinstance(b, int | list | tuple):
+        raise TypeError(
+            f"{name}={b!r} must be an int, or a list of (start_step, size) stages, e.g. "
+            "[(0, 32), (1000, 64)]."
+        )
+    if isinstance(b, int) and b < 1:
+        raise ValueError(f"{name}={b} must be >= 1.")
+
+
+def _sharding_kind(name: str, sharding: Any) -> None:
+    if isinstance(sharding, Mapping):
+        if not sharding:
+            raise ValueError(f"{name} is an empty mapping; name a sharding for every field.")
+    elif isinstance(sharding, PartitionSpec):
+        raise TypeError(
+            f"{name} is a PartitionSpec {sharding}, which names no mesh; pass "
+            f"NamedSharding(mesh, {sharding}) or meshfeed.batch_sharding(mesh)."
+        )
+    elif not isinstance(sharding, NamedSharding):
+        raise TypeError(
+            f"{name} is a {type(sharding).__name__}; pass a jax.sharding.NamedSharding "
+            "(e.g. meshfeed.batch_sharding(mesh)) or a mapping field -> NamedSharding."
+        )
+
+
+def _worker_kind(name: str, kind: Any) -> None:
+    if not isinstance(kind, RayOptions) and kind not in WORKER_TYPES:
+        raise ValueError(
+            f"{name}={kind!r} is unknown; pass 'processes', 'threads', 'ray' or "
+            "meshfeed.types.RayOptions(...)."
+        )
+
+
+def _skip_budget(name: str, most: Any) -> None:
+    if not ((isinstance(most, float) and 0 < most < 1) or (is_count(most) and most >= 0)):
+        raise ValueError(
+            f"{name}={most!r} must be a count (an int >= 0) or a fraction of the examples "
+            "read (a float between 0 and 1, e.g. 0.01)."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
-class LoaderOptions:
-    """What a ``Loader`` does with its source; see ``Loader`` for each argument."""
+class Layout:
+    """What a step holds and where it goes."""
 
-    global_batch_size: BatchSizeArg
-    sharding: ShardingArg
-    strategy: Strategy = "per_process"
-    shuffle: bool = True
-    shuffle_block: int | None = None
-    shuffle_window: int | None = None
-    seed: int = 0
-    num_epochs: int | None = 1
-    last_batch: LastBatch = "drop"
-    transform: Transform | None = None
-    prefetch: Prefetch = "auto"
-    prefetch_bytes: int = PREFETCH_BYTES
-    place_threads: PlaceThreads = "auto"
-    check_every: int | None = None
-    record_transform: RecordFn | None = None
-    num_workers: int = 0
-    worker_type: WorkerType = "processes"
-    on_error: OnError = "raise"
-    max_skipped: int | float = DEFAULT_MAX_SKIPPED
-    batch_sizes: BatchSizes = dataclasses.field(init=False, repr=False, compare=False)
-    """``global_batch_size`` as stages (one, for an int)."""
+    global_batch_size: BatchSizeArg = option(
+        check=_batch_size,
+        doc=(
+            "rows of one step over all processes; or stages ``[(0, 32), (1000, 64)]``, a batch "
+            "size that ramps (the schedules guide: epochs then count examples, a step may "
+            "straddle two, and a train step compiles once per size)."
+        ),
+    )
+    sharding: ShardingArg = option(
+        check=_sharding_kind,
+        doc=(
+            "a ``NamedSharding`` for every field, or a mapping field -> sharding. The batch "
+            "dimension is the first; it must split evenly over its mesh axes."
+        ),
+    )
+    strategy: Strategy = option(
+        "per_process",
+        check=known(STRATEGIES, f"one of {list(STRATEGIES)}"),
+        doc=(
+            '``"per_process"`` (default), ``"global"``, ``"per_device"``, ``"reshard"`` or '
+            '``"auto"`` (the strategies guide). With ``"reshard"`` batches arrive in '
+            "``loader.load_sharding``; move them with ``meshfeed.reshard(batch, "
+            "loader.sharding)``, inside or outside ``jax.jit``."
+        ),
+    )
 
-    def __post_init__(self) -> None:
-        b = self.global_batch_size
-        if isinstance(b, bool) or not isinstance(b, int | list | tuple):
-            raise TypeError(
-                f"global_batch_size={b!r} must be an int, or a list of (start_step, size) "
-                "stages, e.g. [(0, 32), (1000, 64)]."
-            )
-        if isinstance(b, int) and b < 1:
-            raise ValueError(f"global_batch_size={b} must be >= 1.")
-        object.__setattr__(self, "batch_sizes", BatchSizes.parse(b))
-        if self.strategy not in STRATEGIES:
-            raise ValueError(
-                f"strategy={self.strategy!r} is unknown; pass one of {list(STRATEGIES)}."
-            )
-        if self.last_batch not in LAST_BATCH:
-            raise ValueError(f"last_batch={self.last_batch!r} is unknown; pass 'drop' or 'pad'.")
-        if not _count(self.seed) or self.seed < 0:
-            raise ValueError(f"seed={self.seed!r} must be an int >= 0.")
-        epochs = self.num_epochs
-        if epochs is not None and (not _count(epochs) or epochs < 1):
-            raise ValueError(f"num_epochs={epochs!r} must be an int >= 1, or None for endless.")
-        if self.transform is not None and not callable(self.transform):
-            raise TypeError(f"transform={self.transform!r} must be a function of a dict of arrays.")
-        if self.prefetch != "auto" and (not _count(self.prefetch) or self.prefetch < 0):  # type: ignore[operator]
-            raise ValueError(
-                f"prefetch={self.prefetch!r} must be 'auto' (read-ahead that adapts) or an "
-                "int >= 0 (steps read ahead; 0 reads each batch on demand)."
-            )
-        if not _count(self.prefetch_bytes) or self.prefetch_bytes < 1:
-            raise ValueError(
-                f"prefetch_bytes={self.prefetch_bytes!r} must be an int >= 1 (the most bytes "
-                "of batches read ahead)."
-            )
-        threads = self.place_threads
-        if threads != "auto" and (not _count(threads) or threads < 0):  # type: ignore[operator]
-            raise ValueError(
-                f"place_threads={threads!r} must be 'auto' (none on CPU devices, "
-                f"{AUTO_PLACE_THREADS} elsewhere) or an int >= 0 (threads that place steps on "
-                "the devices; 0 places them on the loop's thread)."
-            )
-        self._check_records()
-        self._check_errors()
-        self._check_blocks()
-        every = self.check_every
-        if every is not None and (not _count(every) or every < 1):
-            raise ValueError(
-                f"check_every={every!r} must be an int >= 1 (steps between replica "
-                "checks), or None for no checks."
-            )
-        _check_sharding_kind(self.sharding)
-        object.__setattr__(self, "shuffle", bool(self.shuffle))
+    def check_together(self) -> None:
+        """Nothing: each of these is checked alone."""
 
-    def _check_blocks(self) -> None:
+
+@dataclasses.dataclass(frozen=True)
+class Order:
+    """The order of the examples."""
+
+    shuffle: bool = option(
+        True,
+        doc="a keyed random order per epoch; else ``0 .. N-1``.",
+    )
+    shuffle_block: int | None = option(
+        None,
+        check=count(
+            1, "an int >= 1 (examples per block), or None to shuffle single examples", none=True
+        ),
+        doc=(
+            "shuffle blocks of this many consecutive examples, for data behind a URL: each step "
+            "reads a few contiguous runs instead of one request per row (the object storage "
+            "guide)."
+        ),
+    )
+    shuffle_window: int | None = option(
+        None,
+        check=count(1, "an int >= 1 (blocks mixed)", none=True),
+        doc=(
+            "blocks visited together, round-robin, with ``shuffle_block`` (default 16): more "
+            "mixes more, and each step reads about that many runs."
+        ),
+    )
+    seed: int = option(0, check=count(0, "an int >= 0"), doc="the key of that order.")
+    num_epochs: int | None = option(
+        1,
+        check=count(1, "an int >= 1, or None for endless", none=True),
+        doc="passes over the source; ``None`` for endless.",
+    )
+    last_batch: LastBatch = option(
+        "drop",
+        check=known(LAST_BATCH, "'drop' or 'pad'"),
+        doc=(
+            '``"drop"`` skips each epoch\'s final partial batch; ``"pad"`` fills it with zero '
+            "rows and adds a boolean ``mask`` field (True for real rows)."
+        ),
+    )
+
+    def check_together(self) -> None:
         block, window = self.shuffle_block, self.shuffle_window
-        if block is not None and (not _count(block) or block < 1):
-            raise ValueError(
-                f"shuffle_block={block!r} must be an int >= 1 (examples per block), or None "
-                "to shuffle single examples."
-            )
-        if window is not None and (not _count(window) or window < 1):
-            raise ValueError(f"shuffle_window={window!r} must be an int >= 1 (blocks mixed).")
         if block is None and window is not None:
             raise ValueError(
                 f"shuffle_window={window} mixes blocks, but no shuffle_block was given; "
@@ -148,52 +182,59 @@ class LoaderOptions:
                 "shuffle=True, or drop shuffle_block."
             )
 
-    def _check_errors(self) -> None:
-        if self.on_error not in ON_ERROR:
-            raise ValueError(
-                f"on_error={self.on_error!r} is unknown; pass 'raise' (a bad record ends the "
-                "run) or 'skip' (it becomes a masked row, within max_skipped)."
-            )
-        most = self.max_skipped
-        fraction = isinstance(most, float) and 0 < most < 1
-        if not (fraction or (_count(most) and most >= 0)):
-            raise ValueError(
-                f"max_skipped={most!r} must be a count (an int >= 0) or a fraction of the "
-                "examples read (a float between 0 and 1, e.g. 0.01)."
-            )
-        if self.on_error == "raise" and most != DEFAULT_MAX_SKIPPED:
-            raise ValueError(
-                f"max_skipped={most!r} bounds the examples on_error='skip' skips, but "
-                "on_error='raise'; pass on_error='skip' too, or drop max_skipped."
-            )
 
-    @property
-    def ramp(self) -> bool:
-        """Whether ``global_batch_size`` is given by stages (epochs counted in examples)."""
-        return not _count(self.global_batch_size)
+@dataclasses.dataclass(frozen=True)
+class HostWork:
+    """Work on a process's rows before they reach the devices."""
 
-    @property
-    def window(self) -> int:
-        """Blocks mixed together with ``shuffle_block`` (``SHUFFLE_WINDOW`` by default)."""
-        return SHUFFLE_WINDOW if self.shuffle_window is None else self.shuffle_window
+    transform: Transform | None = option(
+        None,
+        check=function("a function of a dict of arrays"),
+        doc=(
+            "a row-wise, vectorised function on the numpy dict of the rows a process loads, "
+            "applied before they go to devices. It must keep the row count."
+        ),
+    )
+    record_transform: RecordFn | None = option(
+        None,
+        check=function("a function fn(record, rng) -> record"),
+        doc=(
+            "``fn(record, rng) -> record`` run on every example a process loads (decode, "
+            "augment), before ``transform``; ``record`` maps field -> that example's value, "
+            "``rng`` a generator seeded from ``(seed, epoch, example_id)``. Every output record "
+            "must have the same fields, shapes and dtypes. Returning ``None`` drops the "
+            "example: its row is zeros with ``mask`` False (with a record transform the batches "
+            "carry the ``mask`` field), the schedule unchanged, not an error; "
+            "``loader.filtered`` and ``stats()`` count them."
+        ),
+    )
+    num_workers: int = option(
+        0,
+        check=count(0, "an int >= 0"),
+        doc=(
+            "workers for ``record_transform`` (0: in the loading thread). The output does not "
+            "depend on it, nor on ``worker_type``."
+        ),
+    )
+    worker_type: WorkerType = option(
+        "processes",
+        check=_worker_kind,
+        doc=(
+            '``"processes"`` (default): ``fn`` is sent to worker processes by value '
+            "(cloudpickle), so it may come from a script, a notebook or a closure; "
+            '``"threads"``: a thread pool in this process, for decoders that release the GIL; '
+            '``"ray"`` (or ``meshfeed.types.RayOptions(...)``, what each reserves): Ray actors '
+            "on the cluster this process is connected to, or ``RAY_ADDRESS``'s, or a local one; "
+            "they read the source themselves, and a chunk lost with one is computed again."
+        ),
+    )
 
-    def _check_records(self) -> None:
+    def check_together(self) -> None:
         fn, workers = self.record_transform, self.num_workers
-        if fn is not None and not callable(fn):
-            raise TypeError(
-                f"record_transform={fn!r} must be a function fn(record, rng) -> record."
-            )
-        if not _count(workers) or workers < 0:
-            raise ValueError(f"num_workers={workers!r} must be an int >= 0.")
         if workers and fn is None:
             raise ValueError(
                 f"num_workers={workers} runs record_transform in worker processes, but no "
                 "record_transform was given; pass one, or num_workers=0."
-            )
-        if not isinstance(self.worker_type, RayOptions) and self.worker_type not in WORKER_TYPES:
-            raise ValueError(
-                f"worker_type={self.worker_type!r} is unknown; pass 'processes', 'threads', "
-                "'ray' or meshfeed.RayOptions(...)."
             )
         if workers and self.worker_type != "threads":
             try:
@@ -206,145 +247,129 @@ class LoaderOptions:
                 ) from None
 
 
-def _check_sharding_kind(sharding: object) -> None:
-    if isinstance(sharding, Mapping):
-        if not sharding:
-            raise ValueError("sharding is an empty mapping; name a sharding for every field.")
-    elif isinstance(sharding, PartitionSpec):
-        raise TypeError(
-            f"sharding is a PartitionSpec {sharding}, which names no mesh; pass "
-            f"NamedSharding(mesh, {sharding}) or meshfeed.batch_sharding(mesh)."
-        )
-    elif not isinstance(sharding, NamedSharding):
-        raise TypeError(
-            f"sharding is a {type(sharding).__name__}; pass a jax.sharding.NamedSharding "
-            "(e.g. meshfeed.batch_sharding(mesh)) or a mapping field -> NamedSharding."
-        )
+@dataclasses.dataclass(frozen=True)
+class ReadAhead:
+    """Reading ahead."""
+
+    prefetch: Prefetch = option(
+        "auto",
+        check=count(
+            0,
+            "'auto' (read-ahead that adapts) or an int >= 0 (steps read ahead; 0 reads each "
+            "batch on demand)",
+            auto=True,
+        ),
+        doc=(
+            "steps read ahead (source, record transforms, ``transform``) on background threads, "
+            'several at once. ``"auto"`` (default) reads the first steps together, starts at 2 '
+            "(16 for a slow source) and moves by trials judged on the steps per second before "
+            "and after: deeper while the loop waits on a slow source, shallower where depth "
+            "does not pay, down to 0 (the loop reads each step itself, where a reader thread's "
+            "hand-offs cost more than they hide: rows in memory, many small shards) while that "
+            "runs faster (``loader.prefetch_depth`` says where it is, ``loader.stats()`` its "
+            "moves and why); an int fixes it; 0 reads each step on demand (record workers hold "
+            "the steps read ahead). ``state()`` counts only the batches handed out."
+        ),
+    )
+    prefetch_bytes: int = option(
+        PREFETCH_BYTES,
+        check=count(1, "an int >= 1 (the most bytes of batches read ahead)"),
+        doc="the most bytes of batches read ahead (default 256 MiB).",
+    )
+    place_threads: PlaceThreads = option(
+        "auto",
+        check=count(
+            0,
+            f"'auto' (none on CPU devices, {AUTO_PLACE_THREADS} elsewhere) or an int >= 0 "
+            "(threads that place steps on the devices; 0 places them on the loop's thread)",
+            auto=True,
+        ),
+        doc=(
+            "threads that collect steps from the record workers and place them on the devices "
+            "ahead of the loop, so the loop's thread only takes finished steps (host-to-device "
+            'copies on a GPU scale with threads). ``"auto"`` (default): none on CPU devices, '
+            "where rows reach XLA without a copy, 4 elsewhere; an int fixes it (0: on the "
+            "loop's thread)."
+        ),
+    )
+
+    def check_together(self) -> None:
+        """Nothing: each of these is checked alone."""
 
 
-def check_source_kind(source: object) -> None:
-    """Raises unless ``source`` is a ``meshfeed.Source``."""
-    if not isinstance(source, Source):
-        raise TypeError(
-            f"source is a {type(source).__name__}, not a meshfeed.Source; wrap arrays in "
-            "meshfeed.ArraySource({'x': x, 'y': y}), or give it __len__, __getitem__(ids) "
-            "and fields."
-        )
+@dataclasses.dataclass(frozen=True)
+class Faults:
+    """Bad records and replicas that differ."""
 
+    on_error: OnError = option(
+        "raise",
+        check=known(
+            ON_ERROR,
+            "'raise' (a bad record ends the run) or 'skip' (it becomes a masked row, within "
+            "max_skipped)",
+        ),
+        doc=(
+            "what a bad record does -- a read of it that raises (anything but an ``OSError``, "
+            "which is the storage's: an outage, a missing file) or a ``record_transform`` that "
+            'raises on it. ``"raise"`` (default) ends the run; ``"skip"`` makes it a zero row '
+            'with ``mask`` False (the field is added, as by ``last_batch="pad"``): every other '
+            "row keeps its place, the batch its shape and the schedule its steps, whatever the "
+            "workers or processes. ``loader.skipped`` lists them; ``state()`` counts them."
+        ),
+    )
+    max_skipped: int | float = option(
+        DEFAULT_MAX_SKIPPED,
+        check=_skip_budget,
+        doc=(
+            'with ``"skip"``, the most examples this process may skip before the loader raises: '
+            "a count (an int), or a fraction of the examples it read (a float; default 0.01, "
+            "and never fewer than 100)."
+        ),
+    )
+    check_every: int | None = option(
+        None,
+        check=count(
+            1, "an int >= 1 (steps between replica checks), or None for no checks", none=True
+        ),
+        doc=(
+            "run ``meshfeed.inspect.check_replicas`` on every N-th batch (a collective that "
+            "compares replicas across processes; raises ``ValueError`` if they differ)."
+        ),
+    )
 
-def bound(source: Source, options: LoaderOptions) -> Source:
-    """``source``, bound to the loader's steps where it counts them (``Mixture.bind``)."""
-    bind = getattr(source, "bind", None)
-    return cast(Source, bind(options.batch_sizes)) if callable(bind) else source
-
-
-def check_source(source: Source, options: LoaderOptions) -> dict[str, FieldSpec]:
-    """Checks ``source`` against ``options``; returns its fields."""
-    n, sizes = len(source), options.batch_sizes
-    b = sizes.size(0)
-    if n == 0:
-        raise ValueError(
-            "source has 0 examples; pass a source with at least global_batch_size examples."
-        )
-    # A fixed size drops each epoch's partial batch; a ramp only the run's last.
-    total = n * (options.num_epochs or 1) if options.ramp else n
-    if options.last_batch == "drop" and total < b:
-        raise ValueError(
-            f"global_batch_size={b} exceeds the {total} examples of the source, so "
-            "last_batch='drop' leaves no step; pass a smaller global_batch_size or "
-            "last_batch='pad'."
-        )
-    if getattr(source, "ordered", False):
-        _check_ordered(options)
-    fields = dict(source.fields)
-    # A transform may rename fields and change shapes: its output is checked on the
-    # first batch instead.
-    transformed = options.transform is not None or options.record_transform is not None
-    sharding = options.sharding
-    if isinstance(sharding, NamedSharding):
-        named: dict[str, Any] = dict.fromkeys(fields, sharding)
-    else:
-        named = dict(sharding)
-        if not transformed:
-            unknown = [k for k in named if k not in fields and k != MASK]
-            missing = [k for k in fields if k not in named]
-            if unknown or missing:
-                raise ValueError(
-                    f"sharding names fields {list(named)} but the source has {list(fields)} "
-                    f"(unknown: {unknown}, missing: {missing}); name each source field once."
-                )
-    for name, s in named.items():
-        spec = fields.get(name)
-        for size in sizes.distinct:  # every size of a ramp, before the first step
-            check_sharding(
-                s,
-                name=name,
-                global_batch_size=size,
-                shape=None if transformed or spec is None or spec.ragged else spec.shape,
+    def check_together(self) -> None:
+        if self.on_error == "raise" and self.max_skipped != DEFAULT_MAX_SKIPPED:
+            raise ValueError(
+                f"max_skipped={self.max_skipped!r} bounds the examples on_error='skip' skips, "
+                "but on_error='raise'; pass on_error='skip' too, or drop max_skipped."
             )
-    return fields
 
 
-def _check_ordered(options: LoaderOptions) -> None:
-    """A source whose positions must be read in order (a mixture with stages)."""
-    if options.shuffle:
-        raise ValueError(
-            "the source changes its mixture weights by stage, so its positions must reach "
-            "the batches in step order; it shuffles inside each of its sources already "
-            "(mix(..., seed=)). Pass shuffle=False."
-        )
-    if options.num_epochs != 1:
-        raise ValueError(
-            f"num_epochs={options.num_epochs!r}: a mixture with stages is one pass in step "
-            "order, and a second epoch would start its stages over; pass num_epochs=1 and "
-            "give the mixture the length to train on (mix(..., length=))."
-        )
+@dataclasses.dataclass(frozen=True)
+class LoaderOptions(Faults, ReadAhead, HostWork, Order, Layout):
+    """What a ``Loader`` does with its source; see ``Loader`` for each argument. Its
+    bases are the groups of options, in order; their fields are the options, in order."""
+
+    batch_sizes: BatchSizes = dataclasses.field(init=False, repr=False, compare=False)
+    """``global_batch_size`` as stages (one, for an int)."""
+
+    def __post_init__(self) -> None:
+        check_each(self)
+        object.__setattr__(self, "batch_sizes", BatchSizes.parse(self.global_batch_size))
+        object.__setattr__(self, "shuffle", bool(self.shuffle))
+        for group in GROUPS:  # then the options that only make sense together
+            group.check_together(self)
+
+    @property
+    def ramp(self) -> bool:
+        """Whether ``global_batch_size`` is given by stages (epochs counted in examples)."""
+        return not is_count(self.global_batch_size)
+
+    @property
+    def window(self) -> int:
+        """Blocks mixed together with ``shuffle_block`` (``SHUFFLE_WINDOW`` by default)."""
+        return SHUFFLE_WINDOW if self.shuffle_window is None else self.shuffle_window
 
 
-class Option(Generic[T]):
-    """A read-only attribute that reads the same-named field of its owner's ``options``."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    @overload
-    def __get__(self, obj: None, owner: type) -> Option[T]: ...
-
-    @overload
-    def __get__(self, obj: object, owner: type) -> T: ...
-
-    def __get__(self, obj: object, owner: type) -> Any:
-        if obj is None:
-            return self
-        return getattr(obj.options, self._name)  # type: ignore[attr-defined]
-
-    def __set__(self, obj: object, value: object) -> None:
-        raise AttributeError(
-            f"{type(obj).__name__}.{self._name} is read-only: the loader read it once, when "
-            f"it was built; build a new Loader with {self._name}={value!r} instead."
-        )
-
-
-class OptionAttributes:
-    """``LoaderOptions``' fields as read-only attributes of the object that holds them
-    (as ``options``): ``loader.seed`` reads ``loader.options.seed``, and
-    ``loader.seed = 5`` raises instead of silently changing nothing."""
-
-    global_batch_size: Option[BatchSizeArg] = Option()
-    sharding: Option[ShardingArg] = Option()
-    shuffle: Option[bool] = Option()
-    shuffle_block: Option[int | None] = Option()
-    shuffle_window: Option[int | None] = Option()
-    seed: Option[int] = Option()
-    num_epochs: Option[int | None] = Option()
-    last_batch: Option[LastBatch] = Option()
-    transform: Option[Transform | None] = Option()
-    prefetch: Option[Prefetch] = Option()
-    prefetch_bytes: Option[int] = Option()
-    place_threads: Option[PlaceThreads] = Option()
-    check_every: Option[int | None] = Option()
-    record_transform: Option[RecordFn | None] = Option()
-    num_workers: Option[int] = Option()
-    worker_type: Option[WorkerType] = Option()
-    on_error: Option[OnError] = Option()
-    max_skipped: Option[int | float] = Option()
+GROUPS = (Layout, Order, HostWork, ReadAhead, Faults)
+"""The groups of options, in the order ``Loader`` lists them."""

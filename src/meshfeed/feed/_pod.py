@@ -1,4 +1,4 @@
-"""``meshfeed.plan``: what each strategy costs, and with ``data``, what a pod asks of its store.
+"""``meshfeed.inspect.plan``: what each strategy costs; with ``data``, what a pod asks of its store.
 
 Without ``data`` a plan is the strategies' costs for one array (``_plan``). With
 ``data`` (a folder, files or a URL) it is the plan of a loader over that data, and, for
@@ -69,7 +69,8 @@ def plan(
       draws them.
 
     Example:
-      >>> p = meshfeed.plan(sharding, data="s3://bucket/ds", processes=4096)  # doctest: +SKIP
+      >>> p = meshfeed.inspect.plan(  # doctest: +SKIP
+      ...     sharding, data="s3://bucket/ds", processes=4096)
       >>> p.pod.pod_startup_requests  # doctest: +SKIP
     """
     if not isinstance(sharding, NamedSharding):

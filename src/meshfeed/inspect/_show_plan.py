@@ -1,6 +1,6 @@
 """A plan as a table: what each loading strategy reads, copies and moves per step.
 
-The planner (``meshfeed.plan``, ``loader.plan``) computes the numbers in the data layer;
+The planner (``meshfeed.inspect.plan``, ``loader.plan``) computes the numbers in the data layer;
 drawing them is this module's job, so the data layer renders nothing.
 """
 
@@ -41,7 +41,7 @@ def show_plan(plan: Plan) -> str:
     """
     if not isinstance(plan, Plan):
         raise TypeError(
-            f"show_plan takes a Plan (from meshfeed.plan or loader.plan), got "
+            f"show_plan takes a Plan (from meshfeed.inspect.plan or loader.plan), got "
             f"{type(plan).__name__}."
         )
     table = Table(box=box.SIMPLE_HEAD, title_justify="left")

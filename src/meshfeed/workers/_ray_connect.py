@@ -39,7 +39,7 @@ LOCAL_RAY = {
 class RayOptions:
     """Where ``worker_type="ray"`` runs its record workers, and what each reserves.
 
-    Pass ``worker_type=meshfeed.RayOptions(...)`` instead of ``"ray"`` to set them.
+    Pass ``worker_type=meshfeed.types.RayOptions(...)`` instead of ``"ray"`` to set them.
 
     Args:
       cpus: CPUs each worker reserves (default 1). A record transform that runs its own
