@@ -40,20 +40,21 @@ autodoc_typehints = "signature"
 # Transform, RecordFn, EvalFn, Batch and Column stay expanded: Sphinx 9 cannot render an alias
 # inside ``X | None`` or a generic (it prints ``TypeAliasForwardRef(...)``).
 autodoc_type_aliases = {
-    name: f"meshfeed.{name}"
-    for name in (
-        "Algorithm",
-        "AxisTypes",
-        "LastBatch",
-        "LongDocs",
-        "LossFn",
-        "Mode",
-        "Prefetch",
-        "ShardingArg",
-        "StepFn",
-        "Strategy",
-        "WorkerType",
-    )
+    name: f"meshfeed.{home}.{name}"
+    for home, names in {
+        "types": (
+            "Algorithm",
+            "AxisTypes",
+            "LastBatch",
+            "LongDocs",
+            "Prefetch",
+            "ShardingArg",
+            "Strategy",
+            "WorkerType",
+        ),
+        "train": ("LossFn", "Mode", "StepFn"),
+    }.items()
+    for name in names
 } | {"MatmulStrategy": "meshfeed.ops.MatmulStrategy"}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False

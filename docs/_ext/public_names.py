@@ -68,6 +68,11 @@ def _is_module_level(name: str) -> bool:
         "meshfeed.testing",
         "meshfeed.keras",
         "meshfeed.flax",
+        "meshfeed.sources",
+        "meshfeed.schedules",
+        "meshfeed.inspect",
+        "meshfeed.train",
+        "meshfeed.types",
     )
 
 

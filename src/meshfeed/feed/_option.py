@@ -98,7 +98,8 @@ def add_attributes(cls: type, options: type) -> None:
     changing nothing)."""
     for field in dataclasses.fields(options):
         if field.init and not hasattr(cls, field.name):  # strategy: the one in use
-            setattr(cls, field.name, Option(field.name, field.metadata["doc"]))
+            doc = f"The ``{field.name}`` option, read-only.\n\n{field.metadata['doc']}"
+            setattr(cls, field.name, Option(field.name, doc))
 
 
 def _wrap(first: str, text: str, then: str) -> list[str]:
