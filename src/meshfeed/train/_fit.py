@@ -31,6 +31,7 @@ from meshfeed.cluster._watch import activity, doing
 from meshfeed.feed._loader import Loader
 from meshfeed.train._checkpoint import Checkpoints
 from meshfeed.train._steps import Batch, valid_rows
+from meshfeed.train._train_state import TrainState
 from meshfeed.train._writers import (
     Background,
     as_writer,
@@ -315,11 +316,10 @@ def _evaluator(eval_fn: EvalFn) -> Callable[[Any, Iterable[Batch]], dict[str, fl
     compiled: dict[Any, Any] = {}
 
     def run(state: Any, batches: Iterable[Batch]) -> dict[str, float]:
-        model_state = getattr(state, "model_state", None)
+        model_state = state.model_state if isinstance(state, TrainState) else None
         args = (state.params,) if model_state is None else (state.params, model_state)
-        reset = getattr(batches, "reset", None)
-        if callable(reset):
-            reset()
+        if isinstance(batches, Loader):  # evaluated whole each time
+            batches.reset()
         sums: dict[str, float] = {}
         count = 0.0
         for batch in batches:
