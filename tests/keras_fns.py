@@ -12,7 +12,7 @@ import keras
 import numpy as np
 
 import meshfeed
-from meshfeed.keras import KerasTrainer
+import meshfeed.keras
 
 STEPS = 10
 GLOBAL_BATCH_SIZE = 32
@@ -25,25 +25,29 @@ def data() -> dict[str, np.ndarray]:
     return {"x": x, "y": y}
 
 
-def model(dropout: float = 0.0) -> keras.Model:
+def model(dropout: float = 0.0, *, norm: bool = True) -> keras.Model:
     keras.utils.set_random_seed(0)
     inputs = keras.Input((12,))
-    h = keras.layers.Dense(32, use_bias=False, name="hidden")(inputs)  # BN follows
-    h = keras.layers.BatchNormalization(name="norm")(h)
+    h = keras.layers.Dense(32, use_bias=not norm, name="hidden")(inputs)
+    if norm:
+        h = keras.layers.BatchNormalization(name="norm")(h)
     h = keras.layers.ReLU()(h)
     if dropout:
         h = keras.layers.Dropout(dropout)(h)
     return keras.Model(inputs, keras.layers.Dense(3, name="out")(h))
 
 
-def trainer(mesh: Any, net: keras.Model, layout_map: Any = None) -> KerasTrainer:
-    return KerasTrainer(
-        net,
-        optimizer=keras.optimizers.Adam(1e-2),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-        mesh=mesh,
-        layout_map=layout_map,
+def optimizer() -> keras.optimizers.Optimizer:
+    return keras.optimizers.Adam(1e-2)
+
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def fit(mesh: Any, net: keras.Model, loader: Any, **kw: Any) -> Any:
+    """``meshfeed.keras.fit`` with these tests' optimizer, loss and metric."""
+    return meshfeed.keras.fit(
+        net, loader, optimizer=optimizer(), loss=LOSS, metrics=["accuracy"], mesh=mesh, **kw
     )
 
 
@@ -61,14 +65,28 @@ def weights(net: keras.Model) -> dict[str, np.ndarray]:
     return {v.path: np.asarray(v.value) for v in net.weights}
 
 
-def train(mesh: Any, *, dropout: float = 0.0, layout_map: Any = None) -> dict[str, Any]:
-    net = model(dropout)
-    t = trainer(mesh, net, layout_map)
-    history = t.fit(loader(mesh), epochs=1, steps_per_epoch=STEPS, progress=False)
+def train(
+    mesh: Any,
+    *,
+    dropout: float = 0.0,
+    norm: bool = True,
+    layout_map: Any = None,
+    mode: Any = "jit",
+    seed: int = 0,
+    batches: Any = None,
+) -> dict[str, Any]:
+    """``STEPS`` steps of the functions with ``meshfeed.fit``, then ``update_model``."""
+    net, adam = model(dropout, norm=norm), optimizer()
+    state = meshfeed.keras.create_state(net, adam, mesh=mesh, layout_map=layout_map, seed=seed)
+    step = meshfeed.keras.make_train_step(net, LOSS, adam, mesh=mesh, mode=mode)
+    batches = loader(mesh) if batches is None else batches
+    run = meshfeed.fit(step, state, batches, num_steps=STEPS, log_every=1, progress=False)
+    meshfeed.keras.update_model(net, run.state)
     return {
         "weights": weights(net),
-        "history": history.history,
-        "kernel_spec": tuple(t.state[0][0].sharding.spec),
+        "losses": [logged["loss"] for logged in run.train],
+        "kernel_spec": tuple(run.state.params[0].sharding.spec),
+        "moment_specs": [tuple(v.sharding.spec) for v in run.state.opt_state],
         "seeds": seed_states(net),
     }
 
@@ -100,3 +118,16 @@ def model_parallel_layout(mesh: Any) -> keras.distribution.LayoutMap:
 def train_model_parallel() -> dict[str, Any]:
     mesh = meshfeed.make_mesh(data=4, model=2)
     return train(mesh, layout_map=model_parallel_layout(mesh))
+
+
+def padded_batches(mesh: Any, rows: int, global_batch_size: int) -> list[dict[str, Any]]:
+    """Every batch of the first ``rows`` examples, the last padded to its full size."""
+    few = {k: v[:rows] for k, v in data().items()}
+    loader = meshfeed.Loader(
+        meshfeed.ArraySource(few),
+        global_batch_size=global_batch_size,
+        sharding=meshfeed.batch_sharding(mesh),
+        shuffle=False,
+        last_batch="pad",
+    )
+    return list(loader)

@@ -204,7 +204,6 @@ def test_keras_fit_with_more_epochs_than_the_loader_holds_is_refused_first():
     import keras_fns
 
     mesh = meshfeed.make_mesh(data=8)
-    trainer = keras_fns.trainer(mesh, keras_fns.model())
     loader = meshfeed.Loader(
         meshfeed.ArraySource(keras_fns.data()),
         global_batch_size=32,
@@ -214,7 +213,7 @@ def test_keras_fit_with_more_epochs_than_the_loader_holds_is_refused_first():
     with pytest.raises(
         ValueError, match=r"fit\(epochs=2\) needs 2 x 8 steps, but the loader has 8"
     ):
-        trainer.fit(loader, epochs=2, progress=False)
+        keras_fns.fit(mesh, keras_fns.model(), loader, epochs=2, progress=False)
     assert loader.step == 0  # refused before training
 
 

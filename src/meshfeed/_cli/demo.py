@@ -180,13 +180,13 @@ def keras_convnet() -> Any:
 
 
 def train_digits_keras(*, epochs: int = 8, progress: bool = True) -> dict:
-    """The Keras flavour of ``train_digits``: ``KerasTrainer`` on this process's share."""
+    """The Keras flavour of ``train_digits``: ``meshfeed.keras.fit`` on this process's share."""
     import jax
     import keras
     from rich.console import Console
 
     import meshfeed
-    from meshfeed.keras import KerasTrainer
+    import meshfeed.keras
 
     mesh = meshfeed.make_mesh(data=jax.device_count())
     loader, test_loader = digit_loaders(mesh, epochs=epochs)
@@ -199,16 +199,19 @@ def train_digits_keras(*, epochs: int = 8, progress: bool = True) -> dict:
             f"mesh {dict(mesh.shape)}"
         )
     model = keras_convnet()
-    trainer = KerasTrainer(
+    history = meshfeed.keras.fit(
         model,
+        loader,
         optimizer=keras.optimizers.Adam(LEARNING_RATE),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
         mesh=mesh,
         x="image",
         y="label",
+        epochs=epochs,
+        eval_loader=test_loader,
+        progress=progress,
     )
-    history = trainer.fit(loader, epochs=epochs, eval_loader=test_loader, progress=progress)
     result = {"accuracy": history.history["val_accuracy"][-1], "epochs": len(history.epoch)}
     if show:
         Console().print(

@@ -123,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--keras",
         action="store_true",
-        help="train the Keras multi-device guide's convnet with meshfeed.keras.KerasTrainer",
+        help="train the Keras multi-device guide's convnet with meshfeed.keras.fit",
     )
     demo.add_argument(
         "--lm",

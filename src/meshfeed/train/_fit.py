@@ -165,7 +165,7 @@ def fit(
         total = done + _total_steps(loader, num_steps)
     feed = loader if isinstance(loader, Loader) else None  # what a Loader tells the loop
     every: int = eval_every or (feed.steps_per_epoch if feed is not None else None) or total
-    evaluate = None if eval_fn is None or eval_loader is None else _evaluator(eval_fn)
+    evaluate = None if eval_fn is None or eval_loader is None else evaluator(eval_fn)
     stage_of: Callable[[int], Any] | None = feed.stage if feed is not None else None
 
     ensure_watched()  # a job connected by jax.distributed.initialize itself
@@ -312,7 +312,9 @@ def _floats(metrics: Mapping[str, jax.Array]) -> dict[str, float]:
     return {name: float(value) for name, value in metrics.items()}
 
 
-def _evaluator(eval_fn: EvalFn) -> Callable[[Any, Iterable[Batch]], dict[str, float]]:
+def evaluator(eval_fn: EvalFn) -> Callable[[Any, Iterable[Batch]], dict[str, float]]:
+    """``evaluate(state, batches)``: each of ``eval_fn``'s values, its mean over every
+    valid row of ``batches`` (a Loader starts over first)."""
     compiled: dict[Any, Any] = {}
 
     def run(state: Any, batches: Iterable[Batch]) -> dict[str, float]:
