@@ -296,7 +296,9 @@ def test_bad_ray_options_are_named(kwargs, error, message):
 
 
 def test_an_unknown_worker_type_names_ray_too():
-    with pytest.raises(ValueError, match=r"pass 'processes', 'threads', 'ray' or meshfeed\.Ray"):
+    with pytest.raises(
+        ValueError, match=r"pass 'processes', 'threads', 'ray' or meshfeed\.types\.RayOptions"
+    ):
         fns.loader(num_workers=2, worker_type="cluster")
 
 
