@@ -371,5 +371,5 @@ class LoaderOptions(Faults, ReadAhead, HostWork, Order, Layout):
         return SHUFFLE_WINDOW if self.shuffle_window is None else self.shuffle_window
 
 
-GROUPS = (Layout, Order, HostWork, ReadAhead, Faults)
-"""The groups of options, in the order ``Loader`` lists them."""
+GROUPS: tuple[type, ...] = tuple(reversed(LoaderOptions.__bases__))
+"""The groups of options, in the order of their fields (``LoaderOptions``' bases, last first)."""
