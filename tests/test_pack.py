@@ -186,6 +186,31 @@ def test_plot_packing_draws_the_rows(tmp_path):
         meshfeed.inspect.plot_packing(pack_fns.packed(), tmp_path / "packing.jpg")
 
 
+def test_a_long_masked_document_is_truncated_by_default_never_split():
+    """A conversation cut into pieces would train a tail's answer without its question:
+    with a loss_mask the default keeps each document's start; without one it splits."""
+    docs = [np.arange(n, dtype=np.int32) for n in (5, 20, 3)]
+    masks = [np.arange(n) >= 2 for n in (5, 20, 3)]  # the answer after a 2-token prompt
+    chats = meshfeed.ArraySource({
+        "tokens": meshfeed.Ragged.from_list(docs),
+        "loss_mask": meshfeed.Ragged.from_list(masks),
+    })  # fmt: skip
+    packed = meshfeed.pack(chats, 8)
+    stats = packed.stats()
+    assert stats["truncated_documents"] == 1 and stats["truncated_tokens"] == 12
+    assert stats["split_documents"] == 0
+    rows = packed[np.arange(len(packed))]
+    assert rows["positions"].max() == 7  # every piece starts its document
+    (r, c), *_ = np.argwhere(rows["tokens"] == 7)  # only the long one reaches token 7
+    long = rows["segment_ids"][r] == rows["segment_ids"][r, c]
+    np.testing.assert_array_equal(rows["tokens"][r][long], np.arange(8))  # its start, kept
+    np.testing.assert_array_equal(rows["loss_mask"][r][long], np.arange(8) >= 2)
+    split = meshfeed.pack(chats, 8, long_docs="split")  # by name, still there
+    assert split.stats()["split_documents"] == 1
+    plain = meshfeed.pack(meshfeed.ArraySource({"tokens": meshfeed.Ragged.from_list(docs)}), 8)
+    assert plain.stats()["split_documents"] == 1 and plain.stats()["truncated_documents"] == 0
+
+
 def test_alongside_packs_the_named_fields_and_leaves_per_document_ones_out():
     docs = [np.arange(n, dtype=np.int32) for n in (5, 3, 7, 2)]
     source = meshfeed.ArraySource({

@@ -43,6 +43,7 @@ from meshfeed.data._sources import (
 )
 
 SEGMENT_IDS, POSITIONS = "segment_ids", "positions"
+LOSS_MASK = "loss_mask"  # what prepare(chat=) writes beside the tokens: long ones truncate
 
 
 def _count(value: object) -> bool:
@@ -200,7 +201,7 @@ def pack(
     seed: int = 0,
     algorithm: Algorithm = "best_fit",
     window: int = 16_384,
-    long_docs: LongDocs = "split",
+    long_docs: LongDocs | None = None,
     max_segments: int | None = None,
     alongside: Sequence[str] | None = None,
 ) -> Packed:
@@ -226,6 +227,10 @@ def pack(
       long_docs: a document longer than ``seq_len``: ``"split"`` into pieces (positions
         restart at 0 in every piece, as if each were a document of its own),
         ``"truncate"`` to its first ``seq_len`` tokens, ``"drop"``, or ``"error"``.
+        Default: ``"truncate"`` for documents that carry a ``loss_mask`` (conversations:
+        a piece would train on an answer without its question; TRL truncates too),
+        ``"split"`` for others. ``packed.stats()`` counts what was split, truncated or
+        dropped.
       max_segments: at most this many documents (pieces) in a row.
       alongside: the other fields packed with ``field`` (ragged, one value per token);
         default: every other field of the source. Fields not named are left out -- a
@@ -242,7 +247,7 @@ def pack(
         raise ValueError(f"seq_len={seq_len!r} must be an int >= 1 (tokens per packed row).")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm={algorithm!r} is unknown; pass one of {list(ALGORITHMS)}.")
-    if long_docs not in LONG_DOCS:
+    if long_docs is not None and long_docs not in LONG_DOCS:
         raise ValueError(f"long_docs={long_docs!r} is unknown; pass one of {list(LONG_DOCS)}.")
     if not _count(window) or window < 1:
         raise ValueError(f"window={window!r} must be an int >= 1 (documents planned together).")
@@ -251,6 +256,8 @@ def pack(
     if not _count(seed) or seed < 0:
         raise ValueError(f"seed={seed!r} must be an int >= 0.")
     packed = _packed_fields(source, field, alongside)
+    if long_docs is None:  # never cut a masked document into a tail without its start
+        long_docs = "truncate" if LOSS_MASK in packed else "split"
     if len(source) == 0:
         raise ValueError("source has 0 documents; pass a source with at least one.")
     settings = {

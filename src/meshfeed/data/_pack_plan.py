@@ -97,6 +97,7 @@ def _pieces(
             stats["dropped_tokens"] += int(lengths[long].sum())
             docs, lengths = docs[~long], lengths[~long]
         elif long_docs == "truncate":
+            stats["truncated_documents"] += int(long.sum())
             stats["truncated_tokens"] += int((lengths[long] - seq_len).sum())
             lengths = np.minimum(lengths, seq_len)
         else:
@@ -184,8 +185,8 @@ def plan_packing(
     n = len(lengths)
     lengths = lengths.astype(narrowest(int(lengths.max()) if n else 0), copy=False)
     stats: dict[str, int] = dict.fromkeys(
-        ("documents", "empty_documents", "split_documents", "split_tokens", "truncated_tokens",
-         "dropped_documents", "dropped_tokens"),
+        ("documents", "empty_documents", "split_documents", "split_tokens",
+         "truncated_documents", "truncated_tokens", "dropped_documents", "dropped_tokens"),
         0,
     )  # fmt: skip
     order = (lambda docs: docs) if ordered else Permutation(n, seed=seed, epoch=0)
