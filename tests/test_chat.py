@@ -335,7 +335,8 @@ def test_a_batch_that_differs_from_apply_chat_template_falls_back_to_it(chat, mo
     def got(batch) -> list[tuple[list[int], list[bool]]]:
         out = []
         for k in range(0, len(conversations), 64):
-            ids, masks = batch(conversations[k : k + 64])
+            chunk = conversations[k : k + 64]
+            ids, masks = batch(chunk, [{}] * len(chunk))
             out += [(list(i), np.asarray(m).tolist()) for i, m in zip(ids, masks, strict=True)]
         return out
 
@@ -352,3 +353,85 @@ def test_a_batch_that_differs_from_apply_chat_template_falls_back_to_it(chat, mo
     monkeypatch.setattr(batched, "_steps", lambda: (normalize, moved))
     assert got(batched.GenerationBatch(hf, GENERATION)) == want
     assert capsys.readouterr().err.count("uses apply_chat_template alone") == 1
+
+
+TOOLS = (  # the tools in the system turn and a template option, as Qwen-style templates do
+    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n' }}"
+    "{%- for tool in tools %}{{- tool | tojson }}{{- '\\n' }}{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- if enable_thinking is defined and not enable_thinking %}{{- '<think></think>\\n' }}"
+    "{%- endif %}"
+)
+
+
+def _tool(name: str) -> dict:
+    return {"type": "function", "function": {
+        "name": name, "description": f"the {name} of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("blocks", [True, False], ids=["generation", "plain"])
+def test_a_records_tools_and_the_template_kwargs_reach_the_template_as_hf_passes_them(
+    chat, tmp_path, blocks
+):
+    """Records with and without tools (of their own), rendered by a template that puts
+    them in the system turn and reads ``enable_thinking``: tokens and masks are
+    ``apply_chat_template(messages, tools=record's, enable_thinking=False)``'s, through a
+    worker process, on both the batched and the turn-boundary paths; the tools change
+    the tokens exactly as they change HF's."""
+    template = TOOLS + (GENERATION if blocks else PLAIN)
+    sets = [None, [_tool("weather")], [_tool("weather"), _tool("time")]]
+    records = [{"messages": m, "tools": sets[i % 3]} | ({} if i % 3 else {"tools": None})
+               for i, m in enumerate(chat["conversations"][:90])]  # fmt: skip
+    with open(tmp_path / "tools.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    meshfeed.prepare(
+        tmp_path / "tools.jsonl", tmp_path / "out", tokenizer=chat["tokenizer"],
+        chat="messages", chat_template=template, workers=1, progress=False,
+        chat_template_kwargs={"enable_thinking": False},
+    )  # fmt: skip
+    tokens, masks = _read(tmp_path / "out")
+    hf = chat["hf"]
+
+    def oracle(messages, **kwargs):  # the generation variant: its masks are HF's own
+        out = hf.apply_chat_template(
+            messages, chat_template=TOOLS + GENERATION, tokenize=True, return_dict=True,
+            return_assistant_tokens_mask=True, enable_thinking=False, **kwargs,
+        )  # fmt: skip
+        return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
+
+    for i, record in enumerate(records):
+        want = oracle(record["messages"], tools=record["tools"])
+        assert (tokens[i], masks[i]) == want, i
+        without = oracle(record["messages"])[0]  # the same record, no tools
+        assert (want[0] != without) == (record["tools"] is not None), i
+    record = json.loads((tmp_path / "out" / "meshfeed.prepare.json").read_text())
+    assert "enable_thinking" in json.dumps(record)
+    if blocks:  # the same build from the command line's flags
+        (tmp_path / "template.jinja").write_text(template)
+        command = [
+            sys.executable, "-m", "meshfeed", "prepare", str(tmp_path / "tools.jsonl"),
+            "--tokenizer", str(chat["tokenizer"]), "--chat", "messages", "--chat-template",
+            str(tmp_path / "template.jinja"), "--chat-template-kwargs",
+            '{"enable_thinking": false}', "--out", str(tmp_path / "cli"), "--workers", "1",
+            "--quiet",
+        ]  # fmt: skip
+        run = subprocess.run(command, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert tree(tmp_path / "cli") == tree(tmp_path / "out")
+
+
+def test_chat_options_without_chat_and_bad_tools_are_named(chat, tmp_path):
+    with pytest.raises(ValueError, match="chat_template_kwargs= is for conversations"):
+        meshfeed.prepare(chat["jsonl"], tmp_path / "a", tokenizer=chat["tokenizer"],
+                         chat_template_kwargs={"enable_thinking": False})  # fmt: skip
+    with pytest.raises(ValueError, match=r"names \['tools'\], which prepare sets itself"):
+        meshfeed.prepare(chat["jsonl"], tmp_path / "b", tokenizer=chat["tokenizer"],
+                         chat="messages", chat_template_kwargs={"tools": []},
+                         workers=1, progress=False)  # fmt: skip
+    with open(tmp_path / "bad.jsonl", "w") as f:
+        f.write(json.dumps({"messages": chat["conversations"][0], "tools": "weather"}) + "\n")
+    with pytest.raises(ValueError, match=r"field 'tools' holds 'weather', not a list of tools"):
+        meshfeed.prepare(tmp_path / "bad.jsonl", tmp_path / "c", tokenizer=chat["tokenizer"],
+                         chat="messages", workers=1, progress=False)  # fmt: skip

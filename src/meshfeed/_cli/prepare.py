@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from meshfeed._cli.flags import fail
@@ -40,6 +41,12 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="a file holding the Jinja chat template (default: the tokenizer's)",
     )
+    p.add_argument("--chat-tools", default="tools", help="with --chat: the field holding a "
+                   "record's tools (default tools; 'none': never read)")  # fmt: skip
+    p.add_argument("--chat-documents", default=None,
+                   help="with --chat: the field holding a record's RAG documents")  # fmt: skip
+    p.add_argument("--chat-template-kwargs", default=None, help="with --chat: the template's "
+                   'keyword arguments, as JSON: \'{"enable_thinking": false}\'')  # fmt: skip
     p.add_argument("--keep", default="", help="other fields to keep, comma-separated: id,url")
     p.add_argument("--txt", choices=["file", "line"], default="file",
                    help=".txt inputs: a document per file (default) or per line")  # fmt: skip
@@ -74,6 +81,15 @@ def run(args: argparse.Namespace) -> int:
         extra["part_bytes"] = args.part_bytes
     if args.chat is not None:
         extra["chat"] = args.chat
+        extra["chat_tools"] = None if args.chat_tools == "none" else args.chat_tools
+        extra["chat_documents"] = args.chat_documents
+    if args.chat_template_kwargs is not None:
+        try:
+            extra["chat_template_kwargs"] = json.loads(args.chat_template_kwargs)
+        except ValueError as error:
+            fail(f"--chat-template-kwargs is not JSON ({error}); pass an object: '{{\"a\": 1}}'.")
+        if not isinstance(extra["chat_template_kwargs"], dict):
+            fail("--chat-template-kwargs must be a JSON object: '{\"enable_thinking\": false}'.")
     if args.chat_template is not None:
         with open(args.chat_template, encoding="utf-8") as f:
             extra["chat_template"] = f.read()

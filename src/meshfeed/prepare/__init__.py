@@ -23,6 +23,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _select_part   a part of a selection: the predicate over a run of examples, kept ids out
     _worker        what a worker process runs: parts in, written parts out
     _run           the parts on local worker processes or Ray tasks, with progress
+    _arguments     prepare's arguments checked: the settings on record, how it runs
     _prepare       prepare and prepare_status: the plan on record, the runs, the completion
     _select        select: a predicate run once over a source, cached, a Selection out
 

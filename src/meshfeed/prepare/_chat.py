@@ -1,11 +1,13 @@
 """Conversations to tokens and an assistant-only loss mask, exactly as Hugging Face makes them.
 
 ``prepare(..., chat="messages")`` reads a field holding a conversation as Hugging Face
-represents it (a list of ``{"role", "content", ...}`` messages, tool calls included) and
-writes ``tokens`` and ``loss_mask``, one mask value per token. Matching Hugging Face is
+represents it (a list of ``{"role", "content", ...}`` messages, tool calls included),
+with the record's ``tools`` (and RAG ``documents``) where it has them and the build's
+template keyword arguments, and writes ``tokens`` and ``loss_mask``, one mask value per
+token. Matching Hugging Face is
 the specification, so ``transformers`` itself renders and tokenizes (the ``chat``
-extra): for every conversation ``tokens`` is ``apply_chat_template(messages,
-tokenize=True)``'s ``input_ids``, nothing added. The mask:
+extra): for every conversation ``tokens`` is ``apply_chat_template(messages, tools=...,
+documents=..., tokenize=True, **kwargs)``'s ``input_ids``, nothing added. The mask:
 
 - a template with ``{% generation %}`` blocks: ``assistant_masks`` of
   ``apply_chat_template(..., return_assistant_tokens_mask=True)``, made by Hugging
@@ -44,6 +46,11 @@ from meshfeed.data._tokenizer import Tokenizer
 from meshfeed.prepare._chat_batch import GenerationBatch
 
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+RESERVED = frozenset(
+    {"tools", "documents", "chat_template", "tokenize", "add_generation_prompt",
+     "continue_final_message", "return_dict", "return_assistant_tokens_mask"}
+)  # fmt: skip
+"""``apply_chat_template``'s own arguments, which ``chat_template_kwargs`` may not set."""
 ChatEncoded = tuple[np.ndarray, list[list[int]], Sequence[Sequence[bool] | np.ndarray]]
 """A batch of conversations encoded: each one's number of tokens, its ids, its mask."""
 
@@ -67,11 +74,28 @@ class ChatTokenizer:
       tokenizer: a ``transformers`` fast tokenizer, or the folder of one
         (``tokenizer.json`` and ``tokenizer_config.json``).
       template: the chat template (Jinja); ``None``: the tokenizer's own.
+      kwargs: the template's keyword arguments (``apply_chat_template``'s
+        ``**kwargs``: ``enable_thinking=False``, ...), JSON values.
     """
 
     kind = "chat"
 
-    def __init__(self, tokenizer: Any, template: str | None) -> None:
+    def __init__(
+        self, tokenizer: Any, template: str | None, kwargs: Mapping[str, Any] | None = None
+    ) -> None:
+        kwargs = dict(kwargs or {})
+        reserved = sorted(set(kwargs) & RESERVED)
+        if reserved:
+            raise ValueError(
+                f"chat_template_kwargs names {reserved}, which prepare sets itself (tools and "
+                "documents come from each record: chat_tools=, chat_documents=)."
+            )
+        try:
+            json.dumps(kwargs)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"chat_template_kwargs={kwargs!r} must be JSON values (they are on record)."
+            ) from None
         transformers = require_transformers()
         if isinstance(tokenizer, str | os.PathLike):
             folder = os.fspath(tokenizer)
@@ -104,13 +128,19 @@ class ChatTokenizer:
                     files[name] = f.read()
         cls = type(tokenizer)
         self.payload = pickle.dumps(
-            {"files": files, "template": template, "class": (cls.__module__, cls.__qualname__)}
+            {
+                "files": files,
+                "template": template,
+                "kwargs": kwargs,
+                "class": (cls.__module__, cls.__qualname__),
+            }
         )
         base = Tokenizer(tokenizer.backend_tokenizer, bos=False, eos=False)
         self.vocab_size = base.vocab_size
         self._record = {
             **base.record(),
             "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+            **({"chat_template_kwargs": kwargs} if kwargs else {}),
         }
 
     def record(self) -> dict[str, Any]:
@@ -145,14 +175,23 @@ def chat_encoder(payload: bytes, *, threads: int | None) -> Callable[[list[str]]
                 f.write(data)
         tokenizer = (cls or transformers.AutoTokenizer).from_pretrained(folder)
     template: str = spec["template"]
+    kwargs: dict[str, Any] = spec.get("kwargs", {})
     batch = GenerationBatch(tokenizer, template) if GENERATION.search(template) else None
 
     def encode(texts: list[str]) -> ChatEncoded:
-        conversations = [json.loads(text) for text in texts]
+        conversations, extras = [], []
+        for text in texts:
+            record = json.loads(text)  # the messages, or {"messages", "tools", "documents"}
+            messages = record.pop("messages") if isinstance(record, dict) else record
+            conversations.append(messages)
+            extras.append({**kwargs, **record} if isinstance(record, dict) else kwargs)
         if batch is not None:
-            ids, masks = batch(conversations)
+            ids, masks = batch(conversations, extras)
         else:
-            pairs = [encode_conversation(tokenizer, c, template) for c in conversations]
+            pairs = [
+                encode_conversation(tokenizer, c, template, e)
+                for c, e in zip(conversations, extras, strict=True)
+            ]
             ids, masks = [p[0] for p in pairs], [p[1] for p in pairs]
         return np.fromiter(map(len, ids), np.int64, count=len(ids)), ids, masks
 
@@ -160,12 +199,17 @@ def chat_encoder(payload: bytes, *, threads: int | None) -> Callable[[list[str]]
 
 
 def encode_conversation(
-    tokenizer: Any, messages: Sequence[Mapping[str, Any]], template: str
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    template: str,
+    extras: Mapping[str, Any] | None = None,
 ) -> tuple[list[int], list[bool]]:
     """One conversation's token ids and loss mask, for a template without ``{% generation
-    %}`` blocks (the module docstring)."""
-    text = _render(tokenizer, messages, template, prompt=False)
-    spans = _assistant_spans(tokenizer, messages, template, text)
+    %}`` blocks (the module docstring); ``extras``: its tools, documents and the
+    template's keyword arguments."""
+    extras = extras or {}
+    text = _render(tokenizer, messages, template, extras, prompt=False)
+    spans = _assistant_spans(tokenizer, messages, template, extras, text)
     out = tokenizer(text, add_special_tokens=False)
     ids = list(out["input_ids"])
     mask = [False] * len(ids)
@@ -179,15 +223,28 @@ def encode_conversation(
 
 
 def _render(
-    tokenizer: Any, messages: Sequence[Mapping[str, Any]], template: str, *, prompt: bool
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    template: str,
+    extras: Mapping[str, Any],
+    *,
+    prompt: bool,
 ) -> str:
     return tokenizer.apply_chat_template(
-        list(messages), chat_template=template, tokenize=False, add_generation_prompt=prompt
+        list(messages),
+        chat_template=template,
+        tokenize=False,
+        add_generation_prompt=prompt,
+        **extras,
     )
 
 
 def _assistant_spans(
-    tokenizer: Any, messages: Sequence[Mapping[str, Any]], template: str, text: str
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    template: str,
+    extras: Mapping[str, Any],
+    text: str,
 ) -> list[tuple[int, int]]:
     """Each assistant turn's characters in ``text``: what the conversation up to it adds
     to the turns before it with the generation prompt."""
@@ -195,8 +252,8 @@ def _assistant_spans(
     for i, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
-        before = _render(tokenizer, messages[:i], template, prompt=True)
-        through = _render(tokenizer, messages[: i + 1], template, prompt=False)
+        before = _render(tokenizer, messages[:i], template, extras, prompt=True)
+        through = _render(tokenizer, messages[: i + 1], template, extras, prompt=False)
         if not (text.startswith(through) and through.startswith(before)):
             raise ValueError(
                 f"the chat template renders the turns before message {i} (assistant) "

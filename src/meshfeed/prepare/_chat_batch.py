@@ -15,6 +15,10 @@ steps, and marks the tokens under the same rule with numpy: token ``t`` with cha
 the loop's rule wherever token starts and span ends do not go backwards (the loop makes
 one pass over both); a conversation where they do goes through ``apply_chat_template``.
 
+A record's ``tools`` and ``documents`` and the build's template keyword arguments
+(``enable_thinking``, ...) reach the template as ``apply_chat_template`` passes them:
+conversations with the same ones are rendered together, and all are tokenized at once.
+
 Exactness is checked, not assumed:
 
 - the batched steps are used only where ``transformers`` is version 5 (whose rule this
@@ -27,13 +31,17 @@ Exactness is checked, not assumed:
 from __future__ import annotations
 
 import itertools
+import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 Batch = tuple[list[list[int]], list[np.ndarray]]
+Extras = Mapping[str, Any]
+"""What a conversation is rendered with besides its messages: its ``tools`` and
+``documents``, and the template's keyword arguments (``apply_chat_template``'s)."""
 
 
 class GenerationBatch:
@@ -48,11 +56,12 @@ class GenerationBatch:
         self._resolved = tokenizer.get_chat_template(template, None)
         self._specials = dict(tokenizer.special_tokens_map)
 
-    def __call__(self, conversations: list[Any]) -> Batch:
+    def __call__(self, conversations: list[Any], extras: Sequence[Extras]) -> Batch:
         if self._steps is None:
-            return self._hf(conversations)
-        hf = self._hf(conversations[:1])  # first: it also sets the backend as its call does
-        ids, masks = self._fast(conversations)
+            return self._hf(conversations, extras)
+        # First: it also sets the backend as its call does.
+        hf = self._hf(conversations[:1], extras[:1])
+        ids, masks = self._fast(conversations, extras)
         if _same(hf, (ids[:1], masks[:1])):
             return ids, masks
         self._steps = None
@@ -62,24 +71,36 @@ class GenerationBatch:
             file=sys.stderr,
             flush=True,
         )
-        return self._hf(conversations)
+        return self._hf(conversations, extras)
 
-    def _hf(self, conversations: list[Any]) -> Batch:
-        out = self._tokenizer.apply_chat_template(
-            conversations, chat_template=self._template, tokenize=True, return_dict=True,
-            return_assistant_tokens_mask=True,
-        )  # fmt: skip
-        masks = [np.asarray(m, dtype=bool) for m in out["assistant_masks"]]
-        return list(out["input_ids"]), masks
+    def _hf(self, conversations: list[Any], extras: Sequence[Extras]) -> Batch:
+        ids: list[list[int]] = [[] for _ in conversations]
+        masks: list[np.ndarray] = [np.zeros(0, bool) for _ in conversations]
+        for same, kwargs in _alike(extras):
+            out = self._tokenizer.apply_chat_template(
+                [conversations[i] for i in same], chat_template=self._template, tokenize=True,
+                return_dict=True, return_assistant_tokens_mask=True, **kwargs,
+            )  # fmt: skip
+            for i, one, mask in zip(same, out["input_ids"], out["assistant_masks"], strict=True):
+                ids[i], masks[i] = list(one), np.asarray(mask, dtype=bool)
+        return ids, masks
 
-    def _fast(self, conversations: list[Any]) -> Batch:
+    def _fast(self, conversations: list[Any], extras: Sequence[Extras]) -> Batch:
         assert self._steps is not None
         normalize, render = self._steps
-        texts, spans = render(
-            conversations=[normalize(c) for c in conversations], tools=None, documents=None,
-            chat_template=self._resolved, return_assistant_tokens_mask=True,
-            continue_final_message=False, add_generation_prompt=False, **self._specials,
-        )  # fmt: skip
+        texts: list[str] = [""] * len(conversations)
+        spans: list[Any] = [None] * len(conversations)
+        for same, kwargs in _alike(extras):
+            rest = dict(kwargs)
+            tools, documents = rest.pop("tools", None), rest.pop("documents", None)
+            rendered, marked = render(
+                conversations=[normalize(conversations[i]) for i in same], tools=tools,
+                documents=documents, chat_template=self._resolved,
+                return_assistant_tokens_mask=True, continue_final_message=False,
+                add_generation_prompt=False, **{**self._specials, **rest},
+            )  # fmt: skip
+            for i, text, span in zip(same, rendered, marked, strict=True):
+                texts[i], spans[i] = text, span
         backend = self._tokenizer.backend_tokenizer
         encodings = backend.encode_batch(texts, add_special_tokens=False)
         ids = [e.ids for e in encodings]
@@ -94,8 +115,17 @@ class GenerationBatch:
         mask, backwards = overlap_mask(offsets, lengths, spans)
         masks = np.split(mask, np.cumsum(lengths)[:-1])
         for i in np.flatnonzero(backwards).tolist():  # the loop's one pass misreads these
-            masks[i] = self._hf([conversations[i]])[1][0]
+            masks[i] = self._hf([conversations[i]], [extras[i]])[1][0]
         return ids, masks
+
+
+def _alike(extras: Sequence[Extras]) -> list[tuple[list[int], Extras]]:
+    """The conversations rendered with the same extras, by index, each group once."""
+    groups: dict[str, tuple[list[int], Extras]] = {}
+    for i, one in enumerate(extras):
+        key = json.dumps(one, sort_keys=True, default=repr)
+        groups.setdefault(key, ([], one))[0].append(i)
+    return list(groups.values())
 
 
 def overlap_mask(

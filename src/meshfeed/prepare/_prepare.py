@@ -33,10 +33,10 @@ from meshfeed.data._folder import (
 )
 from meshfeed.data._tokenizer import Special, Tokenizer, TokenizerArg, differences, token_dtype
 from meshfeed.data._writer import FolderWriter
+from meshfeed.prepare._arguments import check_run, settings_of
 from meshfeed.prepare._chat import ChatTokenizer
 from meshfeed.prepare._encode import worker_threads
 from meshfeed.prepare._inputs import dataset_input, default_part_bytes, expand, plan_parts
-from meshfeed.prepare._read import KEEP_TYPES
 from meshfeed.prepare._run import Report, run_local, run_ray, start_workers, stop_workers
 from meshfeed.storage._blob import is_url
 
@@ -91,6 +91,9 @@ def prepare(
     text: str = "text",
     chat: str | None = None,
     chat_template: str | None = None,
+    chat_tools: str | None = "tools",
+    chat_documents: str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
     keep: Sequence[str] | Mapping[str, str] = (),
     txt: TxtMode = "file",
     bos: Special = True,
@@ -128,6 +131,14 @@ def prepare(
         ``transformers`` fast tokenizer or its folder.
       chat_template: the Jinja chat template; default: the tokenizer's own. Its hash is
         on record: a build resumed with another template is refused.
+      chat_tools: the field holding a record's tools (OpenAI's format: ``{"type":
+        "function", "function": {"name", "description", "parameters"}}``), passed to the
+        template as ``apply_chat_template(..., tools=)`` does, as TRL does; a record
+        without it has none. ``None``: tools are never read.
+      chat_documents: the field holding a record's RAG documents (``documents=``);
+        default: none.
+      chat_template_kwargs: the template's keyword arguments, for every conversation
+        (``{"enable_thinking": False}``), on record with the template's hash.
       keep: other fields to keep beside the tokens: names (kept as text: UTF-8 bytes,
         one ``Ragged`` ``uint8`` document per record) or a mapping name -> ``"str"``,
         ``"int"``, ``"float"`` or ``"bool"``.
@@ -167,12 +178,25 @@ def prepare(
       ...                  workers=8)  # doctest: +SKIP
     """
     root = os.fspath(out)
-    if chat is None and chat_template is not None:
-        raise ValueError("chat_template= is for conversations; pass chat= (their field) too.")
+    for name, value in (("chat_template", chat_template), ("chat_template_kwargs",
+                        chat_template_kwargs)):  # fmt: skip
+        if chat is None and value is not None:
+            raise ValueError(f"{name}= is for conversations; pass chat= (their field) too.")
+    if chat is None:
+        chat_tools = None  # a text build reads no tools
     if part_bytes is None and chat is not None:
         part_bytes = CHAT_PART_BYTES
-    settings = _settings(chat or text, keep, txt, on_error, part_bytes, chat=chat is not None)
-    run_workers = _check_run(workers, threads, part, executor)
+    chat_fields = {"tools": chat_tools, "documents": chat_documents}
+    settings = settings_of(
+        chat or text,
+        keep,
+        txt,
+        on_error,
+        part_bytes,
+        chat=chat is not None,
+        chat_fields=chat_fields,
+    )
+    run_workers = check_run(workers, threads, part, executor)
     tok: Tokenizer | ChatTokenizer | None = None
     if chat is None:
         tok = Tokenizer(tokenizer, bos=bos, eos=eos)
@@ -182,7 +206,7 @@ def prepare(
     pool = start_workers(run_workers, kind) if executor == "local" else []
     try:
         if tok is None:
-            tok = ChatTokenizer(tokenizer, chat_template)
+            tok = ChatTokenizer(tokenizer, chat_template, chat_template_kwargs)
         settings["dtype"] = token_dtype(tok.vocab_size).str
         return _prepare(inputs, root, tok, settings, pool, threads or worker_threads(run_workers),
                         part, executor, storage_options, progress)  # fmt: skip
@@ -258,58 +282,6 @@ def prepare_status(
     return _status(
         root, record["plan"], storage_options, complete=record.get("complete") is not None
     )[0]
-
-
-def _settings(
-    text: str, keep: Sequence[str] | Mapping[str, str], txt: str, on_error: str,
-    part_bytes: int | None, *, chat: bool = False,
-) -> dict[str, Any]:  # fmt: skip
-    if not isinstance(text, str) or not text:
-        what = "chat" if chat else "text"
-        raise ValueError(f"{what}={text!r} must name the field that holds the {what}.")
-    if isinstance(keep, str):
-        raise TypeError(f"keep={keep!r} is a string; pass a list of field names, e.g. keep=['id'].")
-    kept = dict(keep) if isinstance(keep, Mapping) else {str(k): "str" for k in keep}
-    bad = {k: v for k, v in kept.items() if v not in KEEP_TYPES}
-    if bad:
-        raise ValueError(f"keep={kept}: each field's type must be one of {list(KEEP_TYPES)}.")
-    reserved = [k for k in kept if k in ("tokens", text, *(("loss_mask",) if chat else ()))]
-    if reserved:
-        raise ValueError(f"keep={list(kept)} names {reserved}, which prepare writes itself.")
-    if txt not in ("file", "line"):
-        raise ValueError(f"txt={txt!r} must be 'file' (a document per file) or 'line'.")
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error={on_error!r} must be 'raise' or 'skip'.")
-    if part_bytes is not None and (
-        not isinstance(part_bytes, int) or isinstance(part_bytes, bool) or part_bytes < 1
-    ):
-        raise ValueError(f"part_bytes={part_bytes!r} must be an int >= 1 (bytes of input).")
-    settings = {"text": text, "keep": kept, "txt": txt, "on_error": on_error,
-                "part_bytes": part_bytes}  # fmt: skip
-    if chat:  # (not written otherwise: a text build's record stays as it was)
-        settings["chat"] = True
-    return settings
-
-
-def _check_run(
-    workers: int | None, threads: int | None, part: tuple[int, int] | None, executor: str
-) -> int:
-    if executor not in ("local", "ray"):
-        raise ValueError(f"executor={executor!r} must be 'local' or 'ray'.")
-    if workers is not None and (
-        not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
-    ):
-        raise ValueError(f"workers={workers!r} must be an int >= 1 (local processes).")
-    if threads is not None and (
-        not isinstance(threads, int) or isinstance(threads, bool) or threads < 1
-    ):
-        raise ValueError(f"threads={threads!r} must be an int >= 1 (tokenizer threads a worker).")
-    if part is not None and not (
-        isinstance(part, tuple) and len(part) == 2 and all(isinstance(x, int) for x in part)
-        and 0 <= part[0] < part[1]
-    ):  # fmt: skip
-        raise ValueError(f"part={part!r} must be (i, n) with 0 <= i < n, e.g. part=(0, 4).")
-    return workers or os.cpu_count() or 1
 
 
 def _start_record(

@@ -84,6 +84,7 @@ class _Reader:
     def __init__(self, settings: Mapping[str, Any], keep: Mapping[str, str]) -> None:
         self.field, self.keep, self.skip = settings["text"], keep, settings["on_error"] == "skip"
         self.chat = bool(settings.get("chat"))  # the field holds a conversation, not text
+        self.extras: dict[str, str] = dict(settings.get("chat_fields", {}))  # tools=, documents=
         self.batch = Batch(keep)
 
     def flush(self, last: bool) -> Iterator[Batch]:
@@ -118,7 +119,19 @@ class _Reader:
     def record(self, path: str, where: Any, record: Mapping[str, Any]) -> None:
         text = record.get(self.field)
         if self.chat:
-            text = _conversation(text)
+            extras = {}
+            for kwarg, name in self.extras.items():
+                value = record.get(name)
+                if value is None:
+                    continue  # this record has none
+                if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                    self.bad(
+                        f"{path}, {_where(where)}: field {name!r} holds {repr(value)[:60]}, not "
+                        f"a list of {kwarg} (each a mapping, as apply_chat_template takes them)"
+                    )
+                    return
+                extras[kwarg] = value
+            text = _conversation(text, extras)
             if text is None:
                 what = repr(record.get(self.field))[:60] if self.field in record else "nothing"
                 self.bad(
@@ -161,15 +174,16 @@ class _Reader:
         self.text(path, f"line at byte {offset}", line.rstrip(b"\r\n"))
 
 
-def _conversation(value: Any) -> str | None:
-    """A conversation as JSON text (what the chat encoder reads), or ``None`` where
-    ``value`` is not a list of messages each with a string ``role``."""
+def _conversation(value: Any, extras: Mapping[str, Any]) -> str | None:
+    """A conversation as JSON text (what the chat encoder reads: its messages, or with
+    ``extras`` -- its tools, its documents -- ``{"messages": ..., **extras}``), or
+    ``None`` where ``value`` is not a list of messages each with a string ``role``."""
     if not isinstance(value, list) or not value:
         return None
     if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value):
         return None
     try:
-        return json.dumps(value, ensure_ascii=False)
+        return json.dumps({"messages": value, **extras} if extras else value, ensure_ascii=False)
     except (TypeError, ValueError):
         return None
 
@@ -275,13 +289,14 @@ def _parquet(
     parquet = open_parquet(path, storage_options)
     field, keep = settings["text"], list(settings["keep"])
     names = parquet.schema_arrow.names
+    extra = [c for c in settings.get("chat_fields", {}).values() if c in names]  # tools, ...
     missing = [c for c in (field, *keep) if c not in names]
     if missing:
         raise BadInput(f"{path}: no column {missing[0]!r} (its columns: {names})")
     row = sum(parquet.metadata.row_group(g).num_rows for g in range(a))
     for g in range(a, b):
-        table = parquet.read_row_group(g, columns=[field, *keep])
-        columns = {c: table.column(c).to_pylist() for c in (field, *keep)}
+        table = parquet.read_row_group(g, columns=[field, *keep, *extra])
+        columns = {c: table.column(c).to_pylist() for c in (field, *keep, *extra)}
         for j in range(table.num_rows):
             reader.record(path, f"row {row + j}", {c: v[j] for c, v in columns.items()})
             yield from reader.flush(False)
@@ -297,9 +312,11 @@ def _dataset(
         raise BadInput(
             f"the dataset has no column {missing[0]!r} (its columns: {dataset.column_names})"
         )
+    columns = dataset.column_names
+    extra = [c for c in settings.get("chat_fields", {}).values() if c in columns]
     step = 1024
     for start in range(a, b, step):
-        rows = dataset.select_columns([field, *keep])[start : min(b, start + step)]
+        rows = dataset.select_columns([field, *keep, *extra])[start : min(b, start + step)]
         for j in range(len(rows[field])):
             reader.record("the dataset", f"row {start + j}", {c: rows[c][j] for c in rows})
             yield from reader.flush(False)
