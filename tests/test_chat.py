@@ -435,3 +435,46 @@ def test_chat_options_without_chat_and_bad_tools_are_named(chat, tmp_path):
     with pytest.raises(ValueError, match=r"field 'tools' holds 'weather', not a list of tools"):
         meshfeed.prepare(tmp_path / "bad.jsonl", tmp_path / "c", tokenizer=chat["tokenizer"],
                          chat="messages", workers=1, progress=False)  # fmt: skip
+
+
+def _openai(messages: list[dict]) -> list[dict]:
+    """The same conversation as OpenAI's format writes it: arguments as JSON strings,
+    content as a list of text parts (split in two where it has a space)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        text = m.get("content") or ""
+        cut = text.find(" ") + 1 or len(text)
+        m["content"] = [{"type": "text", "text": text[:cut]}, {"type": "text", "text": text[cut:]}]
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.dumps(
+                c["function"]["arguments"])}} for c in m["tool_calls"]]  # fmt: skip
+        out.append(m)
+    return out
+
+
+def test_openai_format_records_are_read_as_given_or_normalized_by_name(chat, tmp_path):
+    """As given (the default), a tool call's JSON-string arguments reach the template as
+    a string, as with ``apply_chat_template`` (this template's ``tojson`` encodes them
+    twice); ``chat_openai=True`` parses them and joins text parts, giving the tokens of
+    the conversation written the way chat templates expect."""
+    conversations = [c for c in chat["conversations"] if any("tool_calls" in m for m in c)][:40]
+    hf = chat["hf"]
+    strings = [[{**m, "tool_calls": _openai([m])[0]["tool_calls"]} if m.get("tool_calls")
+                else m for m in c] for c in conversations]  # fmt: skip
+    with open(tmp_path / "strings.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"messages": c}, ensure_ascii=False) + "\n" for c in strings)
+    kw = {"tokenizer": chat["tokenizer"], "chat": "messages", "workers": 1, "progress": False}
+    meshfeed.prepare(tmp_path / "strings.jsonl", tmp_path / "given", **kw)
+    tokens, masks = _read(tmp_path / "given")
+    for i, messages in enumerate(strings):  # as given: HF's tokens for the strings
+        assert (tokens[i], masks[i]) == _oracle(hf, messages), i
+        assert tokens[i] != _oracle(hf, conversations[i])[0], i  # encoded twice
+    with open(tmp_path / "openai.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(
+            json.dumps({"messages": _openai(c)}, ensure_ascii=False) + "\n" for c in conversations
+        )
+    meshfeed.prepare(tmp_path / "openai.jsonl", tmp_path / "read", chat_openai=True, **kw)
+    tokens, masks = _read(tmp_path / "read")
+    for i, messages in enumerate(conversations):  # normalized: the dict-argument tokens
+        assert (tokens[i], masks[i]) == _oracle(hf, messages), i

@@ -47,6 +47,8 @@ def add_parser(sub: Any) -> None:
                    help="with --chat: the field holding a record's RAG documents")  # fmt: skip
     p.add_argument("--chat-template-kwargs", default=None, help="with --chat: the template's "
                    'keyword arguments, as JSON: \'{"enable_thinking": false}\'')  # fmt: skip
+    p.add_argument("--chat-openai", action="store_true", help="with --chat: messages in "
+                   "OpenAI's format (arguments as JSON strings, content as parts)")  # fmt: skip
     p.add_argument("--keep", default="", help="other fields to keep, comma-separated: id,url")
     p.add_argument("--txt", choices=["file", "line"], default="file",
                    help=".txt inputs: a document per file (default) or per line")  # fmt: skip
@@ -83,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         extra["chat"] = args.chat
         extra["chat_tools"] = None if args.chat_tools == "none" else args.chat_tools
         extra["chat_documents"] = args.chat_documents
+        extra["chat_openai"] = args.chat_openai
     if args.chat_template_kwargs is not None:
         try:
             extra["chat_template_kwargs"] = json.loads(args.chat_template_kwargs)

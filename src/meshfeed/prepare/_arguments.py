@@ -19,6 +19,7 @@ from meshfeed.prepare._read import KEEP_TYPES
 def settings_of(
     text: str, keep: Sequence[str] | Mapping[str, str], txt: str, on_error: str,
     part_bytes: int | None, *, chat: bool = False, chat_fields: Mapping[str, str | None] = {},
+    chat_openai: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """The build's settings on record, each checked; ``chat_fields``: the record's fields
     that ``apply_chat_template`` takes beside the messages (``tools``, ``documents``)."""
@@ -51,8 +52,14 @@ def settings_of(
         if named:
             raise ValueError(f"chat_tools and chat_documents must name fields, not {named}.")
         settings["chat_fields"] = fields  # kwarg -> field
-    elif any(v is not None for v in chat_fields.values()):
-        raise ValueError("chat_tools= and chat_documents= are for conversations; pass chat= too.")
+        if not isinstance(chat_openai, bool):
+            raise TypeError(f"chat_openai={chat_openai!r} must be True or False.")
+        if chat_openai:  # (only when set: earlier builds' records stay as they were)
+            settings["chat_openai"] = True
+    elif any(v is not None for v in chat_fields.values()) or chat_openai:
+        raise ValueError(
+            "chat_tools=, chat_documents= and chat_openai= are for conversations; pass chat= too."
+        )
     return settings
 
 

@@ -94,6 +94,7 @@ def prepare(
     chat_tools: str | None = "tools",
     chat_documents: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    chat_openai: bool = False,
     keep: Sequence[str] | Mapping[str, str] = (),
     txt: TxtMode = "file",
     bos: Special = True,
@@ -139,6 +140,12 @@ def prepare(
         default: none.
       chat_template_kwargs: the template's keyword arguments, for every conversation
         (``{"enable_thinking": False}``), on record with the template's hash.
+      chat_openai: read the messages as OpenAI's format writes them: a tool call's
+        ``function.arguments`` JSON string is parsed into the mapping chat templates
+        expect (as given, a template that applies ``tojson`` encodes it twice), and a
+        ``content`` list of text parts becomes their texts, concatenated. Default ``False``:
+        every message reaches the template as given, as ``apply_chat_template`` takes
+        it.
       keep: other fields to keep beside the tokens: names (kept as text: UTF-8 bytes,
         one ``Ragged`` ``uint8`` document per record) or a mapping name -> ``"str"``,
         ``"int"``, ``"float"`` or ``"bool"``.
@@ -195,6 +202,7 @@ def prepare(
         part_bytes,
         chat=chat is not None,
         chat_fields=chat_fields,
+        chat_openai=chat_openai,
     )
     run_workers = check_run(workers, threads, part, executor)
     tok: Tokenizer | ChatTokenizer | None = None

@@ -85,6 +85,7 @@ class _Reader:
         self.field, self.keep, self.skip = settings["text"], keep, settings["on_error"] == "skip"
         self.chat = bool(settings.get("chat"))  # the field holds a conversation, not text
         self.extras: dict[str, str] = dict(settings.get("chat_fields", {}))  # tools=, documents=
+        self.openai = bool(settings.get("chat_openai"))  # messages as OpenAI writes them
         self.batch = Batch(keep)
 
     def flush(self, last: bool) -> Iterator[Batch]:
@@ -131,6 +132,8 @@ class _Reader:
                     )
                     return
                 extras[kwarg] = value
+            if self.openai and isinstance(text, list):
+                text = [_from_openai(m) for m in text]
             text = _conversation(text, extras)
             if text is None:
                 what = repr(record.get(self.field))[:60] if self.field in record else "nothing"
@@ -186,6 +189,37 @@ def _conversation(value: Any, extras: Mapping[str, Any]) -> str | None:
         return json.dumps({"messages": value, **extras} if extras else value, ensure_ascii=False)
     except (TypeError, ValueError):
         return None
+
+
+def _from_openai(message: Any) -> Any:
+    """A message as OpenAI's format writes it, as chat templates read it: each tool call's
+    ``function.arguments`` JSON string parsed, a ``content`` list of text parts joined
+    (a list with other parts -- images -- is left as given)."""
+    if not isinstance(message, dict):
+        return message
+    message = dict(message)
+    content = message.get("content")
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        message["content"] = "".join(p["text"] for p in content)
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        message["tool_calls"] = [_parsed_call(c) for c in calls]
+    return message
+
+
+def _parsed_call(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if not isinstance(arguments, str):
+        return call
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return call  # not JSON: left as given, for the template to show
+    return {**call, "function": {**function, "arguments": parsed}}  # type: ignore[dict-item]
 
 
 def _where(where: Any) -> str:
