@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import pickle
@@ -120,6 +121,8 @@ class ChatTokenizer:
             raise ValueError(
                 "the tokenizer has no chat_template; pass chat_template= (the Jinja text)."
             )
+        if not GENERATION.search(template):
+            _check_turn_boundaries(tokenizer, template, kwargs)
         with tempfile.TemporaryDirectory() as folder:
             tokenizer.save_pretrained(folder)
             files = {}
@@ -258,8 +261,71 @@ def _assistant_spans(
             raise ValueError(
                 f"the chat template renders the turns before message {i} (assistant) "
                 "differently once it follows, so its span cannot be told from turn "
-                "boundaries; give a template with {% generation %} blocks (chat_template=)."
+                f"boundaries; {training_advice(template)}"
             )
         if len(through) > len(before):
             spans.append((len(before), len(through)))
     return spans
+
+
+PROBES: tuple[list[dict[str, Any]], ...] = (
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."},
+     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye."},
+     {"role": "assistant", "content": "Goodbye."}],
+    [{"role": "user", "content": "Weather?"},
+     {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+         "name": "weather", "arguments": {"city": "Paris"}}}]},
+     {"role": "tool", "content": "Sunny."}, {"role": "assistant", "content": "Sunny."}],
+)  # fmt: skip
+"""Conversations a template without ``{% generation %}`` blocks is tried on before a build
+starts: several turns, and a tool call with its result."""
+
+
+def _check_turn_boundaries(tokenizer: Any, template: str, kwargs: Mapping[str, Any]) -> None:
+    """Refuses, before any worker starts, a template whose turn boundaries move (one that
+    re-renders earlier turns once a later one follows); a probe the template itself
+    refuses (roles it does not take) tells nothing and is passed over."""
+    for messages in PROBES:
+        try:
+            text = _render(tokenizer, messages, template, kwargs, prompt=False)
+        except Exception:  # the template's own refusal: not this probe's question
+            continue
+        _assistant_spans(tokenizer, messages, template, kwargs, text)
+
+
+def training_advice(template: str) -> str:
+    """What to pass instead of a template whose turn boundaries move: TRL's training
+    variant of the same family, named by its file, where TRL (installed) keeps one."""
+    variant = training_variant(template)
+    if variant is not None:
+        return (
+            f"pass chat_template= the training variant TRL keeps for it, {variant} "
+            "(its {% generation %} blocks mark the assistant's tokens; TRL trains with it): "
+            f"chat_template=open({str(variant)!r}).read(), or --chat-template {variant}."
+        )
+    return (
+        "give a template with {% generation %} blocks (chat_template=): TRL keeps a "
+        "training variant for the common families (pip install trl; "
+        "trl.chat_template_utils.get_training_chat_template)."
+    )
+
+
+def training_variant(template: str) -> str | None:
+    """The path of TRL's training variant of ``template`` (the same text as one of TRL's
+    ``chat_templates/<family>.jinja``, with a ``<family>_training.jinja`` beside it), or
+    ``None`` where TRL is not installed or keeps none."""
+    spec = importlib.util.find_spec("trl")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = os.path.join(next(iter(spec.submodule_search_locations)), "chat_templates")
+    if not os.path.isdir(folder):
+        return None
+    for name in sorted(os.listdir(folder)):
+        family, ext = os.path.splitext(name)
+        training = os.path.join(folder, f"{family}_training.jinja")
+        if ext != ".jinja" or family.endswith("_training") or not os.path.isfile(training):
+            continue
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            if f.read() == template:
+                return training
+    return None
