@@ -37,8 +37,8 @@ autosummary_generate = True
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 # meshfeed's type aliases by name in signatures, linked to their entries (not expanded).
-# Transform, RecordFn, EvalFn, Batch and Column stay expanded: Sphinx 9 cannot render an alias
-# inside ``X | None`` or a generic (it prints ``TypeAliasForwardRef(...)``).
+# Transform, RecordFn, EvalFn, Batch, Column and LongDocs stay expanded: Sphinx 9 cannot
+# render an alias inside ``X | None`` or a generic (it prints ``TypeAliasForwardRef(...)``).
 autodoc_type_aliases = {
     name: f"meshfeed.{home}.{name}"
     for home, names in {
@@ -46,7 +46,6 @@ autodoc_type_aliases = {
             "Algorithm",
             "AxisTypes",
             "LastBatch",
-            "LongDocs",
             "Prefetch",
             "ShardingArg",
             "Strategy",
