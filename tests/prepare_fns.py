@@ -100,6 +100,28 @@ def train_tokenizer(
     return path
 
 
+def chat_tokenizer(
+    folder: Path, text: str, specials: list[str], *, vocab_size: int, **hf_kwargs: Any
+) -> Any:
+    """A byte-level BPE trained on ``text`` with ``specials`` (``<unk>`` first), wrapped as
+    a ``transformers`` fast tokenizer (``hf_kwargs``: its special tokens by role) and
+    saved to ``folder``."""
+    import tokenizers
+    import transformers
+
+    model = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
+    model.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    model.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    model.train_from_iterator([text] * 20, trainer)
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=model, **hf_kwargs)
+    hf.save_pretrained(folder)
+    return hf
+
+
 def tree(folder: Path) -> dict[str, str]:
     """Every file under ``folder``: relative path -> SHA-256 of its bytes."""
     return {

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import meshfeed
-from prepare_fns import tree
+from prepare_fns import chat_tokenizer, tree
 
 transformers = pytest.importorskip("transformers", reason="the chat extra (transformers)")
 tokenizers = pytest.importorskip("tokenizers", reason="the text extra (tokenizers)")
@@ -91,18 +91,10 @@ def _conversations(n: int, seed: int = 0) -> list[list[dict]]:
 def chat(tmp_path_factory):
     """A tokenizer folder (the generation template its own), and conversations as JSONL."""
     root = tmp_path_factory.mktemp("chat")
-    model = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
-    model.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    model.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
-    corpus = [" ".join(WORDS + EXTRA + ["user assistant system tool weather city"])] * 20
-    model.train_from_iterator(corpus, trainer)
-    hf = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=model, unk_token="<unk>", eos_token="<|im_end|>",
-        additional_special_tokens=["<|im_start|>"],
+    text = " ".join(WORDS + EXTRA + ["user assistant system tool weather city"])
+    hf = chat_tokenizer(
+        root / "tokenizer", text, ["<unk>", "<|im_start|>", "<|im_end|>"], vocab_size=400,
+        unk_token="<unk>", eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>"],
     )  # fmt: skip
     hf.chat_template = GENERATION
     hf.save_pretrained(root / "tokenizer")
@@ -323,14 +315,24 @@ def test_the_batched_mask_marks_what_hugging_faces_loop_marks():
                 assert parts[i].tolist() == _hf_loop(offsets[i].tolist(), spans[i]), i
 
 
-def test_a_batch_that_differs_from_apply_chat_template_falls_back_to_it(chat, monkeypatch, capsys):
-    """The batched steps agree with ``apply_chat_template`` on every conversation; where
-    they would not (a renderer that moves the spans, standing for another transformers),
-    the batch's first conversation shows it and the rest go through HF's own call."""
+@pytest.mark.parametrize("template", ["generation", "plain"])
+def test_a_batch_that_differs_from_its_reference_falls_back_to_it(
+    chat, monkeypatch, capsys, template
+):
+    """The batched steps agree with their reference on every conversation
+    (``apply_chat_template`` for generation blocks; turn boundaries rendered one
+    conversation at a time for the plain template); where they would not (a renderer
+    that doubles every newline, standing for another transformers), the batch's first
+    conversation shows it and the rest go through the reference."""
     from meshfeed.prepare import _chat_batch as batched
+    from meshfeed.prepare import _chat_turns as turns
 
     hf, conversations = chat["hf"], chat["conversations"]
     want = [_oracle(hf, messages) for messages in conversations]
+    kind, text = (
+        (batched.GenerationBatch, GENERATION) if template == "generation"
+        else (turns.TurnBatch, PLAIN)
+    )  # fmt: skip
 
     def got(batch) -> list[tuple[list[int], list[bool]]]:
         out = []
@@ -340,7 +342,7 @@ def test_a_batch_that_differs_from_apply_chat_template_falls_back_to_it(chat, mo
             out += [(list(i), np.asarray(m).tolist()) for i, m in zip(ids, masks, strict=True)]
         return out
 
-    assert got(batched.GenerationBatch(hf, GENERATION)) == want
+    assert got(kind(hf, text)) == want
     steps = batched._steps()
     if steps is None:
         pytest.skip("transformers 4: every batch goes through apply_chat_template itself")
@@ -348,11 +350,32 @@ def test_a_batch_that_differs_from_apply_chat_template_falls_back_to_it(chat, mo
 
     def moved(**kwargs):
         texts, spans = render(**kwargs)
-        return texts, [[(a + 1, b) for a, b in one] for one in spans]
+        return [t.replace("\n", "\n\n") for t in texts], spans
 
     monkeypatch.setattr(batched, "_steps", lambda: (normalize, moved))
-    assert got(batched.GenerationBatch(hf, GENERATION)) == want
+    assert got(kind(hf, text)) == want
     assert capsys.readouterr().err.count("uses apply_chat_template alone") == 1
+
+
+def test_a_conversation_whose_turn_boundaries_move_stops_the_build_naming_its_turn(chat, tmp_path):
+    """A template that passes the probes but re-renders an earlier turn of one
+    conversation once a later one follows (a user's "secret" hidden unless it is last):
+    the build stops with that turn named, nothing guessed."""
+    hides = PLAIN.replace(
+        "{{- message['content'] + '<|im_end|>\\n' }}",
+        "{{- ('hidden' if message['content'] == 'secret' and not loop.last "
+        "else message['content']) + '<|im_end|>\\n' }}",
+    )
+    assert hides != PLAIN
+    rows = tmp_path / "rows.jsonl"
+    with open(rows, "w") as f:
+        for messages in chat["conversations"][:50]:
+            f.write(json.dumps({"messages": messages}) + "\n")
+        secret = [{"role": "user", "content": "secret"}, {"role": "assistant", "content": "ok"}]
+        f.write(json.dumps({"messages": secret}) + "\n")
+    with pytest.raises(Exception, match=r"renders the turns before message 1 \(assistant\)"):
+        meshfeed.prepare(rows, tmp_path / "out", tokenizer=chat["tokenizer"], chat="messages",
+                         chat_template=hides, workers=1, progress=False)  # fmt: skip
 
 
 TOOLS = (  # the tools in the system turn and a template option, as Qwen-style templates do

@@ -26,6 +26,7 @@ import pytest
 from test_chat import _conversations, _read, _tool
 
 import meshfeed
+from prepare_fns import chat_tokenizer
 
 transformers = pytest.importorskip("transformers", reason="the chat extra (transformers)")
 tokenizers = pytest.importorskip("tokenizers", reason="the text extra (tokenizers)")
@@ -39,19 +40,9 @@ N = 500
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
-    model = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
-    model.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    model.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=500, special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
     text = "the cat sat on a mat weather today is sunny user assistant system tool city"
-    model.train_from_iterator([text] * 20, trainer)
-    hf = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=model, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
-    hf.save_pretrained(root / "tokenizer")
+    hf = chat_tokenizer(root / "tokenizer", text, ["<unk>", "<s>", "</s>"], vocab_size=500,
+                        unk_token="<unk>", bos_token="<s>", eos_token="</s>")  # fmt: skip
     return hf, root
 
 

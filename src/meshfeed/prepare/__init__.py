@@ -18,6 +18,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _inputs        the inputs (paths, globs, URLs, a dataset) and the parts they are cut into
     _read          a part's documents: JSON Lines (plain, gz, zst), text, Parquet, a dataset
     _chat_batch    a batch of conversations through HF's own steps, the mask marked at once
+    _chat_turns    a template without generation blocks: assistant spans from turn boundaries
     _chat          conversations to tokens and an assistant-only loss mask, as HF makes them
     _encode        a part encoded (specials added, empties dropped) and written as a folder
     _select_part   a part of a selection: the predicate over a run of examples, kept ids out

@@ -15,12 +15,13 @@ documents=..., tokenize=True, **kwargs)``'s ``input_ids``, nothing added. The ma
   checked against it (``_chat_batch.GenerationBatch``);
 - a template without them: each assistant turn's span is derived by rendering turn
   boundaries -- the text the conversation up to that turn renders to, less the text the
-  turns before it render to with the generation prompt -- and mapped to tokens by
-  Hugging Face's own rule (the token holding the span's first character through the one
-  holding its last). The span is all the turn adds after the generation prompt: its
-  content, its end-of-turn marker and whatever the template puts after it. A template
-  that renders earlier turns differently once a later one follows (one that drops past
-  reasoning, say) has no such boundaries, and is refused with the turn it failed at.
+  turns before it render to with the generation prompt -- and its tokens marked by the
+  rule of HF's ``assistant_masks`` (every token whose characters overlap the span), a
+  batch at once (``_chat_turns.TurnBatch``). The span is all the turn adds after the
+  generation prompt: its content, its end-of-turn marker and whatever the template puts
+  after it. A template that renders earlier turns differently once a later one follows
+  (one that drops past reasoning, say) has no such boundaries, and is refused with the
+  turn it failed at.
 
 ``ChatTokenizer`` is the parent's side (the tokenizer and template checked, their
 identity on record, the files a worker rebuilds them from); ``chat_encoder`` is what a
@@ -45,6 +46,7 @@ import numpy as np
 
 from meshfeed.data._tokenizer import Tokenizer
 from meshfeed.prepare._chat_batch import GenerationBatch
+from meshfeed.prepare._chat_turns import TurnBatch, check_turn_boundaries
 
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 RESERVED = frozenset(
@@ -122,7 +124,7 @@ class ChatTokenizer:
                 "the tokenizer has no chat_template; pass chat_template= (the Jinja text)."
             )
         if not GENERATION.search(template):
-            _check_turn_boundaries(tokenizer, template, kwargs)
+            check_turn_boundaries(tokenizer, template, kwargs)
         with tempfile.TemporaryDirectory() as folder:
             tokenizer.save_pretrained(folder)
             files = {}
@@ -179,7 +181,8 @@ def chat_encoder(payload: bytes, *, threads: int | None) -> Callable[[list[str]]
         tokenizer = (cls or transformers.AutoTokenizer).from_pretrained(folder)
     template: str = spec["template"]
     kwargs: dict[str, Any] = spec.get("kwargs", {})
-    batch = GenerationBatch(tokenizer, template) if GENERATION.search(template) else None
+    kind = GenerationBatch if GENERATION.search(template) else TurnBatch
+    batch = kind(tokenizer, template)
 
     def encode(texts: list[str]) -> ChatEncoded:
         conversations, extras = [], []
@@ -188,144 +191,7 @@ def chat_encoder(payload: bytes, *, threads: int | None) -> Callable[[list[str]]
             messages = record.pop("messages") if isinstance(record, dict) else record
             conversations.append(messages)
             extras.append({**kwargs, **record} if isinstance(record, dict) else kwargs)
-        if batch is not None:
-            ids, masks = batch(conversations, extras)
-        else:
-            pairs = [
-                encode_conversation(tokenizer, c, template, e)
-                for c, e in zip(conversations, extras, strict=True)
-            ]
-            ids, masks = [p[0] for p in pairs], [p[1] for p in pairs]
+        ids, masks = batch(conversations, extras)
         return np.fromiter(map(len, ids), np.int64, count=len(ids)), ids, masks
 
     return encode
-
-
-def encode_conversation(
-    tokenizer: Any,
-    messages: Sequence[Mapping[str, Any]],
-    template: str,
-    extras: Mapping[str, Any] | None = None,
-) -> tuple[list[int], list[bool]]:
-    """One conversation's token ids and loss mask, for a template without ``{% generation
-    %}`` blocks (the module docstring); ``extras``: its tools, documents and the
-    template's keyword arguments."""
-    extras = extras or {}
-    text = _render(tokenizer, messages, template, extras, prompt=False)
-    spans = _assistant_spans(tokenizer, messages, template, extras, text)
-    out = tokenizer(text, add_special_tokens=False)
-    ids = list(out["input_ids"])
-    mask = [False] * len(ids)
-    for start, end in spans:  # Hugging Face's rule for a generation block's characters
-        first, last = out.char_to_token(start), out.char_to_token(end - 1)
-        if first is None:
-            break
-        for i in range(first, last + 1 if last else len(ids)):
-            mask[i] = True
-    return ids, mask
-
-
-def _render(
-    tokenizer: Any,
-    messages: Sequence[Mapping[str, Any]],
-    template: str,
-    extras: Mapping[str, Any],
-    *,
-    prompt: bool,
-) -> str:
-    return tokenizer.apply_chat_template(
-        list(messages),
-        chat_template=template,
-        tokenize=False,
-        add_generation_prompt=prompt,
-        **extras,
-    )
-
-
-def _assistant_spans(
-    tokenizer: Any,
-    messages: Sequence[Mapping[str, Any]],
-    template: str,
-    extras: Mapping[str, Any],
-    text: str,
-) -> list[tuple[int, int]]:
-    """Each assistant turn's characters in ``text``: what the conversation up to it adds
-    to the turns before it with the generation prompt."""
-    spans = []
-    for i, message in enumerate(messages):
-        if message.get("role") != "assistant":
-            continue
-        before = _render(tokenizer, messages[:i], template, extras, prompt=True)
-        through = _render(tokenizer, messages[: i + 1], template, extras, prompt=False)
-        if not (text.startswith(through) and through.startswith(before)):
-            raise ValueError(
-                f"the chat template renders the turns before message {i} (assistant) "
-                "differently once it follows, so its span cannot be told from turn "
-                f"boundaries; {training_advice(template)}"
-            )
-        if len(through) > len(before):
-            spans.append((len(before), len(through)))
-    return spans
-
-
-PROBES: tuple[list[dict[str, Any]], ...] = (
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."},
-     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye."},
-     {"role": "assistant", "content": "Goodbye."}],
-    [{"role": "user", "content": "Weather?"},
-     {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
-         "name": "weather", "arguments": {"city": "Paris"}}}]},
-     {"role": "tool", "content": "Sunny."}, {"role": "assistant", "content": "Sunny."}],
-)  # fmt: skip
-"""Conversations a template without ``{% generation %}`` blocks is tried on before a build
-starts: several turns, and a tool call with its result."""
-
-
-def _check_turn_boundaries(tokenizer: Any, template: str, kwargs: Mapping[str, Any]) -> None:
-    """Refuses, before any worker starts, a template whose turn boundaries move (one that
-    re-renders earlier turns once a later one follows); a probe the template itself
-    refuses (roles it does not take) tells nothing and is passed over."""
-    for messages in PROBES:
-        try:
-            text = _render(tokenizer, messages, template, kwargs, prompt=False)
-        except Exception:  # the template's own refusal: not this probe's question
-            continue
-        _assistant_spans(tokenizer, messages, template, kwargs, text)
-
-
-def training_advice(template: str) -> str:
-    """What to pass instead of a template whose turn boundaries move: TRL's training
-    variant of the same family, named by its file, where TRL (installed) keeps one."""
-    variant = training_variant(template)
-    if variant is not None:
-        return (
-            f"pass chat_template= the training variant TRL keeps for it, {variant} "
-            "(its {% generation %} blocks mark the assistant's tokens; TRL trains with it): "
-            f"chat_template=open({str(variant)!r}).read(), or --chat-template {variant}."
-        )
-    return (
-        "give a template with {% generation %} blocks (chat_template=): TRL keeps a "
-        "training variant for the common families (pip install trl; "
-        "trl.chat_template_utils.get_training_chat_template)."
-    )
-
-
-def training_variant(template: str) -> str | None:
-    """The path of TRL's training variant of ``template`` (the same text as one of TRL's
-    ``chat_templates/<family>.jinja``, with a ``<family>_training.jinja`` beside it), or
-    ``None`` where TRL is not installed or keeps none."""
-    spec = importlib.util.find_spec("trl")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = os.path.join(next(iter(spec.submodule_search_locations)), "chat_templates")
-    if not os.path.isdir(folder):
-        return None
-    for name in sorted(os.listdir(folder)):
-        family, ext = os.path.splitext(name)
-        training = os.path.join(folder, f"{family}_training.jinja")
-        if ext != ".jinja" or family.endswith("_training") or not os.path.isfile(training):
-            continue
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
-            if f.read() == template:
-                return training
-    return None

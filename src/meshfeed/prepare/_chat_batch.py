@@ -44,9 +44,11 @@ Extras = Mapping[str, Any]
 ``documents``, and the template's keyword arguments (``apply_chat_template``'s)."""
 
 
-class GenerationBatch:
-    """Conversations to ``input_ids`` and ``assistant_masks`` as ``apply_chat_template``
-    makes them, for a template with ``{% generation %}`` blocks (the module docstring)."""
+class CheckedBatch:
+    """Conversations to ids and masks by batched steps, checked against a reference that
+    encodes one conversation at a time: the first conversation of every batch is encoded
+    both ways, and a difference sends this batch and every later one through the
+    reference, said once on stderr. Subclasses give ``_reference`` and ``_fast``."""
 
     def __init__(self, tokenizer: Any, template: str) -> None:
         self._tokenizer, self._template = tokenizer, template
@@ -58,11 +60,11 @@ class GenerationBatch:
 
     def __call__(self, conversations: list[Any], extras: Sequence[Extras]) -> Batch:
         if self._steps is None:
-            return self._hf(conversations, extras)
+            return self._reference(conversations, extras)
         # First: it also sets the backend as its call does.
-        hf = self._hf(conversations[:1], extras[:1])
+        reference = self._reference(conversations[:1], extras[:1])
         ids, masks = self._fast(conversations, extras)
-        if _same(hf, (ids[:1], masks[:1])):
+        if _same(reference, (ids[:1], masks[:1])):
             return ids, masks
         self._steps = None
         print(
@@ -71,12 +73,37 @@ class GenerationBatch:
             file=sys.stderr,
             flush=True,
         )
-        return self._hf(conversations, extras)
+        return self._reference(conversations, extras)
 
-    def _hf(self, conversations: list[Any], extras: Sequence[Extras]) -> Batch:
+    def _reference(self, conversations: list[Any], extras: Sequence[Extras]) -> Batch:
+        raise NotImplementedError
+
+    def _fast(self, conversations: list[Any], extras: Sequence[Extras]) -> Batch:
+        raise NotImplementedError
+
+    def _render(
+        self, conversations: list[Any], extras: Extras, *, prompt: bool, spans: bool
+    ) -> tuple[list[str], list[Any]]:
+        """HF's renderer on normalized conversations, as ``apply_chat_template`` calls it."""
+        assert self._steps is not None
+        rest = dict(extras)
+        tools, documents = rest.pop("tools", None), rest.pop("documents", None)
+        return self._steps[1](
+            conversations=conversations, tools=tools, documents=documents,
+            chat_template=self._resolved, return_assistant_tokens_mask=spans,
+            continue_final_message=False, add_generation_prompt=prompt,
+            **{**self._specials, **rest},
+        )  # fmt: skip
+
+
+class GenerationBatch(CheckedBatch):
+    """Conversations to ``input_ids`` and ``assistant_masks`` as ``apply_chat_template``
+    makes them, for a template with ``{% generation %}`` blocks (the module docstring)."""
+
+    def _reference(self, conversations: list[Any], extras: Sequence[Extras]) -> Batch:
         ids: list[list[int]] = [[] for _ in conversations]
         masks: list[np.ndarray] = [np.zeros(0, bool) for _ in conversations]
-        for same, kwargs in _alike(extras):
+        for same, kwargs in alike(extras):
             out = self._tokenizer.apply_chat_template(
                 [conversations[i] for i in same], chat_template=self._template, tokenize=True,
                 return_dict=True, return_assistant_tokens_mask=True, **kwargs,
@@ -87,39 +114,55 @@ class GenerationBatch:
 
     def _fast(self, conversations: list[Any], extras: Sequence[Extras]) -> Batch:
         assert self._steps is not None
-        normalize, render = self._steps
+        normalize = self._steps[0]
         texts: list[str] = [""] * len(conversations)
         spans: list[Any] = [None] * len(conversations)
-        for same, kwargs in _alike(extras):
-            rest = dict(kwargs)
-            tools, documents = rest.pop("tools", None), rest.pop("documents", None)
-            rendered, marked = render(
-                conversations=[normalize(conversations[i]) for i in same], tools=tools,
-                documents=documents, chat_template=self._resolved,
-                return_assistant_tokens_mask=True, continue_final_message=False,
-                add_generation_prompt=False, **{**self._specials, **rest},
-            )  # fmt: skip
+        for same, kwargs in alike(extras):
+            rendered, marked = self._render(
+                [normalize(conversations[i]) for i in same], kwargs, prompt=False, spans=True
+            )
             for i, text, span in zip(same, rendered, marked, strict=True):
                 texts[i], spans[i] = text, span
-        backend = self._tokenizer.backend_tokenizer
-        encodings = backend.encode_batch(texts, add_special_tokens=False)
-        ids = [e.ids for e in encodings]
-        lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
-        offsets = np.fromiter(
-            itertools.chain.from_iterable(
-                itertools.chain.from_iterable(e.offsets for e in encodings)
-            ),
-            np.int64,
-            count=2 * int(lengths.sum()),
-        ).reshape(-1, 2)
-        mask, backwards = overlap_mask(offsets, lengths, spans)
-        masks = np.split(mask, np.cumsum(lengths)[:-1])
-        for i in np.flatnonzero(backwards).tolist():  # the loop's one pass misreads these
-            masks[i] = self._hf([conversations[i]], [extras[i]])[1][0]
+        ids, masks, backwards = tokenize_marked(self._tokenizer, texts, spans)
+        for i in backwards:  # the loop's one pass misreads these
+            masks[i] = self._reference([conversations[i]], [extras[i]])[1][0]
         return ids, masks
 
 
-def _alike(extras: Sequence[Extras]) -> list[tuple[list[int], Extras]]:
+def tokenize_marked(
+    tokenizer: Any, texts: list[str], spans: Sequence[Sequence[tuple[int, int]]]
+) -> tuple[list[list[int]], list[np.ndarray], list[int]]:
+    """``texts`` tokenized at once by the tokenizer's backend, each one's tokens marked
+    where they overlap its ``spans`` (``overlap_mask``); and the conversations whose
+    token starts or span ends go backwards, whose masks the caller makes."""
+    encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+    ids = [e.ids for e in encodings]
+    lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
+    offsets = np.fromiter(
+        itertools.chain.from_iterable(itertools.chain.from_iterable(e.offsets for e in encodings)),
+        np.int64,
+        count=2 * int(lengths.sum()),
+    ).reshape(-1, 2)
+    mask, backwards = overlap_mask(offsets, lengths, spans)
+    masks = np.split(mask, np.cumsum(lengths)[:-1])
+    return ids, masks, np.flatnonzero(backwards).tolist()
+
+
+def loop_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """One conversation's tokens marked by transformers 5's own loop (one pass over the
+    tokens and the spans), which ``overlap_mask`` agrees with where nothing goes
+    backwards."""
+    mask, span = np.zeros(len(offsets), dtype=bool), 0
+    for token, (start, end) in enumerate(offsets):
+        while span < len(spans) and start >= spans[span][1]:
+            span += 1
+        if span == len(spans):
+            break
+        mask[token] = end > spans[span][0]
+    return mask
+
+
+def alike(extras: Sequence[Extras]) -> list[tuple[list[int], Extras]]:
     """The conversations rendered with the same extras, by index, each group once."""
     groups: dict[str, tuple[list[int], Extras]] = {}
     for i, one in enumerate(extras):

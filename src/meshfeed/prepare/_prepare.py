@@ -209,8 +209,15 @@ def prepare(
     if chat is None:
         tok = Tokenizer(tokenizer, bos=bos, eos=eos)
     # Start the workers now, to boot while the build is planned (and, for conversations,
-    # while this process loads the tokenizer through transformers: seconds).
-    kind = "prepare" if chat is None else "chat"
+    # while this process loads the tokenizer through transformers: seconds, and the
+    # workers leave it a core; a tokenizer given loaded leaves them every core).
+    kind = (
+        "prepare"
+        if chat is None
+        else "chat"
+        if isinstance(tokenizer, str | os.PathLike)
+        else "chat-given"
+    )
     pool = start_workers(run_workers, kind) if executor == "local" else []
     try:
         if tok is None:

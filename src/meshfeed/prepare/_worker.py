@@ -29,7 +29,9 @@ from meshfeed.workers._bare import load_on_use
 def main(package: types.ModuleType, tasks_fd: str, results_fd: str, kind: str = "prepare") -> None:
     """Serves parts until the task pipe closes (the module docstring); ``kind``:
     ``"prepare"`` (``Runner``), ``"chat"`` (``Runner``, with ``transformers`` imported
-    while the parent plans) or ``"select"`` (``SelectRunner``)."""
+    while the parent loads the tokenizer, off its core), ``"chat-given"`` (the same, on
+    every core: the parent was given the tokenizer loaded) or ``"select"``
+    (``SelectRunner``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     load_on_use(package)
     cores = _spare_the_parents_core() if kind == "chat" else None
@@ -42,7 +44,7 @@ def main(package: types.ModuleType, tasks_fd: str, results_fd: str, kind: str = 
 
         with contextlib.suppress(ImportError):
             import tokenizers  # noqa: F401
-        if kind == "chat":
+        if kind in ("chat", "chat-given"):
             from meshfeed.prepare._chat import preload
 
             preload()
