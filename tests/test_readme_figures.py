@@ -99,14 +99,15 @@ def _prepare() -> list[str]:
 
 
 def _chat() -> list[str]:
-    def ratio(n: int, to: str) -> str:
-        got = _one("chat.jsonl", "meshfeed_over_this", conversations=n, entry=to)
+    def ratio(template: str, to: str, key: str = "meshfeed_over_this") -> str:
+        got = _one("chat.jsonl", key, conversations=20_000, template=template, entry=to)
         return f"{got:.2f}{TIMES}"
 
     return [
-        f"| {ratio(60_000, 'datasets')} |",
-        f"{ratio(20_000, 'datasets')} at 20,000",
-        f"{ratio(60_000, 'loop')} a plain loop",
+        f"| {ratio('qwen2_5_training', 'datasets')} |",
+        f"{ratio('qwen2_5_training', 'datasets', 'meshfeed_over_map_alone')} its map alone",
+        f"{ratio('qwen2_5', 'datasets')} on Qwen2.5's own template",
+        f"{ratio('qwen2_5_training', 'loop')} a plain loop",
     ]
 
 
