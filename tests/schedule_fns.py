@@ -66,3 +66,24 @@ def continue_from(states: list[dict[str, Any]], steps: int) -> list[list[Shards]
 def assemble(per_process: list[list[Shards]]) -> list[dict[str, np.ndarray]]:
     """Global numpy batches from each process's local shards of the same steps."""
     return multiprocess_fns.assemble([{"batches": batches} for batches in per_process])
+
+
+PLAIN = 816  # 21 steps of 16, then whole steps of 24 or of 8
+
+
+def plain(size: Any) -> meshfeed.Loader:
+    """A shuffled loader over ``PLAIN`` ids, ``size`` rows a step."""
+    return meshfeed.Loader(
+        meshfeed.ArraySource({"id": np.arange(PLAIN, dtype=np.int32)}),
+        global_batch_size=size,
+        sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count())),
+        seed=3,
+        prefetch=2,
+    )
+
+
+def resumed(state: dict[str, Any], size: int) -> list[Shards]:
+    """A fresh ``plain(size)`` restored at ``state``: every batch left in its pass."""
+    stream = plain(size)
+    stream.restore(state)
+    return [_shards(b) for b in stream]

@@ -272,7 +272,6 @@ def test_a_spec_longer_than_the_field_is_refused():
     [
         ({"source": meshfeed.ArraySource(make_arrays(99))}, "another dataset: num_examples=100"),
         ({"seed": 1}, "another seed: seed=0 in the state, 1 in this loader"),
-        ({"global_batch_size": 32}, "another global_batch_size"),
         ({"last_batch": "pad"}, "another last_batch"),
     ],
 )

@@ -217,6 +217,46 @@ def test_an_appended_stage_after_the_restored_step_is_accepted_and_a_changed_pas
         schedule_fns.loader(sizes=[(0, 16), (5, 32), (16, 64)]).restore(state)
 
 
+@pytest.mark.multiprocess
+def test_a_state_restores_onto_another_batch_size_reading_every_example_once():
+    """A job restarted with another batch size: the state's steps of 16, then 24 (or 8)
+    from the restored step, and the epoch reads every example once -- here and on 2
+    processes of 2 devices; the restored loader's own state restores again."""
+    first = schedule_fns.plain(16)
+    taken = [np.asarray(b["id"]) for _, b in zip(range(21), first, strict=False)]
+    state = first.state()
+    for size in (24, 8):
+        again = schedule_fns.plain(size)
+        again.restore(state)
+        assert again.step == 21 and again.global_batch_size == [(0, 16), (21, size)]
+        assert len(again) == 21 + (schedule_fns.PLAIN - 21 * 16) // size
+        ahead = again.ids(25)
+        rest = [np.asarray(b["id"]) for b in again]
+        assert {len(r) for r in rest} == {size}
+        assert sorted(np.concatenate(taken + rest).tolist()) == list(range(schedule_fns.PLAIN))
+        later = schedule_fns.plain(size)
+        later.restore(_state_at(size, state, 25))
+        np.testing.assert_array_equal(later.ids(25), ahead)
+    with pytest.raises(ValueError, match="from another seed"):
+        meshfeed.Loader(first.source, global_batch_size=24, sharding=first.sharding,
+                        seed=4).restore(state)  # fmt: skip
+    two = run_in_processes(schedule_fns.resumed, state, 24, num_processes=2,
+                           devices_per_process=2)  # fmt: skip
+    got = schedule_fns.assemble(two)
+    want = schedule_fns.plain(24)
+    want.restore(state)
+    assert [g["id"].tolist() for g in got] == [np.asarray(b["id"]).tolist() for b in want]
+
+
+def _state_at(size: int, state: dict, step: int) -> dict:
+    """The state a loader restored from ``state`` onto ``size`` holds at ``step``."""
+    loader = schedule_fns.plain(size)
+    loader.restore(state)
+    for _ in zip(range(step - loader.step), loader, strict=False):
+        pass
+    return loader.state()
+
+
 def _ragged(tag: int, n: int) -> meshfeed.ArraySource:
     lengths = np.random.default_rng(tag).integers(1, 20, n)
     docs = [np.full(k, tag, np.int32) for k in lengths]

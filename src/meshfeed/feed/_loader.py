@@ -13,6 +13,7 @@ any number of processes or devices.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,7 @@ from meshfeed.feed._schedule import LastBatch
 from meshfeed.feed._shardings import ShardingArg
 from meshfeed.feed._skips import DEFAULT_MAX_SKIPPED
 from meshfeed.feed._source_check import bound, check_source, check_source_kind
-from meshfeed.feed._state import LoaderState, fingerprint
+from meshfeed.feed._state import LoaderState, continued_sizes, fingerprint
 from meshfeed.workers._record_rows import RecordFn
 from meshfeed.workers._records import WorkerType
 
@@ -82,7 +83,11 @@ class Loader(AssemblyViews):
         check_source_kind(source)
         options = LoaderOptions(**given)
         ensure_watched()  # connected if started as several; watched (if several)
-        self._source = source = bound(source, options)  # a mixture by stage counts our steps
+        self._given = source
+        self._build(options)
+
+    def _build(self, options: LoaderOptions) -> None:
+        self._source = source = bound(self._given, options)  # a mixture by stage counts our steps
         self._options = options
         self._fields = check_source(source, options)
         self._parts = assemble(source, self._fields, options)
@@ -170,11 +175,21 @@ class Loader(AssemblyViews):
         """Continues the stream exactly where ``state`` was taken.
 
         The state may come from a run with another number of processes or devices; it
-        must come from the same source, seed, shuffle, batch size and last_batch. A
-        schedule (a batch size or mixture weights by stage) may differ after the
-        state's step -- stages appended or changed there -- but not before it.
+        must come from the same source, seed, shuffle and last_batch. A loader given one
+        ``global_batch_size`` continues a state taken under another (or under a schedule):
+        the state's sizes hold for the steps it took and this loader's from there on, as
+        a stage appended at the restored step, so the epoch still reads every example
+        once, from the example the state had reached; ``global_batch_size`` then shows
+        that schedule, and the steps of a pass change with it. A schedule given here (a
+        batch size or mixture weights by stage) may differ after the state's step --
+        stages appended or changed there -- but not before it.
         """
         restored = LoaderState.from_json(state)
+        sizes = self._options.global_batch_size
+        continued = continued_sizes(restored, sizes) if isinstance(sizes, int) else None
+        if continued is not None and continued != sizes:
+            self.close()  # its read-ahead and workers serve the old batch size
+            self._build(dataclasses.replace(self._options, global_batch_size=continued))
         end = self._parts.pass_end(restored.step)
         restored.check(self._fingerprint(), end, self._options.batch_sizes.position)
         self._parts.run_to(end)

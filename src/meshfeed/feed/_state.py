@@ -11,9 +11,13 @@ process that took the state: a count, not checked, that the restored loader goes
 from.
 
 A schedule in the fingerprint -- a batch size or mixture weights by stage -- is compared
-stage by stage instead: a state restores into a loader whose schedule agrees on every
-step the state has already taken (stages appended or changed after it), and is refused,
-naming the first step that differs, otherwise.
+stage by stage instead (a single batch size is a schedule of one stage): a state
+restores into a loader whose schedule agrees on every step the state has already taken
+(stages appended or changed after it), and is refused, naming the first step that
+differs, otherwise. A loader given one batch size takes any state's past instead
+(``continued_sizes``): the state's sizes up to its step, the loader's from there on, as
+if a stage had been appended at the restored step -- a job restarted on fewer hosts
+keeps its per-host batch, and every example of the epoch is still read once.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 import jax
 
-from meshfeed.core._stages import first_difference, is_stages
+from meshfeed.core._stages import BatchSizeArg, first_difference, is_stages
 from meshfeed.data._sources import FieldSpec, Source
 from meshfeed.feed._options import LoaderOptions
 
@@ -115,6 +119,8 @@ class LoaderState:
             raise ValueError(f"the state has step={step!r}; it must be an int >= 0.")
         for key in [*mine, *(k for k in self.fingerprint if k not in mine)]:
             theirs, value = self.fingerprint.get(key), mine.get(key)
+            if key == "global_batch_size":
+                theirs, value = _as_stages(theirs), _as_stages(value)
             if theirs == value or _past_agrees(key, theirs, value, step):
                 continue
             if key == "num_examples" and self._in_order_within(theirs, value, positions(step)):
@@ -140,6 +146,26 @@ class LoaderState:
             and isinstance(value, int)
             and read <= min(theirs, value)
         )
+
+
+def _as_stages(size: Any) -> Any:
+    """A fingerprint's batch size as a schedule (one stage for an int); else as it is."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        return {"stages": [[0, size, 0]]}
+    return size
+
+
+def continued_sizes(state: LoaderState, size: int) -> BatchSizeArg | None:
+    """The batch sizes a loader given one ``size`` continues ``state`` with: the state's
+    sizes before its step, then ``size`` (a stage appended at the restored step);
+    ``None`` where the state says nothing of its batch size (it is then refused or
+    restored as before)."""
+    theirs = _as_stages(state.fingerprint.get("global_batch_size"))
+    if not is_stages(theirs) or not isinstance(state.step, int) or state.step < 0:
+        return None
+    past = [(int(s[0]), int(s[1])) for s in theirs["stages"] if s[0] < state.step]
+    stages = [*past, (state.step, size)]
+    return size if all(v == size for _, v in stages) else stages
 
 
 def _schedules_differ(a: Any, b: Any, path: str) -> list[tuple[str, int | None]]:
