@@ -119,8 +119,22 @@ def test_indexed_tar_shards_open_from_their_catalog(server, proxy, tmp_path, sha
     )
     assert counts["total"] == 1 and counts["list"] == counts["head"] == 0
     assert len(source) == 2 * shards  # type: ignore[arg-type]
+    proxy.reset()
     got = source[np.array([1, 2 * shards - 2])]  # type: ignore[index]
     assert got["txt"].tolist() == [payload(1), payload(2 * shards - 2)]
+    # A shard's first read: its sidecar index in one GET (no HEAD for its size), then
+    # the sample's bytes; two shards.
+    assert proxy.counts()["head"] == 0 and proxy.counts()["total"] == 2 * 2
+    if shards == 8:  # what meshfeed plan says of it: one request, every shard, every host
+        plan = meshfeed.inspect.plan(
+            meshfeed.batch_sharding(meshfeed.make_mesh(data=8)), data=f"{url}/*.tar",
+            processes=4096, global_batch_size=8, storage_options=options,
+        )  # fmt: skip
+        assert plan.pod is not None and (plan.pod.first_read, plan.pod.files) == (1, shards)
+        assert (
+            "a shard's first read: 1 request(s) before its data; over all 8 shards, 8 a "
+            "process and 32,768 for the pod" in meshfeed.show_plan(plan)
+        )
 
 
 @pytest.mark.parametrize("files", [8, 256])

@@ -77,6 +77,19 @@ class PodCost:
     step_bytes: float
     steps: int
     store_rps: float
+    files: int | None = None
+    """Files the data is stored in (``None``: not known)."""
+    first_read: int | None = None
+    """Requests a file's first read costs a host before its data (its sidecar index, a
+    header; ``None``: not measured, local data)."""
+
+    @property
+    def host_first_reads(self) -> int | None:
+        """One host's first-read requests when it touches every file (a global shuffle
+        does, within its first epoch)."""
+        if self.files is None or self.first_read is None:
+            return None
+        return self.files * self.first_read
 
     @property
     def startup_requests(self) -> int:

@@ -92,6 +92,7 @@ def plan(
     names = [os.fspath(data)] if isinstance(data, str | os.PathLike) else list(data)
     with counting(names[0], storage_options) as counts:
         source = open_data(names, storage_options)
+    first_read = _first_read(names[0], storage_options, source)  # before anything reads
     loader = Loader(source, global_batch_size=batch, sharding=sharding, **(loader_options or {}))
     hosts = processes or 1
     share = max(1, batch // hosts)  # a host's rows of a step, the batch split over hosts
@@ -104,8 +105,33 @@ def plan(
         step_bytes=float(np.mean([b for _, b in per_step])),
         steps=SAMPLED_STEPS,
         store_rps=float(store_rps),
+        files=_file_count(source),
+        first_read=first_read,
     )
     return dataclasses.replace(loader.plan, pod=pod)
+
+
+def _file_count(source: Source) -> int | None:
+    """The files ``source`` is stored in, where it says."""
+    files = getattr(source, "files", None)
+    paths = getattr(files, "paths", None) or getattr(source, "paths", None)
+    if paths is not None:
+        return len(paths)
+    shards = getattr(source, "_shards", None)
+    return len(shards) if isinstance(shards, list) else None
+
+
+def _first_read(name: str, storage_options: Mapping[str, Any] | None, source: Source) -> int | None:
+    """Requests a file's first read costs before its data: a row read cold, less the same
+    row read again (``None`` for local data)."""
+    if not getattr(source, "remote", False) or len(source) == 0:
+        return None
+    row = np.array([0])
+    with counting(name, storage_options) as first:
+        source[row]
+    with counting(name, storage_options) as again:
+        source[row]
+    return max(0, sum(first.values()) - sum(again.values()))
 
 
 def _fetches(source: Source, ids: np.ndarray) -> tuple[int, int]:

@@ -97,8 +97,7 @@ def load_index(
     """The index of ``path``, or ``None`` where it has none yet."""
     target = index_path(path, index_dir)
     try:
-        blob = Blob(target, storage_options)
-        data = blob.read(0, blob.size())
+        data = Blob(target, storage_options).read_all()  # one request: no size asked first
     except FileNotFoundError:
         return None
     return Index.from_bytes(data, target)

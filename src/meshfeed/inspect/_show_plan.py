@@ -90,8 +90,23 @@ def _pod(pod: PodCost) -> str:
         f"process; {pod.pod_step_requests:,.0f} requests and "
         f"{_bytes(round(pod.step_bytes * pod.processes))} for the pod: "
         f"{_seconds(pod.step_seconds)} of the store's rate (a step faster than that waits "
-        f"on the store; mean of the first {pod.steps} steps)\n"
+        f"on the store; mean of the first {pod.steps} steps)\n{_first_reads(pod)}"
     )
+
+
+def _first_reads(pod: PodCost) -> str:
+    """A file's first read: what it costs a host, and the pod over every file."""
+    if pod.first_read is None:
+        return ""
+    line = f"  a shard's first read: {pod.first_read:,} request(s) before its data"
+    if pod.host_first_reads is not None:
+        pod_total = pod.host_first_reads * pod.processes
+        line += (
+            f"; over all {pod.files:,} shards, {pod.host_first_reads:,} a process and "
+            f"{pod_total:,} for the pod ({_seconds(pod_total / pod.store_rps)} of the "
+            "store's rate), within the first epoch of a global shuffle"
+        )
+    return line + "\n"
 
 
 def _seconds(s: float) -> str:
