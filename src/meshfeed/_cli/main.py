@@ -17,6 +17,7 @@ from meshfeed._cli.flags import (
     parse_spec,
 )
 from meshfeed._cli.index import add_parser as add_index_parser
+from meshfeed._cli.pack import add_parser as add_pack_parser
 from meshfeed._cli.prepare import add_parser as add_prepare_parser
 
 EXAMPLES = """examples:
@@ -27,6 +28,7 @@ EXAMPLES = """examples:
   meshfeed launch -n 2 --devices-per-process 4 -- python examples/train.py --epochs 3
   meshfeed prepare 'corpus/*.jsonl' --tokenizer tokenizer.json --out tokens --workers 2
   meshfeed index 'shards/shard-{000..127}.tar'
+  meshfeed pack tokens/ --seq-len 2048
   meshfeed demo            (or: meshfeed demo --keras, meshfeed demo --lm)
   meshfeed bench loader --shape 28,28,1 --dtype uint8 --batch 256
 """
@@ -109,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_prepare_parser(sub)
     add_index_parser(sub)
+    add_pack_parser(sub)
 
     demo = sub.add_parser(
         "demo",
@@ -204,6 +207,10 @@ def _run(args: argparse.Namespace) -> int:
         from meshfeed._cli.index import run as run_index
 
         return run_index(args)
+    if args.command == "pack":
+        from meshfeed._cli.pack import run as run_pack
+
+        return run_pack(args)
     if args.command == "prepare":
         from meshfeed._cli.prepare import run
 

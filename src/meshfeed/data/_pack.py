@@ -17,6 +17,7 @@ attention mask that keeps each token inside its own document.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from meshfeed.data._pack_plan import (
     narrowest,
     plan_packing,
 )
+from meshfeed.data._pack_store import StoredPlan, location, open_plan
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._sources import (
     FieldSpec,
@@ -73,7 +75,7 @@ class Packed:
     """Rows of ``seq_len`` tokens packed from a source's documents; build with ``meshfeed.pack``."""
 
     def __init__(
-        self, source: Source, seq_len: int, packed: list[str], plan: PackPlan,
+        self, source: Source, seq_len: int, packed: list[str], plan: PackPlan | StoredPlan,
         stats: dict[str, int], settings: dict[str, Any],
     ) -> None:  # fmt: skip
         self.source, self.seq_len, self.field = source, seq_len, packed[0]
@@ -119,7 +121,7 @@ class Packed:
     def stats(self) -> dict[str, float]:
         """Documents, rows, tokens, padding (and its fraction), split, truncated and
         dropped documents and tokens."""
-        tokens = int(self.plan.length.sum(dtype=np.int64))
+        tokens = self.plan.tokens
         slots = self.plan.rows * self.seq_len
         return {
             **self._stats,
@@ -131,32 +133,24 @@ class Packed:
 
     def pieces(self, row: int) -> list[tuple[int, int, int]]:
         """The pieces of ``row``, in order: (document id, start in it, length)."""
-        plan = self.plan
-        pieces = np.arange(plan.row_starts[row], plan.row_starts[row + 1])
-        return [
-            (int(d), int(s), int(n))
-            for d, s, n in zip(
-                plan.doc[pieces], plan.start(pieces), plan.length[pieces], strict=True
-            )
-        ]
+        _, doc, start, length = self.plan.pieces_of(np.array([row]))
+        return [(int(d), int(s), int(n)) for d, s, n in zip(doc, start, length, strict=True)]
 
     def __getitem__(self, ids: np.ndarray | int) -> dict[str, np.ndarray]:
         """The packed rows ``ids``, built from the documents the plan puts in them."""
         if isinstance(ids, int | np.integer):  # source[i]: one example
             return example_at(self, ids)
         ids = check_ids(ids, len(self), "this packed source")
-        plan, seq_len, n = self.plan, self.seq_len, len(ids)
-        first, last = plan.row_starts[ids], plan.row_starts[ids + 1]
-        count = last - first  # pieces per requested row
-        piece = np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())
+        seq_len, n = self.seq_len, len(ids)
+        count, piece_doc, piece_start, length = self.plan.pieces_of(ids)
+        piece = np.arange(len(length))
         row = np.repeat(np.arange(n), count)
-        length = plan.length[piece].astype(np.int64)
         # Where each piece lands in its row, and its number in the row (1, 2, ...).
         ends = np.cumsum(length)
         row_first = np.repeat(np.cumsum(count) - count, count)
         column = ends - length - (ends - length)[row_first] if len(piece) else length
         segment = np.arange(len(piece)) - row_first + 1
-        docs, which = np.unique(plan.doc[piece], return_inverse=True)
+        docs, which = np.unique(piece_doc, return_inverse=True)
         read = self.source[docs]
         total = int(length.sum())
         dest = np.repeat(row * seq_len + column - np.cumsum(length) + length, length)
@@ -172,7 +166,7 @@ class Packed:
                     f"field {name!r} has documents of other lengths than {self.field!r}; "
                     "pack packs fields alongside only when they align token for token."
                 )
-            start = documents.offsets[which.reshape(-1)] + plan.start(piece)
+            start = documents.offsets[which.reshape(-1)] + piece_start
             src = np.repeat(start - np.cumsum(length) + length, length) + np.arange(total)
             flat = np.zeros(n * seq_len, documents.dtype)
             flat[dest] = documents.values[src]
@@ -204,6 +198,8 @@ def pack(
     long_docs: LongDocs | None = None,
     max_segments: int | None = None,
     alongside: Sequence[str] | None = None,
+    plan_dir: str | os.PathLike[str] | bool | None = None,
+    rebuild_plan: bool = False,
 ) -> Packed:
     """The documents of ``source`` packed into rows of ``seq_len`` tokens: a ``Source``.
 
@@ -236,6 +232,14 @@ def pack(
         default: every other field of the source. Fields not named are left out -- a
         per-document field such as an id, which a row of several documents has no
         place for.
+      plan_dir: where the plan is kept. The plan depends on the documents' lengths and
+        these settings only, so it is made once and read by every later ``pack`` on any
+        host: for a meshfeed folder (``open_source``, local or a URL) it is kept in
+        ``<folder>/meshfeed.pack/`` by default, built by the first ``pack`` (or ahead of
+        the run: ``meshfeed pack FOLDER --seq-len N``), and read by range after that;
+        a plan whose documents changed since is refused. A path or URL keeps it there
+        instead (read-only data); ``False`` makes it in memory, as for other sources.
+      rebuild_plan: build the kept plan again, over the one there.
 
     Returns:
       A ``Packed`` source: fields ``field`` (and the other packed fields), ``segment_ids``
@@ -269,6 +273,12 @@ def pack(
     ordered = bool(getattr(source, "ordered", False))
     if ordered:  # documents in the source's own order: the seed orders nothing
         settings["ordered"] = True
+    where = location(source, plan_dir)
+    stored = None
+    if where is not None:
+        stored = open_plan(source, field, seq_len, settings, where, rebuild=rebuild_plan)
+    if stored is not None:
+        return Packed(source, seq_len, packed, stored, dict(stored.record["stats"]), settings)
     plan, stats = plan_packing(
         _narrow_lengths(source, field),
         seq_len,

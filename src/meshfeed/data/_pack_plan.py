@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
+from collections.abc import Iterator
 from typing import Literal
 
 import numpy as np
@@ -61,6 +62,19 @@ class PackPlan:
     def start(self, pieces: np.ndarray) -> np.ndarray:
         """Where these pieces start in their documents."""
         return self.piece[pieces].astype(np.int64) * self.seq_len
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the rows hold."""
+        return int(self.length.sum(dtype=np.int64))
+
+    def pieces_of(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The pieces of ``rows``, row after row: how many each row has, and per piece its
+        document, its start in it and its length."""
+        first, last = self.row_starts[rows], self.row_starts[rows + 1]
+        count = (last - first).astype(np.int64)
+        piece = np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())
+        return count, self.doc[piece], self.start(piece), self.length[piece].astype(np.int64)
 
     @property
     def nbytes(self) -> int:
@@ -170,6 +184,63 @@ def _first_fit(lengths: list[int], seq_len: int, cap: int | None) -> list[list[i
     return bins
 
 
+class Shape:
+    """What a plan over ``lengths`` holds before it is made: its pieces, and the narrowest
+    type of each of its arrays (the same wherever the same lengths are planned)."""
+
+    def __init__(self, lengths: np.ndarray, seq_len: int, long_docs: LongDocs) -> None:
+        n = len(lengths)
+        self.pieces = _total_pieces(lengths, seq_len, long_docs)
+        most_pieces = -(-int(lengths.max()) // seq_len) if n else 1
+        self.doc = np.dtype(np.int32 if n < 2**31 else np.int64)
+        self.piece = np.dtype(narrowest(most_pieces))
+        self.length = np.dtype(narrowest(seq_len + 1))
+        self.row_start = np.dtype(np.int32 if self.pieces < 2**31 else np.int64)
+
+
+def plan_windows(
+    lengths: np.ndarray,
+    seq_len: int,
+    *,
+    seed: int,
+    ordered: bool = False,
+    algorithm: Algorithm,
+    window: int,
+    long_docs: LongDocs,
+    max_segments: int | None,
+    stats: dict[str, int],
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """The plan a window of documents at a time: each window's pieces in row order (their
+    documents, piece numbers and lengths) and its rows' piece counts; ``stats`` counts
+    as it goes (see ``Packed.stats``)."""
+    n = len(lengths)
+    stats.update(dict.fromkeys(
+        ("documents", "empty_documents", "split_documents", "split_tokens",
+         "truncated_documents", "truncated_tokens", "dropped_documents", "dropped_tokens"),
+        0,
+    ))  # fmt: skip
+    order = (lambda docs: docs) if ordered else Permutation(n, seed=seed, epoch=0)
+    pack = _best_fit if algorithm == "best_fit" else _first_fit
+    for w in range(0, n, window):
+        docs = order(np.arange(w, min(n, w + window)))
+        doc, piece, length = _pieces(
+            docs, lengths[docs].astype(np.int64), seq_len, long_docs, stats
+        )
+        bins = pack(length.tolist(), seq_len, max_segments)
+        placed = np.fromiter(itertools.chain.from_iterable(bins), np.int64, len(doc))
+        sizes = np.fromiter((len(b) for b in bins), np.int32, len(bins))
+        yield doc[placed], piece[placed], length[placed], sizes
+
+
+def narrow_lengths(lengths: np.ndarray) -> np.ndarray:
+    """``lengths`` in the narrowest type that holds them (the plan keeps them while it plans)."""
+    return lengths.astype(narrowest(int(lengths.max()) if len(lengths) else 0), copy=False)
+
+
+def no_tokens() -> ValueError:
+    return ValueError("pack found no tokens to pack: every document is empty or was dropped.")
+
+
 def plan_packing(
     lengths: np.ndarray,
     seq_len: int,
@@ -181,43 +252,29 @@ def plan_packing(
     long_docs: LongDocs,
     max_segments: int | None,
 ) -> tuple[PackPlan, dict[str, int]]:
-    """The plan for documents of ``lengths``, and its counts (see ``Packed.stats``)."""
-    n = len(lengths)
-    lengths = lengths.astype(narrowest(int(lengths.max()) if n else 0), copy=False)
-    stats: dict[str, int] = dict.fromkeys(
-        ("documents", "empty_documents", "split_documents", "split_tokens",
-         "truncated_documents", "truncated_tokens", "dropped_documents", "dropped_tokens"),
-        0,
-    )  # fmt: skip
-    order = (lambda docs: docs) if ordered else Permutation(n, seed=seed, epoch=0)
-    pack = _best_fit if algorithm == "best_fit" else _first_fit
+    """The plan for documents of ``lengths``, in memory, and its counts (see ``Packed.stats``)."""
+    lengths = narrow_lengths(lengths)
+    stats: dict[str, int] = {}
     # The plan's arrays are allocated once, at their final size and narrowest types.
-    total = _total_pieces(lengths, seq_len, long_docs)
-    most_pieces = -(-int(lengths.max()) // seq_len) if n else 1
-    doc_out = np.empty(total, np.int32 if n < 2**31 else np.int64)
-    piece_out = np.empty(total, narrowest(most_pieces))
-    length_out = np.empty(total, narrowest(seq_len + 1))
+    shape = Shape(lengths, seq_len, long_docs)
+    doc_out = np.empty(shape.pieces, shape.doc)
+    piece_out = np.empty(shape.pieces, shape.piece)
+    length_out = np.empty(shape.pieces, shape.length)
     sizes: list[np.ndarray] = []
     at = 0
-    for w in range(0, n, window):
-        docs = order(np.arange(w, min(n, w + window)))
-        doc, piece, length = _pieces(
-            docs, lengths[docs].astype(np.int64), seq_len, long_docs, stats
-        )
-        bins = pack(length.tolist(), seq_len, max_segments)
-        placed = np.fromiter(itertools.chain.from_iterable(bins), np.int64, len(doc))
+    windows = plan_windows(
+        lengths, seq_len, seed=seed, ordered=ordered, algorithm=algorithm, window=window,
+        long_docs=long_docs, max_segments=max_segments, stats=stats,
+    )  # fmt: skip
+    for doc, piece, length, counts in windows:
         end = at + len(doc)
-        doc_out[at:end], piece_out[at:end], length_out[at:end] = (
-            doc[placed],
-            piece[placed],
-            length[placed],
-        )
-        sizes.append(np.fromiter((len(b) for b in bins), np.int32, len(bins)))
+        doc_out[at:end], piece_out[at:end], length_out[at:end] = doc, piece, length
+        sizes.append(counts)
         at = end
     if not at:
-        raise ValueError("pack found no tokens to pack: every document is empty or was dropped.")
+        raise no_tokens()
     counts = np.concatenate(sizes)
     del sizes
-    row_starts = np.zeros(len(counts) + 1, np.int32 if total < 2**31 else np.int64)
+    row_starts = np.zeros(len(counts) + 1, shape.row_start)
     np.cumsum(counts, out=row_starts[1:])
     return PackPlan(seq_len, doc_out, piece_out, length_out, row_starts), stats

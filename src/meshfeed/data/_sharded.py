@@ -50,6 +50,10 @@ class ShardedSource:
         self._starts = np.cumsum([0] + [next(iter(s.values())).rows for s in shards])
         self._len = int(self._starts[-1])
         self._remote = is_url(name)
+        self.origin: tuple[str, Mapping[str, Any] | None] | None = None
+        """The folder it was opened from and its storage options (``open_source``)."""
+        self.catalog_digest: str | None = None
+        """A hash of the catalog it was opened from: what says its files are the same."""
 
     @property
     def remote(self) -> bool:

@@ -149,12 +149,14 @@ def open_source(
         manifest = _valid(manifest, join(root, MANIFEST))
         if not manifest["shards"]:
             raise ValueError(f"{join(root, MANIFEST)} lists no examples.")
-        return ShardedSource(_shards(root, manifest, blob, verify=verify), name=root)
+        source = ShardedSource(_shards(root, manifest, blob, verify=verify), name=root)
+        return _from_catalog(source, root, manifest, storage_options)
     record = read_json(join(root, RECORD), storage_options)  # a prepared folder: one more
     check_prepared(root, tokenizer=tokenizer, storage_options=storage_options, record=record)
     if record is not None and record.get("catalog"):
         catalog = _valid(record["catalog"], join(root, RECORD))
-        return ShardedSource(_shards(root, catalog, blob, verify=verify), name=root)
+        source = ShardedSource(_shards(root, catalog, blob, verify=verify), name=root)
+        return _from_catalog(source, root, catalog, storage_options)
     parts = part_folders(root, storage_options)
     if not parts:
         _manifest(root, blob)  # raises: no manifest
@@ -175,6 +177,18 @@ def open_source(
     if not shards:
         raise ValueError(f"{root} holds {len(parts)} parts and no examples in any of them.")
     return ShardedSource(shards, name=root)
+
+
+def _from_catalog(
+    source: ShardedSource, root: str, catalog: Mapping[str, Any],
+    storage_options: Mapping[str, Any] | None,
+) -> ShardedSource:  # fmt: skip
+    """``source``, knowing where it came from and which catalog it was read from (what a
+    stored packing plan is kept beside and checked against)."""
+    source.origin = (root, storage_options)
+    text = json.dumps(catalog["shards"], sort_keys=True).encode()
+    source.catalog_digest = hashlib.sha256(text).hexdigest()[:16]
+    return source
 
 
 def no_catalog(where: str, what: str, names: str | None = None) -> None:

@@ -1,0 +1,257 @@
+"""The packing plan as data: built once beside the documents, read by range everywhere.
+
+A plan depends on the documents' lengths and ``pack``'s settings, not on the processes,
+so one build serves every host and every restart. ``pack`` over a meshfeed folder (local
+or behind a URL) keeps its plan in ``<folder>/meshfeed.pack/<key>/`` -- or under
+``plan_dir=`` -- where ``key`` hashes the settings. The plan is a meshfeed folder
+itself: one example per packed row, with ragged fields ``doc``, ``piece`` and ``length``
+(the row's pieces), in shards of ``ROWS_PER_SHARD`` rows; its manifest carries the
+record (``pack``: the settings, the data's identity, the counts, the plan's digest).
+Opening it reads the manifest (one request); a step then reads only its rows, by range,
+as any field is read.
+
+It is built a window at a time (``plan_windows``): the memory is a window and a shard,
+plus the documents' lengths. The output is the same bytes from any builder, each file
+written whole or not at all, so hosts that open an unbuilt plan at once write the same
+files and read the same plan. The manifest is written last: a build killed before it
+leaves no plan, and the next open builds it again. A plan whose data changed since (the
+data's catalog is not the one on record) is refused by name, with what rebuilds it.
+The plan's digest -- which the loader's state carries -- is the one the same plan made
+in memory has, so a state restores across the two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from meshfeed.data._folder import MANIFEST, join, read_json
+from meshfeed.data._pack_plan import Shape, narrow_lengths, no_tokens, plan_windows
+from meshfeed.data._ragged import Ragged
+from meshfeed.data._sources import Source, document_lengths
+from meshfeed.data._store import open_source
+from meshfeed.data._writer import FolderWriter, Shard, write_folder
+
+PLAN_FOLDER = "meshfeed.pack"
+PLAN_FORMAT = "meshfeed.pack-plan/1"
+ROWS_PER_SHARD = 1 << 16
+"""Packed rows a shard of the plan holds (a few hundred KiB of it)."""
+ARRAYS = ("doc", "piece", "length", "row_start")
+
+
+class StoredPlan:
+    """A plan kept as a folder: what ``Packed`` asks of a ``PackPlan``, read by range."""
+
+    def __init__(self, rows: Source, record: Mapping[str, Any], where: str) -> None:
+        self.seq_len = int(record["seq_len"])
+        self.record, self.where = dict(record), where
+        self._rows = rows
+
+    @property
+    def rows(self) -> int:
+        """The number of packed rows."""
+        return int(self.record["rows"])
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the rows hold."""
+        return int(self.record["tokens"])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the plan holds in memory: none but what a read brings."""
+        return 0
+
+    def digest(self) -> str:
+        """The plan's digest, as ``PackPlan.digest`` makes it."""
+        return str(self.record["digest"])
+
+    def pieces_of(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The pieces of ``rows`` (see ``PackPlan.pieces_of``), read from the folder."""
+        got = self._rows[np.asarray(rows, dtype=np.int64)]
+        doc, piece, length = (_ragged(got[name]) for name in ("doc", "piece", "length"))
+        return (
+            doc.lengths.astype(np.int64),
+            doc.values.astype(np.int64),
+            piece.values.astype(np.int64) * self.seq_len,
+            length.values.astype(np.int64),
+        )
+
+
+def _ragged(values: Any) -> Ragged:
+    return values if isinstance(values, Ragged) else Ragged.from_list(list(values))
+
+
+def plan_key(seq_len: int, settings: Mapping[str, Any]) -> str:
+    """The name of the plan of these settings: what the rows depend on besides the data."""
+    text = json.dumps({"seq_len": seq_len, **settings}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def location(source: Source, plan_dir: Any) -> tuple[str, Mapping[str, Any] | None] | None:
+    """Where ``source``'s plans are kept (a folder, its storage options), or ``None``: in
+    memory (``plan_dir=False``, or a source that is not a folder and no ``plan_dir``)."""
+    if plan_dir is False:
+        return None
+    origin = getattr(source, "origin", None)
+    if plan_dir is not None:
+        if not isinstance(plan_dir, str | os.PathLike):
+            raise TypeError(f"plan_dir={plan_dir!r} must be a path or URL, or False.")
+        if identity(source) is None:
+            raise ValueError(
+                f"plan_dir= keeps the plan of a meshfeed folder's documents (open_source), "
+                f"whose catalog says when they change; {type(source).__name__} has none. "
+                "Leave plan_dir out: the plan is made in memory."
+            )
+        return os.fspath(plan_dir), (origin[1] if origin else None)
+    if origin is None or identity(source) is None:
+        return None
+    return join(origin[0], PLAN_FOLDER), origin[1]
+
+
+def identity(source: Source) -> str | None:
+    """What says the documents are the ones a plan was made of: their catalog's digest."""
+    found = getattr(source, "catalog_digest", None)
+    return found if isinstance(found, str) else None
+
+
+def open_plan(
+    source: Source,
+    field: str,
+    seq_len: int,
+    settings: Mapping[str, Any],
+    where: tuple[str, Mapping[str, Any] | None],
+    *,
+    rebuild: bool = False,
+) -> StoredPlan | None:
+    """The stored plan of ``source`` under these settings, built first if it is not
+    there yet; ``None`` where it cannot be written (read-only data and no
+    ``plan_dir``), said once: the plan is then made in memory."""
+    root, options = where
+    folder = join(root, plan_key(seq_len, settings))
+    try:
+        manifest = None if rebuild else read_json(join(folder, MANIFEST), options)
+        if manifest is None:
+            manifest = _build(source, field, seq_len, settings, folder, options)
+    except OSError as error:  # read-only data, say: the plan cannot go there
+        sys.stderr.write(
+            f"meshfeed: cannot keep the packing plan in {folder} ({error}); it is made "
+            "in memory, on every start. Pass pack(..., plan_dir=) a writable place.\n"
+        )
+        return None
+    record = manifest.get("pack") or {}
+    if record.get("format") != PLAN_FORMAT:
+        raise ValueError(f"{folder} is not a packing plan (no {PLAN_FORMAT!r} record).")
+    if record.get("data") != identity(source):
+        name = getattr(source, "name", "the source")
+        raise ValueError(
+            f"the packing plan {folder} was made from other documents than {name} holds "
+            f"now (its catalog changed since the plan was built); build it again: meshfeed "
+            f"pack {name} --seq-len {seq_len} --rebuild (with the same settings), or "
+            f"pack(..., rebuild_plan=True)."
+        )
+    return StoredPlan(open_source(folder, storage_options=options), record, folder)
+
+
+def _build(
+    source: Source,
+    field: str,
+    seq_len: int,
+    settings: Mapping[str, Any],
+    folder: str,
+    options: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """Plans ``source``'s documents a window at a time into ``folder``; its manifest."""
+    lengths = narrow_lengths(document_lengths(source, field))
+    name = getattr(source, "name", "the source")
+    sys.stderr.write(
+        f"meshfeed: planning the packing of {len(lengths):,} documents of {name} into "
+        f"{folder} (once: later opens, on any host, read it)\n"
+    )
+    keys = ("seed", "algorithm", "window", "long_docs", "max_segments")
+    shape = Shape(lengths, seq_len, settings["long_docs"])
+    stats: dict[str, int] = {}
+    windows = plan_windows(
+        lengths, seq_len, ordered=bool(settings.get("ordered")), stats=stats,
+        **{k: settings[k] for k in keys},
+    )  # fmt: skip
+    record: dict[str, Any] = {
+        "format": PLAN_FORMAT, "seq_len": seq_len, "settings": dict(settings),
+        "data": identity(source), "documents": len(lengths),
+    }  # fmt: skip
+    spill = tempfile.mkdtemp(prefix="meshfeed-pack-")
+    try:
+        shards = _shards(windows, shape, spill, seq_len, record, stats)
+        # write_folder writes the manifest after the last shard, which completes the record.
+        return write_folder(FolderWriter(folder, options), shards, extra={"pack": record})
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
+
+
+def _shards(
+    windows: Iterator[tuple[np.ndarray, ...]],
+    shape: Shape,
+    spill: str,
+    seq_len: int,
+    record: dict[str, Any],
+    stats: dict[str, int],
+) -> Iterator[Shard]:
+    """The plan's shards, window by window; each array also goes to a file in ``spill``,
+    in order, for the digest, which ``record`` gets once the last shard is out."""
+    types: dict[str, np.dtype] = dict(
+        zip(ARRAYS, (shape.doc, shape.piece, shape.length, shape.row_start), strict=True)
+    )
+    pending: list[tuple[np.ndarray, ...]] = []
+    rows = at = tokens = 0
+    with contextlib.ExitStack() as stack:
+        files = {n: stack.enter_context(open(os.path.join(spill, n), "wb")) for n in ARRAYS}
+        files["row_start"].write(np.zeros(1, types["row_start"]).tobytes())
+        for doc, piece, length, counts in windows:
+            arrays = (doc.astype(types["doc"]), piece.astype(types["piece"]),
+                      length.astype(types["length"]))  # fmt: skip
+            for name, array in zip(ARRAYS, arrays, strict=False):
+                files[name].write(array.tobytes())
+            starts = at + np.cumsum(counts, dtype=np.int64)
+            files["row_start"].write(starts.astype(types["row_start"]).tobytes())
+            at += int(counts.sum())
+            tokens += int(length.sum(dtype=np.int64))
+            pending.append((*arrays, counts))
+            rows += len(counts)
+            if sum(len(p[3]) for p in pending) >= ROWS_PER_SHARD:
+                yield _shard(pending)
+                pending = []
+        if pending:
+            yield _shard(pending)
+    if not at:
+        raise no_tokens()
+    record.update(rows=rows, tokens=tokens, stats=stats, digest=_digest(spill, seq_len, types))
+
+
+def _shard(pending: list[tuple[np.ndarray, ...]]) -> Shard:
+    counts = np.concatenate([p[3] for p in pending])
+    offsets = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return {
+        name: Ragged(np.concatenate([p[i] for p in pending]), offsets)
+        for i, name in enumerate(("doc", "piece", "length"))
+    }
+
+
+def _digest(spill: str, seq_len: int, types: Mapping[str, np.dtype]) -> str:
+    """``PackPlan.digest`` of the plan spilled to ``spill``, read a MiB at a time."""
+    h = hashlib.sha256(str(seq_len).encode())
+    for name in ARRAYS:
+        h.update(types[name].str.encode())
+        with open(os.path.join(spill, name), "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()[:16]
