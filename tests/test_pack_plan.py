@@ -140,3 +140,22 @@ def test_a_packed_folder_on_s3_opens_with_three_requests_whatever_its_size(
         assert packed[np.array([0, len(packed) - 1])]["tokens"].shape == (2, 512)
     finally:
         proxy.close()
+
+
+def test_a_few_scattered_documents_read_their_offsets_by_range_not_the_whole_array(tmp_path):
+    """A packed row's documents are scattered over the corpus: reading them costs their
+    own offsets, not each shard's whole array (8 bytes a document); a dense read still
+    loads it once."""
+    data = _documents(tmp_path / "data", 100_000, shard_size=100_000)
+    want = meshfeed.open_source(data)
+    want.lengths("tokens")  # loaded whole: the reference
+    source = meshfeed.open_source(data)
+    rows = source._shards[0]["tokens"]  # type: ignore[attr-defined]
+    ids = np.array([99_999, 5, 6, 7, 50_000, 5, 12_345])
+    got = source[ids]["tokens"]
+    assert got.to_list() and [a.tolist() for a in got.to_list()] == [
+        a.tolist() for a in want[ids]["tokens"].to_list()
+    ]
+    assert rows._offsets is None and rows.offsets_file.bytes_read <= 8 * 16
+    source[np.arange(0, 100_000, 10)]  # dense: the whole array, once
+    assert rows._offsets is not None

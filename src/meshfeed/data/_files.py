@@ -207,10 +207,15 @@ class NpyRows(RowFile):
 class RaggedRows:
     """The documents of one ragged field's shard: a values ``.npy`` and an offsets ``.npy``.
 
-    The offsets (8 bytes a document) are read whole on first use and kept; each read
-    then takes the values of the documents asked for as byte ranges, consecutive
-    documents as one range.
+    A read of few documents (fewer than one in ``SPARSE`` of the shard's) reads just
+    their offsets, by range, beside their values; a denser read, or ``lengths()``,
+    reads the offsets (8 bytes a document) whole once and keeps them. So a packed row's
+    scattered documents cost no whole offsets arrays, and memory does not grow with
+    the shards a run touches. Each read takes the values of the documents asked for as
+    byte ranges, consecutive documents as one range.
     """
+
+    SPARSE = 64
 
     def __init__(self, values: NpyRows, offsets: NpyRows) -> None:
         if offsets.row_shape or offsets.dtype.kind not in "iu":
@@ -256,9 +261,8 @@ class RaggedRows:
         unique = np.unique(check_ids(ids, self.rows, self.name))
         if not len(unique):
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        starts, ends = runs(unique)
-        offsets = self.offsets
-        return self.values.span_bytes(offsets[unique[starts]], offsets[unique[ends - 1] + 1])
+        first, last, _ = self._spans(unique)
+        return self.values.span_bytes(first, last)
 
     def read(self, ids: np.ndarray) -> Ragged:
         """Documents ``ids`` (in any order, repeats allowed)."""
@@ -266,12 +270,29 @@ class RaggedRows:
         unique, inverse = np.unique(ids, return_inverse=True)
         if not len(unique):
             return empty(0, self.dtype, self.values.row_shape)
-        offsets = self.offsets
-        starts, ends = runs(unique)
-        values = self.values.read_spans(offsets[unique[starts]], offsets[unique[ends - 1] + 1])
-        lengths = offsets[unique + 1] - offsets[unique]
+        first, last, lengths = self._spans(unique)
+        values = self.values.read_spans(first, last)
         documents = Ragged(values, np.concatenate([[0], np.cumsum(lengths)]))
         return documents.take(inverse.reshape(-1))
+
+    def _spans(self, unique: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For sorted distinct ``unique`` documents: where each run of consecutive ones
+        starts and ends in the values, and each document's length."""
+        starts, ends = runs(unique)
+        first, last = unique[starts], unique[ends - 1]
+        if self._offsets is not None or len(unique) * self.SPARSE >= self.rows:
+            offsets = self.offsets
+            return offsets[first], offsets[last + 1], offsets[unique + 1] - offsets[unique]
+        sizes = last - first + 2  # a run's offsets, its last document's end included
+        got = self.offsets_file.read_spans(first, last + 2).astype(np.int64)
+        at = np.cumsum(sizes) - sizes  # where each run's offsets start in ``got``
+        step = np.diff(got)
+        step[at[1:] - 1] = 0  # across runs: not a document
+        if (step < 0).any() or got.min(initial=0) < 0 or got.max(initial=0) > self.values.rows:
+            raise ValueError(f"{self.offsets_file.name} holds offsets that decrease: corrupt?")
+        run = np.repeat(np.arange(len(first)), ends - starts)
+        index = at[run] + unique - first[run]
+        return got[at], got[at + sizes - 1], got[index + 1] - got[index]
 
 
 def _read_header(blob: Blob, at: int, name: str) -> tuple[tuple[int, ...], np.dtype, int]:

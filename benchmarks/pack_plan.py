@@ -1,0 +1,197 @@
+"""Workload W, a packed corpus at start-up: the packing plan kept as data against planning it.
+
+A meshfeed folder of N documents (log-normal lengths, mean ~33 tokens, uint16 tokens, in
+shards of 2^20 documents), packed into rows of 2,048. Each entry runs in a fresh
+process, timed from after its imports (``jax`` and meshfeed) to its first batch, with
+the process's peak RSS:
+
+- ``unpacked``: ``open_source`` and a first read of 16 documents (the floor: opening the
+  data, no plan at all);
+- ``kept``: ``open_source`` + ``pack(src, 2048)`` reading the plan kept beside the data
+  (built once, before the rounds) + a ``Loader``'s first batch of 16 rows;
+- ``planned``: the same with ``pack(..., plan_dir=False)``, the plan made in memory on
+  every start, as every host did before.
+
+Lines per N: each entry's median seconds and peak RSS over rounds (rotating order), and
+``kept`` less ``unpacked`` (goal: <= 1 s and <= 100 MB at 16M, flat in N). One line per
+N for the build: ``meshfeed pack``'s documents/s (one process, a window at a time) and
+the in-memory planner's, the same plan. ``--s3``: the requests to open a packed folder on
+the local S3 server at 10^5 and 10^6 documents (goal: equal, <= 4). ``--smoke`` for CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SEQ_LEN = 2048
+ENTRIES = ("unpacked", "kept", "planned")
+
+
+def write_documents(folder: Path, n: int) -> Path:
+    """``n`` documents of log-normal lengths (mean ~33), zeros, as a meshfeed folder."""
+    import numpy as np
+
+    import meshfeed
+
+    rng = np.random.default_rng(0)
+    lengths = np.maximum(1, rng.lognormal(3.0, 0.9, n)).astype(np.int64)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = meshfeed.Ragged(np.zeros(int(offsets[-1]), np.uint16), offsets)
+    meshfeed.write_source(folder, {"tokens": tokens}, shard_size=1 << 20)
+    return folder
+
+
+def _child(entry: str, data: str) -> None:
+    """One entry in this fresh process: its seconds to a first batch, its peak RSS."""
+    import jax
+    import numpy as np
+
+    import meshfeed
+
+    jax.devices()
+    start = time.perf_counter()
+    source = meshfeed.open_source(data)
+    if entry == "unpacked":
+        source[np.arange(16)]
+        rows = len(source)
+    else:
+        packed = meshfeed.pack(source, SEQ_LEN, plan_dir=None if entry == "kept" else False)
+        mesh = meshfeed.make_mesh(data=1)
+        loader = meshfeed.Loader(packed, global_batch_size=16,
+                                 sharding=meshfeed.batch_sharding(mesh), prefetch=0)  # fmt: skip
+        next(iter(loader))
+        rows = len(packed)
+    seconds = time.perf_counter() - start
+    rss = _peak_rss()
+    print(json.dumps({"seconds": seconds, "peak_rss": rss, "rows": rows}))
+
+
+def _peak_rss() -> int:
+    """This process's peak resident bytes: ``VmHWM``, which starts over at ``exec`` (where
+    ``ru_maxrss`` keeps the forking parent's), or ``ru_maxrss`` off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            line = next(x for x in f if x.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _run(entry: str, data: Path) -> dict:
+    command = [sys.executable, __file__, "--run", entry, "--data", str(data)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{entry} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def build_rates(data: Path, n: int) -> dict:
+    """Documents/s of ``meshfeed pack``'s build and of the in-memory planner, here."""
+    import meshfeed
+
+    source = meshfeed.open_source(data)
+    start = time.perf_counter()
+    memory = meshfeed.pack(source, SEQ_LEN, plan_dir=False)
+    planned = time.perf_counter() - start
+    start = time.perf_counter()
+    kept = meshfeed.pack(source, SEQ_LEN, rebuild_plan=True)
+    built = time.perf_counter() - start
+    if kept.fingerprint != memory.fingerprint:
+        raise RuntimeError("the kept plan differs from the one made in memory")
+    return {"build_docs_per_s": round(n / built), "planner_docs_per_s": round(n / planned),
+            "build_over_planner": round(planned / built, 3)}  # fmt: skip
+
+
+def local(sizes: list[int], rounds: int, smoke: bool) -> None:
+    for n in sizes:
+        scratch = Path(tempfile.mkdtemp(prefix="meshfeed-pack-plan-"))
+        try:
+            data = write_documents(scratch / "data", n)
+            rates = build_rates(data, n)
+            print(json.dumps({"benchmark": "pack_plan", "workload": "W", "part": "build",
+                              "documents": n, **rates, "smoke": smoke}), flush=True)  # fmt: skip
+            got: dict[str, list[dict]] = {e: [] for e in ENTRIES}
+            for r in range(rounds):
+                for e in ENTRIES[r % 3 :] + ENTRIES[: r % 3]:
+                    got[e].append(_run(e, data))
+            line = {"benchmark": "pack_plan", "workload": "W", "part": "start-up",
+                    "documents": n, "rounds": rounds, "smoke": smoke}  # fmt: skip
+            for e in ENTRIES:
+                line[f"{e}_s"] = round(statistics.median(g["seconds"] for g in got[e]), 3)
+                line[f"{e}_rss_mb"] = round(
+                    statistics.median(g["peak_rss"] for g in got[e]) / 2**20, 1
+                )
+            line["kept_over_unpacked_s"] = round(line["kept_s"] - line["unpacked_s"], 3)
+            line["kept_over_unpacked_mb"] = round(line["kept_rss_mb"] - line["unpacked_rss_mb"], 1)
+            print(json.dumps(line), flush=True)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def s3(sizes: list[int], smoke: bool) -> None:
+    import s3fs
+
+    import meshfeed
+    from meshfeed.testing import CountingProxy, S3Server
+
+    server = S3Server()
+    server.make_bucket("data")
+    proxy = CountingProxy(server.port)
+    try:
+        for n in sizes:
+            with tempfile.TemporaryDirectory() as tmp:
+                local_data = write_documents(Path(tmp) / "data", n)
+                url = f"s3://data/packed-{n}"
+                s3fs.S3FileSystem(**server.storage_options).put(
+                    str(local_data), url, recursive=True
+                )
+            meshfeed.pack(meshfeed.open_source(url, storage_options=server.storage_options),
+                          SEQ_LEN)  # fmt: skip
+            options = {**server.storage_options, "endpoint_url": proxy.endpoint}
+            proxy.reset()
+            packed = meshfeed.pack(meshfeed.open_source(url, storage_options=options), SEQ_LEN)
+            opening = proxy.counts()
+            print(json.dumps({"benchmark": "pack_plan", "workload": "W", "part": "s3-open",
+                              "documents": n, "requests": opening["total"],
+                              "head": opening["head"], "rows": len(packed),
+                              "smoke": smoke}), flush=True)  # fmt: skip
+    finally:
+        proxy.close()
+        server.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="small sizes, one round")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 16_000_000])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--s3", action="store_true", help="the S3 requests part only")
+    parser.add_argument("--run", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        _child(args.run, args.data)
+        return
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if args.s3:
+        s3([10_000, 20_000] if args.smoke else [100_000, 1_000_000], args.smoke)
+        return
+    sizes, rounds = ([20_000, 80_000], 1) if args.smoke else (args.sizes, args.rounds)
+    local(sizes, rounds, args.smoke)
+    if args.smoke:
+        s3([10_000, 20_000], smoke=True)
+
+
+if __name__ == "__main__":
+    main()
