@@ -14,8 +14,8 @@ the process's peak RSS:
 
 Lines per N: each entry's median seconds and peak RSS over rounds (rotating order), and
 ``kept`` less ``unpacked`` (goal: <= 1 s and <= 100 MB at 16M, flat in N). One line per
-N for the build: ``meshfeed pack``'s documents/s (one process, a window at a time) and
-the in-memory planner's, the same plan. ``--s3``: the requests to open a packed folder on
+N for the build: ``meshfeed pack``'s documents/s on 1 and 2 worker processes and the
+in-memory planner's, the same plan. ``--s3``: the requests to open a packed folder on
 the local S3 server at 10^5 and 10^6 documents (goal: equal, <= 4). ``--smoke`` for CI.
 """
 
@@ -97,20 +97,24 @@ def _run(entry: str, data: Path) -> dict:
 
 
 def build_rates(data: Path, n: int) -> dict:
-    """Documents/s of ``meshfeed pack``'s build and of the in-memory planner, here."""
+    """Documents/s of the kept plan's build on 1 and 2 worker processes, and of the
+    in-memory planner, here; the same plan."""
     import meshfeed
 
     source = meshfeed.open_source(data)
     start = time.perf_counter()
     memory = meshfeed.pack(source, SEQ_LEN, plan_dir=False)
     planned = time.perf_counter() - start
-    start = time.perf_counter()
-    kept = meshfeed.pack(source, SEQ_LEN, rebuild_plan=True)
-    built = time.perf_counter() - start
-    if kept.fingerprint != memory.fingerprint:
-        raise RuntimeError("the kept plan differs from the one made in memory")
-    return {"build_docs_per_s": round(n / built), "planner_docs_per_s": round(n / planned),
-            "build_over_planner": round(planned / built, 3)}  # fmt: skip
+    out = {"planner_docs_per_s": round(n / planned)}
+    for workers in (1, 2):
+        start = time.perf_counter()
+        kept = meshfeed.pack(source, SEQ_LEN, rebuild_plan=True, plan_workers=workers)
+        built = time.perf_counter() - start
+        if kept.fingerprint != memory.fingerprint:
+            raise RuntimeError("the kept plan differs from the one made in memory")
+        out[f"build_{workers}_docs_per_s"] = round(n / built)
+        out[f"build_{workers}_over_planner"] = round(planned / built, 3)
+    return out
 
 
 def local(sizes: list[int], rounds: int, smoke: bool) -> None:

@@ -148,6 +148,7 @@ def test_a_packed_row_with_segment_mask_scores_each_document_as_if_alone():
         alone[1, i, :length] = np.arange(length)
         alone[2, i, :length] = 1
     per_piece = np.asarray(losses(params, *alone)).sum(axis=1, dtype=np.float64)
+    assert isinstance(packed.plan, meshfeed.sources.PackPlan)  # in memory: an ArraySource
     counts = np.diff(packed.plan.row_starts)
     per_row_alone = np.add.reduceat(per_piece, np.cumsum(counts) - counts)
     np.testing.assert_allclose(per_row, per_row_alone, rtol=2e-5, atol=1e-4)

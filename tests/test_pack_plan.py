@@ -9,13 +9,16 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
 import s3fs
 
 import meshfeed
+from meshfeed.data._files import RaggedRows
 from meshfeed.data._pack_store import PLAN_FOLDER, StoredPlan
 from meshfeed.testing import CountingProxy
 
@@ -69,18 +72,27 @@ def test_two_processes_opening_an_unbuilt_plan_at_once_get_one_plan_and_the_same
     tmp_path,
 ):
     data = _documents(tmp_path / "data", 200_000)
+    go = tmp_path / "go"
     script = (
-        "import sys, hashlib, numpy as np, meshfeed\n"
+        "import sys, os, time, hashlib, numpy as np, meshfeed\n"
+        "open(sys.argv[2] + '.' + str(os.getpid()), 'w').close()\n"
+        "while not os.path.exists(sys.argv[2]): time.sleep(0.001)\n"  # both start at once
         "p = meshfeed.pack(meshfeed.open_source(sys.argv[1]), 512)\n"
         "rows = p[np.arange(0, len(p), 97)]\n"
         "print(len(p), hashlib.sha256(rows['tokens'].tobytes()).hexdigest(), p.plan.digest())\n"
     )
-    runs = [subprocess.Popen([sys.executable, "-c", script, str(data)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+    runs = [subprocess.Popen([sys.executable, "-c", script, str(data), str(go)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]  # fmt: skip
+    while len(list(tmp_path.glob("go.*"))) < 2 and all(r.poll() is None for r in runs):
+        time.sleep(0.01)
+    go.touch()
     outs = [r.communicate(timeout=300) for r in runs]
     assert all(r.returncode == 0 for r in runs), [o[1][-2000:] for o in outs]
     assert outs[0][0] == outs[1][0]
-    assert all(PLANNING in o[1] for o in outs)  # both planned: neither found it built
+    # Usually both find no plan and build it, writing the same files; one that finds the
+    # other's finished plan reads it. Either way: one plan, the same rows.
+    assert any(PLANNING in o[1] for o in outs)
     assert len(os.listdir(data / PLAN_FOLDER)) == 1
     memory = meshfeed.pack(meshfeed.open_source(data), 512, plan_dir=False)
     assert outs[0][0].split() == [str(len(memory)), outs[0][0].split()[1], memory.plan.digest()]
@@ -150,7 +162,7 @@ def test_a_few_scattered_documents_read_their_offsets_by_range_not_the_whole_arr
     want = meshfeed.open_source(data)
     want.lengths("tokens")  # loaded whole: the reference
     source = meshfeed.open_source(data)
-    rows = source._shards[0]["tokens"]  # type: ignore[attr-defined]
+    rows = cast(RaggedRows, source._shards[0]["tokens"])  # type: ignore[attr-defined]
     ids = np.array([99_999, 5, 6, 7, 50_000, 5, 12_345])
     got = source[ids]["tokens"]
     assert got.to_list() and [a.tolist() for a in got.to_list()] == [
@@ -159,3 +171,24 @@ def test_a_few_scattered_documents_read_their_offsets_by_range_not_the_whole_arr
     assert rows._offsets is None and rows.offsets_file.bytes_read <= 8 * 16
     source[np.arange(0, 100_000, 10)]  # dense: the whole array, once
     assert rows._offsets is not None
+
+
+def test_a_build_on_two_workers_is_the_same_plan_and_a_stopped_one_goes_on_from_its_shards(
+    tmp_path,
+):
+    data = _documents(tmp_path / "data", 100_000)
+    memory = meshfeed.pack(meshfeed.open_source(data), 256, window=2048, plan_dir=False)
+    kept = meshfeed.pack(meshfeed.open_source(data), 256, window=2048, plan_workers=2)
+    assert isinstance(kept.plan, StoredPlan) and kept.fingerprint == memory.fingerprint
+    folder = Path(kept.plan.where)
+    done = sorted((folder / "done").iterdir())
+    assert len(done) == 4  # 100,000 documents in shards of 16 windows of 2,048
+    # Stopped before its manifest, with one shard unfinished: only that one is redone.
+    (folder / "meshfeed.json").unlink()
+    done[2].unlink()
+    before = {p.name: p.stat().st_mtime_ns for p in done if p.exists()}
+    again = meshfeed.pack(meshfeed.open_source(data), 256, window=2048)
+    assert again.fingerprint == memory.fingerprint and len(again) == len(memory)
+    assert {p.name: p.stat().st_mtime_ns for p in done if p.name in before} == before
+    assert done[2].exists()
+    _same_rows(again, memory, np.arange(0, len(memory), 13))

@@ -111,6 +111,18 @@ def _chat() -> list[str]:
     ]
 
 
+def _pack_plan() -> list[str]:
+    line = _lines("pack_plan.jsonl", part="start-up", documents=16_000_000)
+    assert len(line) == 1
+    got = line[0]
+    more = got["planned_rss_mb"] - got["unpacked_rss_mb"]
+    requests = {_one("pack_plan.jsonl", "requests", part="s3-open", documents=n, smoke=False)
+                for n in (100_000, 1_000_000)}  # fmt: skip
+    assert len(requests) == 1
+    return [f"| {got['kept_s']:.3f} s |", f"{got['planned_s']:.1f} s and +{more:.0f} MB",
+            f"{requests.pop()} requests"]  # fmt: skip
+
+
 def _tar_loading() -> list[str]:
     ratio = _one("formats.jsonl", "ratio_to_webdataset", part="loading", name="meshfeed")
     return [f"{ratio:.2f}{TIMES}"]
@@ -288,6 +300,7 @@ BOTH: Checks = {  # rows both pages show, by a start of the first cell common to
     "WebDataset shards indexed": _indexing,
     "PNG decode + crop on 2 Ray workers": _ray,
     "packed tokens/s into global arrays": _packing,
+    "a packed corpus to its first batch, 16M documents": _pack_plan,
     "weights by stage and a batch size that ramps": _schedules,
     "a killed process ends the job": _lost,
     "`fit` writing to a tensorboardX `SummaryWriter`": _writers,

@@ -15,6 +15,7 @@ from meshfeed.data._arrow import HFSource as HFSource
 from meshfeed.data._mix import Mixture as Mixture
 from meshfeed.data._pack import Packed as Packed
 from meshfeed.data._pack_plan import PackPlan as PackPlan
+from meshfeed.data._pack_store import StoredPlan as StoredPlan
 from meshfeed.data._parquet import ParquetSource as ParquetSource
 from meshfeed.data._selection import Selection as Selection
 from meshfeed.data._sharded import ShardedSource as ShardedSource
@@ -42,6 +43,7 @@ __all__ = [
     "PrepareStatus",
     "Selection",
     "ShardedSource",
+    "StoredPlan",
     "TFRecordSource",
     "TarSource",
     "TorchSource",

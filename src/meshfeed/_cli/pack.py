@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 EPILOG = """examples:
@@ -34,6 +35,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-segments", type=int, default=None, help="documents a row at most")
     p.add_argument("--plan-dir", default=None, help="keep the plan here, not beside the data")
     p.add_argument("--rebuild", action="store_true", help="build it again over the one there")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="processes that build it (default: cores)")  # fmt: skip
     p.add_argument("--endpoint-url", default=None, help="an S3-compatible store's endpoint")
 
 
@@ -52,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         max_segments=args.max_segments,
         plan_dir=args.plan_dir,
         rebuild_plan=args.rebuild,
+        plan_workers=max(1, args.workers),
     )
     where = getattr(packed.plan, "where", None)
     print(json.dumps({"plan": where, **packed.stats()}))

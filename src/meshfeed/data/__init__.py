@@ -30,6 +30,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _mix_order     which source and which of its examples fill each position, by stage
     _mix           mix: sources in proportions fixed or by stage, addressed by index
     _pack_plan     the packing plan: which piece of which document goes in which row
+    _pack_build    a kept packing plan built, a shard of windows at a time, on workers too
     _pack_store    the packing plan as data: built once beside the documents, read by range
     _pack          pack: documents packed into fixed rows, a source served by index
 

@@ -200,6 +200,7 @@ def pack(
     alongside: Sequence[str] | None = None,
     plan_dir: str | os.PathLike[str] | bool | None = None,
     rebuild_plan: bool = False,
+    plan_workers: int = 1,
 ) -> Packed:
     """The documents of ``source`` packed into rows of ``seq_len`` tokens: a ``Source``.
 
@@ -240,6 +241,8 @@ def pack(
         a plan whose documents changed since is refused. A path or URL keeps it there
         instead (read-only data); ``False`` makes it in memory, as for other sources.
       rebuild_plan: build the kept plan again, over the one there.
+      plan_workers: processes that build a kept plan not built yet (a shard of 16
+        windows each at a time); a build stopped midway goes on from its done shards.
 
     Returns:
       A ``Packed`` source: fields ``field`` (and the other packed fields), ``segment_ids``
@@ -259,6 +262,8 @@ def pack(
         raise ValueError(f"max_segments={max_segments!r} must be an int >= 1, or None.")
     if not _count(seed) or seed < 0:
         raise ValueError(f"seed={seed!r} must be an int >= 0.")
+    if not _count(plan_workers) or plan_workers < 1:
+        raise ValueError(f"plan_workers={plan_workers!r} must be an int >= 1 (processes).")
     packed = _packed_fields(source, field, alongside)
     if long_docs is None:  # never cut a masked document into a tail without its start
         long_docs = "truncate" if LOSS_MASK in packed else "split"
@@ -276,7 +281,9 @@ def pack(
     where = location(source, plan_dir)
     stored = None
     if where is not None:
-        stored = open_plan(source, field, seq_len, settings, where, rebuild=rebuild_plan)
+        stored = open_plan(
+            source, field, seq_len, settings, where, rebuild=rebuild_plan, workers=plan_workers
+        )
     if stored is not None:
         return Packed(source, seq_len, packed, stored, dict(stored.record["stats"]), settings)
     plan, stats = plan_packing(

@@ -209,11 +209,14 @@ def plan_windows(
     long_docs: LongDocs,
     max_segments: int | None,
     stats: dict[str, int],
+    span: tuple[int, int] | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """The plan a window of documents at a time: each window's pieces in row order (their
     documents, piece numbers and lengths) and its rows' piece counts; ``stats`` counts
-    as it goes (see ``Packed.stats``)."""
+    as it goes (see ``Packed.stats``). ``span``: only the windows of positions ``[a, b)``
+    in the order (``a`` a multiple of ``window``), as a part of a build plans them."""
     n = len(lengths)
+    a, b = span if span is not None else (0, n)
     stats.update(dict.fromkeys(
         ("documents", "empty_documents", "split_documents", "split_tokens",
          "truncated_documents", "truncated_tokens", "dropped_documents", "dropped_tokens"),
@@ -221,8 +224,8 @@ def plan_windows(
     ))  # fmt: skip
     order = (lambda docs: docs) if ordered else Permutation(n, seed=seed, epoch=0)
     pack = _best_fit if algorithm == "best_fit" else _first_fit
-    for w in range(0, n, window):
-        docs = order(np.arange(w, min(n, w + window)))
+    for w in range(a, b, window):
+        docs = order(np.arange(w, min(b, w + window)))
         doc, piece, length = _pieces(
             docs, lengths[docs].astype(np.int64), seq_len, long_docs, stats
         )

@@ -5,47 +5,37 @@ so one build serves every host and every restart. ``pack`` over a meshfeed folde
 or behind a URL) keeps its plan in ``<folder>/meshfeed.pack/<key>/`` -- or under
 ``plan_dir=`` -- where ``key`` hashes the settings. The plan is a meshfeed folder
 itself: one example per packed row, with ragged fields ``doc``, ``piece`` and ``length``
-(the row's pieces), in shards of ``ROWS_PER_SHARD`` rows; its manifest carries the
-record (``pack``: the settings, the data's identity, the counts, the plan's digest).
-Opening it reads the manifest (one request); a step then reads only its rows, by range,
-as any field is read.
+(the row's pieces); its manifest carries the record (``pack``: the settings, the data's
+identity, the counts, the plan's digest). Opening it reads the manifest (one request); a
+step then reads only its rows, by range, as any field is read.
 
-It is built a window at a time (``plan_windows``): the memory is a window and a shard,
-plus the documents' lengths. The output is the same bytes from any builder, each file
-written whole or not at all, so hosts that open an unbuilt plan at once write the same
-files and read the same plan. The manifest is written last: a build killed before it
-leaves no plan, and the next open builds it again. A plan whose data changed since (the
-data's catalog is not the one on record) is refused by name, with what rebuilds it.
-The plan's digest -- which the loader's state carries -- is the one the same plan made
-in memory has, so a state restores across the two.
+It is built by ``_pack_build`` (a shard of windows at a time, on this process or on
+workers), the same bytes from any builder, so hosts that open an unbuilt plan at once
+write the same files and read the same plan; its manifest is written last. A plan
+whose data changed since (the data's catalog is not the one on record) is refused by
+name, with what rebuilds it. The plan's digest -- which the loader's state carries -- is
+the one the same plan made in memory has, so a state restores across the two.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from meshfeed.data._folder import MANIFEST, join, read_json
-from meshfeed.data._pack_plan import Shape, narrow_lengths, no_tokens, plan_windows
+from meshfeed.data._pack_build import build_plan, clear
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._sources import Source, document_lengths
 from meshfeed.data._store import open_source
-from meshfeed.data._writer import FolderWriter, Shard, write_folder
 
 PLAN_FOLDER = "meshfeed.pack"
 PLAN_FORMAT = "meshfeed.pack-plan/1"
-ROWS_PER_SHARD = 1 << 16
-"""Packed rows a shard of the plan holds (a few hundred KiB of it)."""
-ARRAYS = ("doc", "piece", "length", "row_start")
 
 
 class StoredPlan:
@@ -68,7 +58,7 @@ class StoredPlan:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the plan holds in memory: none but what a read brings."""
+        """Bytes the plan holds in memory (none, but what a read brings)."""
         return 0
 
     def digest(self) -> str:
@@ -132,6 +122,7 @@ def open_plan(
     where: tuple[str, Mapping[str, Any] | None],
     *,
     rebuild: bool = False,
+    workers: int = 1,
 ) -> StoredPlan | None:
     """The stored plan of ``source`` under these settings, built first if it is not
     there yet; ``None`` where it cannot be written (read-only data and no
@@ -139,9 +130,11 @@ def open_plan(
     root, options = where
     folder = join(root, plan_key(seq_len, settings))
     try:
-        manifest = None if rebuild else read_json(join(folder, MANIFEST), options)
+        if rebuild:
+            clear(folder, options)
+        manifest = read_json(join(folder, MANIFEST), options)
         if manifest is None:
-            manifest = _build(source, field, seq_len, settings, folder, options)
+            manifest = _build(source, field, seq_len, settings, folder, options, workers)
     except OSError as error:  # read-only data, say: the plan cannot go there
         sys.stderr.write(
             f"meshfeed: cannot keep the packing plan in {folder} ({error}); it is made "
@@ -169,89 +162,17 @@ def _build(
     settings: Mapping[str, Any],
     folder: str,
     options: Mapping[str, Any] | None,
+    workers: int,
 ) -> dict[str, Any]:
-    """Plans ``source``'s documents a window at a time into ``folder``; its manifest."""
-    lengths = narrow_lengths(document_lengths(source, field))
+    """Plans ``source``'s documents into ``folder`` (``_pack_build``); its manifest."""
+    lengths = document_lengths(source, field)
     name = getattr(source, "name", "the source")
     sys.stderr.write(
         f"meshfeed: planning the packing of {len(lengths):,} documents of {name} into "
         f"{folder} (once: later opens, on any host, read it)\n"
     )
-    keys = ("seed", "algorithm", "window", "long_docs", "max_segments")
-    shape = Shape(lengths, seq_len, settings["long_docs"])
-    stats: dict[str, int] = {}
-    windows = plan_windows(
-        lengths, seq_len, ordered=bool(settings.get("ordered")), stats=stats,
-        **{k: settings[k] for k in keys},
-    )  # fmt: skip
     record: dict[str, Any] = {
         "format": PLAN_FORMAT, "seq_len": seq_len, "settings": dict(settings),
         "data": identity(source), "documents": len(lengths),
     }  # fmt: skip
-    spill = tempfile.mkdtemp(prefix="meshfeed-pack-")
-    try:
-        shards = _shards(windows, shape, spill, seq_len, record, stats)
-        # write_folder writes the manifest after the last shard, which completes the record.
-        return write_folder(FolderWriter(folder, options), shards, extra={"pack": record})
-    finally:
-        shutil.rmtree(spill, ignore_errors=True)
-
-
-def _shards(
-    windows: Iterator[tuple[np.ndarray, ...]],
-    shape: Shape,
-    spill: str,
-    seq_len: int,
-    record: dict[str, Any],
-    stats: dict[str, int],
-) -> Iterator[Shard]:
-    """The plan's shards, window by window; each array also goes to a file in ``spill``,
-    in order, for the digest, which ``record`` gets once the last shard is out."""
-    types: dict[str, np.dtype] = dict(
-        zip(ARRAYS, (shape.doc, shape.piece, shape.length, shape.row_start), strict=True)
-    )
-    pending: list[tuple[np.ndarray, ...]] = []
-    rows = at = tokens = 0
-    with contextlib.ExitStack() as stack:
-        files = {n: stack.enter_context(open(os.path.join(spill, n), "wb")) for n in ARRAYS}
-        files["row_start"].write(np.zeros(1, types["row_start"]).tobytes())
-        for doc, piece, length, counts in windows:
-            arrays = (doc.astype(types["doc"]), piece.astype(types["piece"]),
-                      length.astype(types["length"]))  # fmt: skip
-            for name, array in zip(ARRAYS, arrays, strict=False):
-                files[name].write(array.tobytes())
-            starts = at + np.cumsum(counts, dtype=np.int64)
-            files["row_start"].write(starts.astype(types["row_start"]).tobytes())
-            at += int(counts.sum())
-            tokens += int(length.sum(dtype=np.int64))
-            pending.append((*arrays, counts))
-            rows += len(counts)
-            if sum(len(p[3]) for p in pending) >= ROWS_PER_SHARD:
-                yield _shard(pending)
-                pending = []
-        if pending:
-            yield _shard(pending)
-    if not at:
-        raise no_tokens()
-    record.update(rows=rows, tokens=tokens, stats=stats, digest=_digest(spill, seq_len, types))
-
-
-def _shard(pending: list[tuple[np.ndarray, ...]]) -> Shard:
-    counts = np.concatenate([p[3] for p in pending])
-    offsets = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return {
-        name: Ragged(np.concatenate([p[i] for p in pending]), offsets)
-        for i, name in enumerate(("doc", "piece", "length"))
-    }
-
-
-def _digest(spill: str, seq_len: int, types: Mapping[str, np.dtype]) -> str:
-    """``PackPlan.digest`` of the plan spilled to ``spill``, read a MiB at a time."""
-    h = hashlib.sha256(str(seq_len).encode())
-    for name in ARRAYS:
-        h.update(types[name].str.encode())
-        with open(os.path.join(spill, name), "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-    return h.hexdigest()[:16]
+    return build_plan(lengths, seq_len, settings, folder, options, record, workers=workers)

@@ -53,7 +53,7 @@ class ShardedSource:
         self.origin: tuple[str, Mapping[str, Any] | None] | None = None
         """The folder it was opened from and its storage options (``open_source``)."""
         self.catalog_digest: str | None = None
-        """A hash of the catalog it was opened from: what says its files are the same."""
+        """A hash of the catalog it was opened from, which says whether its files changed."""
 
     @property
     def remote(self) -> bool:
