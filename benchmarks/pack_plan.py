@@ -189,12 +189,12 @@ def main() -> None:
         return
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if args.s3:
-        s3([10_000, 20_000] if args.smoke else [100_000, 1_000_000], args.smoke)
+        s3([10_000] if args.smoke else [100_000, 1_000_000], args.smoke)
         return
-    sizes, rounds = ([20_000, 80_000], 1) if args.smoke else (args.sizes, args.rounds)
+    sizes, rounds = ([20_000], 1) if args.smoke else (args.sizes, args.rounds)
     local(sizes, rounds, args.smoke)
     if args.smoke:
-        s3([10_000, 20_000], smoke=True)
+        s3([10_000], smoke=True)
 
 
 if __name__ == "__main__":

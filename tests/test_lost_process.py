@@ -13,7 +13,6 @@ import train_fns
 from meshfeed.testing import cluster_env, free_port
 
 JOB = Path(__file__).with_name("lost_job.py")
-TOPOLOGIES = [(2, 4), (4, 2)]  # processes x devices per process
 
 
 def _start(processes, devices, tmp, *args, start="env"):
@@ -69,8 +68,11 @@ CASES = {
 }
 
 
-# Each case on both topologies; process 0 (the coordinator and the watch's hub) on one.
-RUNS = [(c, t) for c in CASES for t in TOPOLOGIES if c != "kill_process_0_mid_step" or t == (4, 2)]
+# One real run per case, the topologies shared out between them: a process killed mid-step
+# on 4 x 2, process 0 (the coordinator and the watch's hub) too, one killed while saving
+# on 2 x 4.
+RUNS = [("kill_mid_step", (4, 2)), ("kill_process_0_mid_step", (4, 2)),
+        ("kill_while_saving", (2, 4))]  # fmt: skip
 
 
 @pytest.mark.multiprocess
@@ -125,7 +127,7 @@ def test_a_killed_process_ends_a_job_connected_by_its_own_arguments(start, tmp_p
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(("topology", "victim"), [((2, 4), 1), ((4, 2), 0)], ids=["2x4", "4x2"])
+@pytest.mark.parametrize(("topology", "victim"), [((2, 4), 1)], ids=["2x4"])
 def test_a_stopped_process_is_found_silent_and_ends_the_job(topology, victim, tmp_path):
     out = str(tmp_path / "params.npz")
     flags = ["--out", out, "--kill", "stop", "--victim", str(victim), "--heartbeat", "4"]

@@ -156,8 +156,8 @@ def test_a_packed_folder_on_s3_opens_with_three_requests_whatever_its_size(
 
 def test_a_few_scattered_documents_read_their_offsets_by_range_not_the_whole_array(tmp_path):
     """A packed row's documents are scattered over the corpus: reading them costs their
-    own offsets, not each shard's whole array (8 bytes a document); a dense read still
-    loads it once."""
+    own offsets, not each shard's whole array (8 bytes a document), until the shard has
+    served one in 64 of its documents; then it loads the array once."""
     data = _documents(tmp_path / "data", 100_000, shard_size=100_000)
     want = meshfeed.open_source(data)
     want.lengths("tokens")  # loaded whole: the reference
@@ -169,8 +169,12 @@ def test_a_few_scattered_documents_read_their_offsets_by_range_not_the_whole_arr
         a.tolist() for a in want[ids]["tokens"].to_list()
     ]
     assert rows._offsets is None and rows.offsets_file.bytes_read <= 8 * 16
-    source[np.arange(0, 100_000, 10)]  # dense: the whole array, once
-    assert rows._offsets is not None
+    rng = np.random.default_rng(0)
+    for _ in range(15):  # a shard in use: past one in 64 of its documents, read whole
+        source[rng.integers(0, 100_000, 100)]
+    assert rows._offsets is None
+    source[rng.integers(0, 100_000, 100)]
+    assert rows._offsets is not None and len(rows._offsets) == 100_001
 
 
 def test_a_build_on_two_workers_is_the_same_plan_and_a_stopped_one_goes_on_from_its_shards(

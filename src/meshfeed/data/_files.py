@@ -207,12 +207,13 @@ class NpyRows(RowFile):
 class RaggedRows:
     """The documents of one ragged field's shard: a values ``.npy`` and an offsets ``.npy``.
 
-    A read of few documents (fewer than one in ``SPARSE`` of the shard's) reads just
-    their offsets, by range, beside their values; a denser read, or ``lengths()``,
-    reads the offsets (8 bytes a document) whole once and keeps them. So a packed row's
-    scattered documents cost no whole offsets arrays, and memory does not grow with
-    the shards a run touches. Each read takes the values of the documents asked for as
-    byte ranges, consecutive documents as one range.
+    While the documents read from it add up to fewer than one in ``SPARSE`` of the
+    shard's, a read takes just their offsets, by range, beside their values; past that
+    (a shard in use), or for ``lengths()``, the offsets (8 bytes a document) are read
+    whole once and kept. So a first batch of scattered documents -- a packed row's --
+    costs no whole offsets arrays, and a shard read on and on reads its offsets once.
+    Each read takes the values of the documents asked for as byte ranges, consecutive
+    documents as one range.
     """
 
     SPARSE = 64
@@ -229,6 +230,7 @@ class RaggedRows:
         self.dtype = values.dtype
         self.name = values.name
         self._offsets: np.ndarray | None = None
+        self._sparse = 0  # documents read with their offsets by range so far
 
     @property
     def offsets(self) -> np.ndarray:
@@ -280,7 +282,8 @@ class RaggedRows:
         starts and ends in the values, and each document's length."""
         starts, ends = runs(unique)
         first, last = unique[starts], unique[ends - 1]
-        if self._offsets is not None or len(unique) * self.SPARSE >= self.rows:
+        self._sparse += len(unique)
+        if self._offsets is not None or self._sparse * self.SPARSE >= self.rows:
             offsets = self.offsets
             return offsets[first], offsets[last + 1], offsets[unique + 1] - offsets[unique]
         sizes = last - first + 2  # a run's offsets, its last document's end included

@@ -20,7 +20,6 @@ import io
 import json
 import multiprocessing
 import os
-import shutil
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -30,6 +29,7 @@ import numpy as np
 from meshfeed.data._folder import FORMAT, MANIFEST, join, read_json
 from meshfeed.data._pack_plan import Shape, narrow_lengths, no_tokens, plan_windows
 from meshfeed.data._writer import FolderWriter
+from meshfeed.storage._blob import Blob
 
 WINDOWS_PER_SHARD = 16
 """Windows of documents a shard of the plan holds (262,144 documents by default)."""
@@ -157,16 +157,5 @@ def _digest(
 
 
 def _load(writer: FolderWriter, relative: str) -> np.ndarray:
-    if writer.fs is None:
-        return np.load(os.path.join(writer.path, relative))
-    with writer.fs.open(f"{writer.path.rstrip('/')}/{relative}", "rb") as f:
-        return np.load(io.BytesIO(f.read()))
-
-
-def clear(folder: str, options: Mapping[str, Any] | None) -> None:
-    """Removes a plan's folder, to build it again."""
-    writer = FolderWriter(folder, options)
-    if writer.fs is None:
-        shutil.rmtree(folder, ignore_errors=True)
-    elif writer.fs.exists(writer.path):
-        writer.fs.rm(writer.path, recursive=True)
+    """A ``.npy`` of the plan, read whole (one request behind a URL)."""
+    return np.load(io.BytesIO(Blob(join(writer.root, relative), writer.storage_options).read_all()))

@@ -24,15 +24,16 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from meshfeed.data._folder import MANIFEST, join, read_json
-from meshfeed.data._pack_build import build_plan, clear
+from meshfeed.data._pack_build import build_plan
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._sources import Source, document_lengths
 from meshfeed.data._store import open_source
+from meshfeed.data._writer import FolderWriter
 
 PLAN_FOLDER = "meshfeed.pack"
 PLAN_FORMAT = "meshfeed.pack-plan/1"
@@ -68,17 +69,13 @@ class StoredPlan:
     def pieces_of(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
         """The pieces of ``rows`` (see ``PackPlan.pieces_of``), read from the folder."""
         got = self._rows[np.asarray(rows, dtype=np.int64)]
-        doc, piece, length = (_ragged(got[name]) for name in ("doc", "piece", "length"))
+        doc, piece, length = (cast(Ragged, got[name]) for name in ("doc", "piece", "length"))
         return (
             doc.lengths.astype(np.int64),
             doc.values.astype(np.int64),
             piece.values.astype(np.int64) * self.seq_len,
             length.values.astype(np.int64),
         )
-
-
-def _ragged(values: Any) -> Ragged:
-    return values if isinstance(values, Ragged) else Ragged.from_list(list(values))
 
 
 def plan_key(seq_len: int, settings: Mapping[str, Any]) -> str:
@@ -126,12 +123,12 @@ def open_plan(
 ) -> StoredPlan | None:
     """The stored plan of ``source`` under these settings, built first if it is not
     there yet; ``None`` where it cannot be written (read-only data and no
-    ``plan_dir``), said once: the plan is then made in memory."""
+    ``plan_dir``), said on stderr: the plan is then made in memory."""
     root, options = where
     folder = join(root, plan_key(seq_len, settings))
     try:
         if rebuild:
-            clear(folder, options)
+            FolderWriter(folder, options).clear()
         manifest = read_json(join(folder, MANIFEST), options)
         if manifest is None:
             manifest = _build(source, field, seq_len, settings, folder, options, workers)

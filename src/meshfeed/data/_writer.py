@@ -18,6 +18,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -71,6 +72,13 @@ class FolderWriter:
             self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
             with self.fs.open(target, "wb") as f:
                 f.write(data)
+
+    def clear(self) -> None:
+        """Removes the folder and what it holds, if it exists."""
+        if self.fs is None:
+            shutil.rmtree(self.path, ignore_errors=True)
+        elif self.fs.exists(self.path):
+            self.fs.rm(self.path, recursive=True)
 
     def exists(self, relative: str) -> bool:
         if self.fs is None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -34,7 +33,6 @@ from meshfeed.data._writer import FolderWriter, Shard, write_folder
 from meshfeed.prepare._chat import ChatEncoded
 from meshfeed.prepare._inputs import InputFile, Part
 from meshfeed.prepare._read import documents
-from meshfeed.storage._blob import is_url, require_fsspec
 
 SHARD_TOKENS = 1 << 24
 """Tokens per shard, about (a shard ends at the first batch past it)."""
@@ -60,7 +58,7 @@ def write_part(
     files: list[InputFile] = plan["inputs"]
     settings, tokenizer = plan["settings"], plan["tokenizer"]
     root = join(out, part_folder(index, len(parts)))
-    remove(root, storage_options)
+    FolderWriter(root, storage_options).clear()
     counts: Counts = {"documents": 0, "tokens": 0, "empty": 0, "skipped": 0}
     batches = documents(
         parts[index], files, settings, storage_options=storage_options, dataset=dataset
@@ -69,16 +67,6 @@ def write_part(
     writer = FolderWriter(root, storage_options)
     write_folder(writer, shards, extra={"prepare": counts}, allow_empty=True)
     return counts
-
-
-def remove(root: str, storage_options: Mapping[str, Any] | None) -> None:
-    """Removes the folder ``root`` and what it holds, if it exists."""
-    if not is_url(root):
-        shutil.rmtree(root, ignore_errors=True)
-        return
-    fs, inner = require_fsspec().core.url_to_fs(root, **dict(storage_options or {}))
-    if fs.exists(inner):
-        fs.rm(inner, recursive=True)
 
 
 def _shards(
