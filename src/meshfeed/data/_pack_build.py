@@ -20,6 +20,7 @@ import io
 import json
 import multiprocessing
 import os
+import sys
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -61,13 +62,16 @@ def build_plan(
         np.save(path, lengths)
         job = {"lengths": path, "seq_len": seq_len, "settings": dict(settings),
                "folder": folder, "options": options, "types": _types(shape)}  # fmt: skip
+        said = _Said(folder, len(todo), count)
         if workers > 1 and len(todo) > 1:
             spawn = multiprocessing.get_context("spawn")
             with concurrent.futures.ProcessPoolExecutor(workers, mp_context=spawn) as pool:
-                list(pool.map(build_shard, [job] * len(todo), todo))
+                for _ in pool.map(build_shard, [job] * len(todo), todo):
+                    said.one()
         else:
             for s in todo:
                 build_shard(job, s)
+                said.one()
     entries = [read_json(join(folder, _done(s)), options) for s in range(count)]
     if any(e is None for e in entries):
         raise RuntimeError(f"{folder}: a shard of the plan is missing after its build.")
@@ -90,6 +94,23 @@ def build_plan(
     }  # fmt: skip
     writer.write(MANIFEST, json.dumps(manifest, indent=1).encode())
     return manifest
+
+
+class _Said:
+    """A long build's progress on stderr: a line each tenth of its shards, and at the end
+    (nothing for a build of under 10 shards)."""
+
+    def __init__(self, folder: str, todo: int, count: int) -> None:
+        self.folder, self.todo, self.count, self.done = folder, todo, count, 0
+
+    def one(self) -> None:
+        self.done += 1
+        if self.todo >= 10 and (10 * self.done // self.todo) > (10 * (self.done - 1) // self.todo):
+            left = self.count - self.todo
+            sys.stderr.write(
+                f"meshfeed: {self.folder}: {self.done + left:,} of {self.count:,} shards of "
+                "the plan built\n"
+            )
 
 
 def _done(shard: int) -> str:
