@@ -15,7 +15,8 @@ the process's peak RSS:
 Lines per N: each entry's median seconds and peak RSS over rounds (rotating order), and
 ``kept`` less ``unpacked`` (goal: <= 1 s and <= 100 MB at 16M, flat in N). One line per
 N for the build: ``meshfeed pack``'s documents/s on 1 and 2 worker processes and the
-in-memory planner's, the same plan. ``--s3``: the requests to open a packed folder on
+in-memory planner's, the same plan (``--ray``: also as Ray tasks on a local Ray of 2 CPUs,
+started before the timing). ``--s3``: the requests to open a packed folder on
 the local S3 server at 10^5 and 10^6 documents (goal: equal, <= 4). ``--smoke`` for CI.
 """
 
@@ -96,9 +97,9 @@ def _run(entry: str, data: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def build_rates(data: Path, n: int) -> dict:
-    """Documents/s of the kept plan's build on 1 and 2 worker processes, and of the
-    in-memory planner, here; the same plan."""
+def build_rates(data: Path, n: int, ray: bool = False) -> dict:
+    """Documents/s of the kept plan's build on 1 and 2 worker processes (and Ray tasks),
+    and of the in-memory planner, here; the same plan."""
     import meshfeed
 
     source = meshfeed.open_source(data)
@@ -106,23 +107,31 @@ def build_rates(data: Path, n: int) -> dict:
     memory = meshfeed.pack(source, SEQ_LEN, plan_dir=False)
     planned = time.perf_counter() - start
     out = {"planner_docs_per_s": round(n / planned)}
-    for workers in (1, 2):
+    builds: list[tuple[str, dict]] = [("1", {"plan_workers": 1}), ("2", {"plan_workers": 2})]
+    if ray:
+        import ray as ray_module
+
+        ray_module.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        builds.append(("ray", {"plan_executor": "ray"}))
+    for name, how in builds:
         start = time.perf_counter()
-        kept = meshfeed.pack(source, SEQ_LEN, rebuild_plan=True, plan_workers=workers)
+        kept = meshfeed.pack(source, SEQ_LEN, rebuild_plan=True, **how)
         built = time.perf_counter() - start
         if kept.fingerprint != memory.fingerprint:
             raise RuntimeError("the kept plan differs from the one made in memory")
-        out[f"build_{workers}_docs_per_s"] = round(n / built)
-        out[f"build_{workers}_over_planner"] = round(planned / built, 3)
+        out[f"build_{name}_docs_per_s"] = round(n / built)
+        out[f"build_{name}_over_planner"] = round(planned / built, 3)
+    if ray:
+        ray_module.shutdown()
     return out
 
 
-def local(sizes: list[int], rounds: int, smoke: bool) -> None:
+def local(sizes: list[int], rounds: int, smoke: bool, ray: bool = False) -> None:
     for n in sizes:
         scratch = Path(tempfile.mkdtemp(prefix="meshfeed-pack-plan-"))
         try:
             data = write_documents(scratch / "data", n)
-            rates = build_rates(data, n)
+            rates = build_rates(data, n, ray)
             print(json.dumps({"benchmark": "pack_plan", "workload": "W", "part": "build",
                               "documents": n, **rates, "smoke": smoke}), flush=True)  # fmt: skip
             got: dict[str, list[dict]] = {e: [] for e in ENTRIES}
@@ -181,6 +190,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 16_000_000])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--s3", action="store_true", help="the S3 requests part only")
+    parser.add_argument("--ray", action="store_true", help="time the build on Ray tasks too")
     parser.add_argument("--run", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -192,7 +202,7 @@ def main() -> None:
         s3([10_000] if args.smoke else [100_000, 1_000_000], args.smoke)
         return
     sizes, rounds = ([20_000], 1) if args.smoke else (args.sizes, args.rounds)
-    local(sizes, rounds, args.smoke)
+    local(sizes, rounds, args.smoke, args.ray)
     if args.smoke:
         s3([10_000], smoke=True)
 

@@ -196,3 +196,13 @@ def test_a_build_on_two_workers_is_the_same_plan_and_a_stopped_one_goes_on_from_
     assert {p.name: p.stat().st_mtime_ns for p in done if p.name in before} == before
     assert done[2].exists()
     _same_rows(again, memory, np.arange(0, len(memory), 13))
+
+
+def test_pack_refuses_an_unknown_plan_executor_and_names_the_ray_extra(tmp_path, monkeypatch):
+    data = _documents(tmp_path / "data", 100)
+    with pytest.raises(ValueError, match=r"plan_executor='dask' must be 'local' .* or 'ray'"):
+        meshfeed.pack(meshfeed.open_source(data), 64, plan_executor="dask")  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    with pytest.raises(ImportError, match=r"pack\(plan_executor='ray'\) needs Ray: pip install"):
+        meshfeed.pack(meshfeed.open_source(data), 64, plan_executor="ray")
+    assert not (data / PLAN_FOLDER).exists()  # refused before any planning

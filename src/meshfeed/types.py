@@ -4,6 +4,7 @@ For annotating code that passes them on (``def make_loader(sharding:
 meshfeed.types.ShardingArg)``); nothing here is needed to call meshfeed.
 """
 
+from meshfeed.cluster._ray_connect import RayOptions as RayOptions
 from meshfeed.core._mesh import AxisTypes as AxisTypes
 from meshfeed.core._stages import BatchSizeArg as BatchSizeArg
 from meshfeed.data._bad_records import OnError as OnError
@@ -25,7 +26,6 @@ from meshfeed.formats._tfrecord import FeatureType as FeatureType
 from meshfeed.prepare._prepare import PrepareExecutor as PrepareExecutor
 from meshfeed.prepare._prepare import TxtMode as TxtMode
 from meshfeed.prepare._select import SelectExecutor as SelectExecutor
-from meshfeed.workers._ray_connect import RayOptions as RayOptions
 from meshfeed.workers._record_rows import RecordFn as RecordFn
 from meshfeed.workers._records import WorkerType as WorkerType
 

@@ -11,6 +11,7 @@ EPILOG = """examples:
   meshfeed pack tokens/ --seq-len 2048          (the plan in tokens/meshfeed.pack/)
   meshfeed pack s3://bucket/tokens --seq-len 4096 --endpoint-url http://127.0.0.1:9000
   meshfeed pack /readonly/tokens --seq-len 2048 --plan-dir /shared/plans
+  meshfeed pack s3://bucket/tokens --seq-len 2048 --ray   (a Ray task per shard of the plan)
 """
 
 
@@ -37,6 +38,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rebuild", action="store_true", help="build it again over the one there")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="processes that build it (default: cores)")  # fmt: skip
+    p.add_argument("--ray", action="store_true", help="a Ray task per shard, on the cluster")
     p.add_argument("--endpoint-url", default=None, help="an S3-compatible store's endpoint")
 
 
@@ -56,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         plan_dir=args.plan_dir,
         rebuild_plan=args.rebuild,
         plan_workers=max(1, args.workers),
+        plan_executor="ray" if args.ray else "local",
     )
     where = getattr(packed.plan, "where", None)
     print(json.dumps({"plan": where, **packed.stats()}))

@@ -5,10 +5,12 @@ detected on a cluster, given explicit arguments, or alone) and starts the watch,
 ends the whole job within a second, with one line, when a process is lost; ``watch``
 (which the loader calls) starts it for a job that called ``jax.distributed.initialize``
 itself; ``shutdown`` lets a process leave with ``os._exit`` without being reported
-lost. ``launch`` starts and supervises several processes on this machine. The layer
-sits just above the floor, below the data and the loader, because the layers above
-tell the watch what their process is doing (the loader its step, ``fit`` its step,
-checkpoints their save), so that the line a survivor prints can say where the job was.
+lost. ``launch`` starts and supervises several processes on this machine;
+``_ray_connect`` reaches a Ray cluster for the layers above that spread work over one
+(record workers, index and packing-plan builds). The layer sits just above the floor,
+below the data and the loader, because the layers above tell the watch what their
+process is doing (the loader its step, ``fit`` its step, checkpoints their save), so
+that the line a survivor prints can say where the job was.
 
 Modules, lowest first (each imports only modules listed before it)::
 
@@ -19,6 +21,8 @@ Modules, lowest first (each imports only modules listed before it)::
                    watch: start the watch (ensure_watched: what the loader checks);
                    shutdown: JAX's shutdown barrier, then the goodbye (os._exit may follow)
     _launch        launch: local processes, started and supervised
+    _ray_connect   reaching a Ray cluster (this one's, RAY_ADDRESS's, or a local one);
+                   RayOptions: what a Ray worker reserves
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.
 """

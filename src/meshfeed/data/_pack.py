@@ -23,13 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from meshfeed.cluster._ray_connect import import_ray
+from meshfeed.data._pack_build import EXECUTORS, Executor
 from meshfeed.data._pack_plan import (
     ALGORITHMS,
     LONG_DOCS,
     Algorithm,
     LongDocs,
     PackPlan,
-    narrowest,
     plan_packing,
 )
 from meshfeed.data._pack_store import StoredPlan, location, open_plan
@@ -50,13 +51,6 @@ LOSS_MASK = "loss_mask"  # what prepare(chat=) writes beside the tokens: long on
 
 def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _narrow_lengths(source: Source, field: str) -> np.ndarray:
-    """The documents' lengths in the narrowest type that holds them (the plan keeps them
-    while it plans)."""
-    found = document_lengths(source, field)
-    return found.astype(narrowest(int(found.max()) if len(found) else 0))
 
 
 def _dtype(source: Source, name: str) -> np.dtype:
@@ -201,6 +195,7 @@ def pack(
     plan_dir: str | os.PathLike[str] | bool | None = None,
     rebuild_plan: bool = False,
     plan_workers: int = 1,
+    plan_executor: Executor = "local",
 ) -> Packed:
     """The documents of ``source`` packed into rows of ``seq_len`` tokens: a ``Source``.
 
@@ -243,6 +238,12 @@ def pack(
       rebuild_plan: build the kept plan again, over the one there.
       plan_workers: processes that build a kept plan not built yet (a shard of 16
         windows each at a time); a build stopped midway goes on from its done shards.
+      plan_executor: ``"local"`` (``plan_workers`` processes on this machine) or
+        ``"ray"``: a Ray task per shard on the cluster this process is connected to,
+        else the one ``RAY_ADDRESS`` names, else a local Ray of its own (the ``ray``
+        extra); the plan's place must then be reachable from every node (a URL or a
+        shared file system), and a shard lost with its node is built again, the same
+        bytes.
 
     Returns:
       A ``Packed`` source: fields ``field`` (and the other packed fields), ``segment_ids``
@@ -264,6 +265,13 @@ def pack(
         raise ValueError(f"seed={seed!r} must be an int >= 0.")
     if not _count(plan_workers) or plan_workers < 1:
         raise ValueError(f"plan_workers={plan_workers!r} must be an int >= 1 (processes).")
+    if plan_executor not in EXECUTORS:
+        raise ValueError(
+            f"plan_executor={plan_executor!r} must be 'local' (processes on this machine) "
+            "or 'ray' (a Ray task per shard of the plan)."
+        )
+    if plan_executor == "ray":
+        import_ray("pack(plan_executor='ray')")
     packed = _packed_fields(source, field, alongside)
     if long_docs is None:  # never cut a masked document into a tail without its start
         long_docs = "truncate" if LOSS_MASK in packed else "split"
@@ -282,12 +290,13 @@ def pack(
     stored = None
     if where is not None:
         stored = open_plan(
-            source, field, seq_len, settings, where, rebuild=rebuild_plan, workers=plan_workers
-        )
+            source, field, seq_len, settings, where, rebuild=rebuild_plan,
+            workers=plan_workers, executor=plan_executor,
+        )  # fmt: skip
     if stored is not None:
         return Packed(source, seq_len, packed, stored, dict(stored.record["stats"]), settings)
     plan, stats = plan_packing(
-        _narrow_lengths(source, field),
+        document_lengths(source, field),
         seq_len,
         seed=seed,
         ordered=ordered,

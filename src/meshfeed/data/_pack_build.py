@@ -1,20 +1,25 @@
-"""Building a kept packing plan: its shards, on this process or on worker processes.
+"""Building a kept packing plan: its shards, on this process, worker processes or Ray.
 
 A shard of the plan is ``WINDOWS_PER_SHARD`` windows of documents (``plan_windows``), so
 which rows a shard holds depends on the data and the settings alone: any builder writes
 the same files, one process or many, and a shard can be built on its own. A shard is
 done when its files are written and then its entry (``<shard>.done.json``: its manifest
 entry, counts and pieces); a build killed midway redoes only the shards without one.
-Workers read the documents' lengths from one ``.npy`` the builder writes once to a local
-temporary folder (memory-mapped: the page cache holds one copy for all of them). Once
-every shard is done the builder reads the plan back in order for its digest -- the one
-``PackPlan.digest`` gives the same plan in memory -- and writes the manifest, which
-makes the plan whole.
+Local workers read the documents' lengths from one ``.npy`` the builder writes once to a
+local temporary folder (memory-mapped: the page cache holds one copy for all of them).
+On Ray (``executor="ray"``) a task builds each shard wherever the cluster has a CPU: the
+lengths go once into Ray's object store, which hands every task on a node the same
+read-only copy, and a shard lost with its node is built again by Ray's retry -- the same
+bytes, since nothing of the builder reaches them; the plan's folder must then be one
+every node reaches (a URL, or a shared file system). Once every shard is done the
+builder reads the plan back in order for its digest -- the one ``PackPlan.digest`` gives
+the same plan in memory -- and writes the manifest, which makes the plan whole.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import io
 import json
@@ -23,10 +28,11 @@ import os
 import sys
 import tempfile
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
+from meshfeed.cluster._ray_connect import RayOptions, connect
 from meshfeed.data._folder import FORMAT, MANIFEST, join, read_json
 from meshfeed.data._pack_plan import Shape, narrow_lengths, no_tokens, plan_windows
 from meshfeed.data._writer import FolderWriter
@@ -36,6 +42,8 @@ WINDOWS_PER_SHARD = 16
 """Windows of documents a shard of the plan holds (262,144 documents by default)."""
 FIELDS = ("doc", "piece", "length")
 KEYS = ("seed", "algorithm", "window", "long_docs", "max_segments")
+Executor = Literal["local", "ray"]
+EXECUTORS = ("local", "ray")
 
 
 def build_plan(
@@ -47,9 +55,11 @@ def build_plan(
     record: dict[str, Any],
     *,
     workers: int = 1,
+    executor: Executor = "local",
 ) -> dict[str, Any]:
     """Builds the plan of documents of ``lengths`` into ``folder`` (shards on ``workers``
-    processes), then its manifest, ``record`` completed in it; returns the manifest."""
+    processes, or as Ray tasks), then its manifest, ``record`` completed in it; returns
+    the manifest."""
     lengths = narrow_lengths(lengths)
     window = int(settings["window"])
     per_shard = window * WINDOWS_PER_SHARD
@@ -57,21 +67,23 @@ def build_plan(
     shape = Shape(lengths, seq_len, settings["long_docs"])
     writer = FolderWriter(folder, options)
     todo = [s for s in range(count) if read_json(join(folder, _done(s)), options) is None]
-    with tempfile.TemporaryDirectory(prefix="meshfeed-pack-") as scratch:
-        path = os.path.join(scratch, "lengths.npy")
-        np.save(path, lengths)
-        job = {"lengths": path, "seq_len": seq_len, "settings": dict(settings),
-               "folder": folder, "options": options, "types": _types(shape)}  # fmt: skip
-        said = _Said(folder, len(todo), count)
-        if workers > 1 and len(todo) > 1:
+    job = {"seq_len": seq_len, "settings": dict(settings), "folder": folder,
+           "options": options, "types": _types(shape)}  # fmt: skip
+    said = _Said(folder, len(todo), count)
+    if executor == "ray" and todo:
+        _on_ray(job, lengths, todo, said)
+    elif workers > 1 and len(todo) > 1:
+        with tempfile.TemporaryDirectory(prefix="meshfeed-pack-") as scratch:
+            job["lengths"] = os.path.join(scratch, "lengths.npy")
+            np.save(job["lengths"], lengths)
             spawn = multiprocessing.get_context("spawn")
             with concurrent.futures.ProcessPoolExecutor(workers, mp_context=spawn) as pool:
                 for _ in pool.map(build_shard, [job] * len(todo), todo):
                     said.one()
-        else:
-            for s in todo:
-                build_shard(job, s)
-                said.one()
+    else:
+        for s in todo:
+            build_shard(job, s, lengths)
+            said.one()
     entries = [read_json(join(folder, _done(s)), options) for s in range(count)]
     if any(e is None for e in entries):
         raise RuntimeError(f"{folder}: a shard of the plan is missing after its build.")
@@ -122,10 +134,30 @@ def _types(shape: Shape) -> dict[str, str]:
             "row_start": shape.row_start.str}  # fmt: skip
 
 
-def build_shard(job: Mapping[str, Any], shard: int) -> None:
+def _on_ray(job: dict[str, Any], lengths: np.ndarray, todo: list[int], said: _Said) -> None:
+    """Builds the shards ``todo`` as Ray tasks, a shard each, on the cluster ``connect``
+    reaches; the first error cancels the rest (their shards stay undone)."""
+    ray = connect(RayOptions())
+    task = ray.remote(num_cpus=1)(build_shard)
+    shared = ray.put(lengths)
+    pending = {task.remote(job, s, shared): s for s in todo}
+    try:
+        while pending:
+            finished, _ = ray.wait(list(pending), num_returns=1)
+            pending.pop(finished[0])
+            ray.get(finished[0])
+            said.one()
+    finally:
+        for ref in pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+
+
+def build_shard(job: Mapping[str, Any], shard: int, lengths: np.ndarray | None = None) -> None:
     """Plans shard ``shard``'s windows and writes its files, then its entry (a worker's
-    task: everything it needs is in ``job``)."""
-    lengths = np.load(job["lengths"], mmap_mode="r")
+    task: everything it needs is in ``job``, the lengths too unless given)."""
+    if lengths is None:
+        lengths = cast(np.ndarray, np.load(job["lengths"], mmap_mode="r"))
     settings, types = job["settings"], job["types"]
     window = int(settings["window"])
     first = shard * WINDOWS_PER_SHARD * window

@@ -9,12 +9,13 @@ itself: one example per packed row, with ragged fields ``doc``, ``piece`` and ``
 identity, the counts, the plan's digest). Opening it reads the manifest (one request); a
 step then reads only its rows, by range, as any field is read.
 
-It is built by ``_pack_build`` (a shard of windows at a time, on this process or on
-workers), the same bytes from any builder, so hosts that open an unbuilt plan at once
-write the same files and read the same plan; its manifest is written last. A plan
-whose data changed since (the data's catalog is not the one on record) is refused by
-name, with what rebuilds it. The plan's digest -- which the loader's state carries -- is
-the one the same plan made in memory has, so a state restores across the two.
+It is built by ``_pack_build`` (a shard of windows at a time, on this process, on
+worker processes or as Ray tasks), the same bytes from any builder, so hosts that open
+an unbuilt plan at once write the same files and read the same plan; its manifest is
+written last. A plan whose data changed since (the data's catalog is not the one on
+record) is refused by name, with what rebuilds it. The plan's digest -- which the
+loader's state carries -- is the one the same plan made in memory has, so a state
+restores across the two.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, cast
 import numpy as np
 
 from meshfeed.data._folder import MANIFEST, join, read_json
-from meshfeed.data._pack_build import build_plan
+from meshfeed.data._pack_build import Executor, build_plan
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._sources import Source, document_lengths
 from meshfeed.data._store import open_source
@@ -120,6 +121,7 @@ def open_plan(
     *,
     rebuild: bool = False,
     workers: int = 1,
+    executor: Executor = "local",
 ) -> StoredPlan | None:
     """The stored plan of ``source`` under these settings, built first if it is not
     there yet; ``None`` where it cannot be written (read-only data and no
@@ -131,7 +133,7 @@ def open_plan(
             FolderWriter(folder, options).clear()
         manifest = read_json(join(folder, MANIFEST), options)
         if manifest is None:
-            manifest = _build(source, field, seq_len, settings, folder, options, workers)
+            manifest = _build(source, field, seq_len, settings, folder, options, workers, executor)
     except OSError as error:  # read-only data, say: the plan cannot go there
         sys.stderr.write(
             f"meshfeed: cannot keep the packing plan in {folder} ({error}); it is made "
@@ -160,6 +162,7 @@ def _build(
     folder: str,
     options: Mapping[str, Any] | None,
     workers: int,
+    executor: Executor,
 ) -> dict[str, Any]:
     """Plans ``source``'s documents into ``folder`` (``_pack_build``); its manifest."""
     lengths = document_lengths(source, field)
@@ -172,4 +175,6 @@ def _build(
         "format": PLAN_FORMAT, "seq_len": seq_len, "settings": dict(settings),
         "data": identity(source), "documents": len(lengths),
     }  # fmt: skip
-    return build_plan(lengths, seq_len, settings, folder, options, record, workers=workers)
+    return build_plan(
+        lengths, seq_len, settings, folder, options, record, workers=workers, executor=executor
+    )

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from meshfeed.cluster._ray_connect import RayOptions
 from meshfeed.core._stages import BatchSizeArg, BatchSizes
 from meshfeed.data._bad_records import ON_ERROR, OnError
 from meshfeed.feed._option import check_each, count, function, is_count, known, option
@@ -29,7 +30,6 @@ from meshfeed.feed._schedule import LAST_BATCH, LastBatch
 from meshfeed.feed._shardings import ShardingArg
 from meshfeed.feed._skips import DEFAULT_MAX_SKIPPED
 from meshfeed.workers._processes import send_by_value
-from meshfeed.workers._ray_connect import RayOptions
 from meshfeed.workers._record_rows import RecordFn
 from meshfeed.workers._records import WORKER_TYPES, WorkerType
 

@@ -6,7 +6,7 @@ is finished by running it again. Files are indexed by ``workers`` processes star
 a bare meshfeed (no JAX; ``workers._bare``), a file at a time each, or only share ``i``
 of ``n`` of the files with ``part=(i, n)`` -- one ``meshfeed index --part i/n`` per
 machine of a cluster -- or, with ``executor="ray"``, by one Ray task per file on the
-cluster the workers layer connects to (``workers._ray_connect``: the one this process is
+cluster ``cluster._ray_connect`` connects to (the one this process is
 on, else ``RAY_ADDRESS``'s, else a local Ray of its own, as ``worker_type="ray"`` does);
 each task writes its file's index as this process would, so the indexes are the same
 bytes and a run on Ray resumes per file too. ``seekable=True`` first rewrites single-member
@@ -33,6 +33,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from meshfeed.cluster._ray_connect import RayOptions, connect, import_ray
 from meshfeed.data._catalog import (
     MIXED,
     catalog_dir,
@@ -51,7 +52,6 @@ from meshfeed.storage._blob import Blob, is_url
 from meshfeed.storage._compressed import Inflater, compress_members, compression_of
 from meshfeed.storage._paths import expand_paths
 from meshfeed.workers._bare import bare_argv, load_on_use
-from meshfeed.workers._ray_connect import RayOptions, connect, import_ray
 
 SCANS = {"tar": scan_tar, "jsonl": scan_jsonl, "tfrecord": scan_tfrecord}
 PER_PROCESS = 512 << 20

@@ -23,7 +23,6 @@ Modules, lowest first (each imports only modules listed before it)::
     _thread_workers  worker_type="threads": record transforms on a thread pool
     _processes       worker processes: started bare, stderr copied, deaths told; send_by_value
     _workers         the pool of worker processes: start, chunks in and out, deaths, shutdown
-    _ray_connect     RayOptions, and reaching a Ray cluster (RAY_ADDRESS, or a local one)
     _ray_actor       what a Ray record worker runs: ids in, the source read there, rows out
     _ray_crew        the Ray actors of a pool: started, seen to start, lost and replaced
     _ray_workers     worker_type="ray": Ray actors, work keyed by (step, chunk), redone if lost

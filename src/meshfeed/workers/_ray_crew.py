@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed.workers._ray_connect import RayOptions
+from meshfeed.cluster._ray_connect import RayOptions
 
 START_S = 10.0  # a worker not started by then has its chunks done by the others,
 BEHIND_S = 3.0  # as has one not started this long after another did

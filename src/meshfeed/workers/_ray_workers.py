@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from meshfeed.cluster._ray_connect import RayOptions, connect
 from meshfeed.core._held import HostBuffers
 from meshfeed.workers._processes import send_by_value
 from meshfeed.workers._ray_actor import Reply, actor_class
-from meshfeed.workers._ray_connect import RayOptions, connect
 from meshfeed.workers._ray_crew import Chunk, Crew, say_if_too_small
 from meshfeed.workers._record_rows import Dropped, RecordFn, chunks
 from meshfeed.workers._shm import Spec

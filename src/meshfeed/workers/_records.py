@@ -20,11 +20,11 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
+from meshfeed.cluster._ray_connect import RayOptions
 from meshfeed.core._held import HostBuffers
 from meshfeed.core._tally import Tally
 from meshfeed.data._bad_records import Skip
 from meshfeed.data._sources import FieldSpec
-from meshfeed.workers._ray_connect import RayOptions
 from meshfeed.workers._ray_workers import RayWorkers
 from meshfeed.workers._record_rows import Dropped, RecordFn, dropped, probe_spec, transform_rows
 from meshfeed.workers._shm import Spec

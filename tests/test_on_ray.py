@@ -1,19 +1,27 @@
-"""``meshfeed.index(executor="ray")``: a Ray task per file, on a local Ray of 2 CPUs,
-writes the sidecars the local executor writes, byte for byte; a re-run redoes only the
-files without a current index; a bad file stops the run by name; ``meshfeed index --ray``
-does the same from the command line."""
+"""Work done once over a data set, as Ray tasks on a local Ray of 2 CPUs.
+
+``meshfeed.index(executor="ray")``: a task per file writes the sidecars the local
+executor writes, byte for byte; a re-run redoes only the files without a current index;
+a bad file stops the run by name; ``meshfeed index --ray`` does the same from the command
+line. ``pack(plan_executor="ray")``: a task per shard of the packing plan writes, to a
+folder on S3, the files a local build writes."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
+import numpy as np
 import pytest
+import s3fs
 
 import meshfeed
 from formats_fns import write_jsonl, write_tfrecord, write_wds
+from meshfeed.data._pack_store import StoredPlan
 
 ray = pytest.importorskip("ray", reason="executor='ray' needs the ray extra")
 # Ray starts its node processes with a preexec_fn, so Python runs JAX's at-fork hook,
@@ -102,3 +110,41 @@ def test_a_bad_file_stops_the_run_by_name(local_ray, tmp_path):
     cut.write_bytes(shard.read_bytes()[:5000])
     with pytest.raises(ValueError, match=r"cut.tar: truncated: it stops after member"):
         meshfeed.index([good, str(cut)], executor="ray", progress=False)
+
+
+def test_a_packing_plan_built_as_ray_tasks_on_s3_is_the_files_a_local_build_writes(
+    local_ray, server, tmp_path, capsys
+):
+    # On S3, which every node of a cluster reaches; a task per shard of the plan.
+    rng = np.random.default_rng(0)
+    docs = [np.full(k, i % 1000, np.int32) for i, k in enumerate(rng.integers(1, 200, 20_000))]
+    local = tmp_path / "data"
+    meshfeed.write_source(local, {"tokens": meshfeed.Ragged.from_list(docs)}, shard_size=4096)
+    url, options = "s3://data/ray-plan", server.storage_options
+    fs = s3fs.S3FileSystem(**options)
+    fs.put(str(local), url, recursive=True)
+    on_ray = meshfeed.pack(meshfeed.open_source(url, storage_options=options), 256, window=256,
+                           plan_executor="ray")  # fmt: skip
+    kept = meshfeed.pack(meshfeed.open_source(local), 256, window=256)
+    assert isinstance(on_ray.plan, StoredPlan) and isinstance(kept.plan, StoredPlan)
+    assert on_ray.plan.record == kept.plan.record and on_ray.fingerprint == kept.fingerprint
+    mine, where = Path(kept.plan.where), on_ray.plan.where.removeprefix("s3://")
+    files = sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*") if p.is_file())
+    assert len([f for f in files if f.startswith("done/")]) == 5  # 5 shards: 5 tasks
+    assert sorted(p.removeprefix(where + "/") for p in fs.find(where)) == files
+    for name in files:
+        got, want = cast(bytes, fs.cat(f"{where}/{name}")), (mine / name).read_bytes()
+        if name.endswith(".npy"):
+            assert got == want, name
+        else:  # the same entries, which behind a URL also name each file's ETag
+            assert _without_etags(json.loads(got)) == json.loads(want), name
+    ids = np.arange(0, len(kept), 7)
+    assert on_ray[ids]["tokens"].tobytes() == kept[ids]["tokens"].tobytes()
+
+
+def _without_etags(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _without_etags(v) for k, v in value.items() if k != "etag"}
+    if isinstance(value, list):
+        return [_without_etags(v) for v in value]
+    return value
