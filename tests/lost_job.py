@@ -3,7 +3,9 @@
 Started by the tests the way a cluster manager starts a job (each process with its
 coordinator, count and id in the environment, no ``meshfeed launch``); one process can
 be made to die mid-step (SIGKILL right after dispatching a step), while a checkpoint is
-being saved (SIGKILL once Orbax's temporary folder for it appears) or to stop (SIGSTOP).
+being saved (SIGKILL once Orbax's temporary folder for it appears), to stop (SIGSTOP), or
+be told it will be preempted (SIGTERM right after dispatching a step). ``--losses``:
+process 0 appends each step's loss to that JSON Lines file (a writer, every step).
 
 ``--start`` is how the processes connect: ``env`` (``meshfeed.initialize()`` reads the
 environment a cluster manager gave), ``explicit`` (``meshfeed.initialize(coordinator,
@@ -12,6 +14,7 @@ num_processes=, process_id=)`` from ``--join``, the environment holding none of 
 """
 
 import argparse
+import json
 import os
 import signal
 import threading
@@ -25,7 +28,8 @@ parser.add_argument("--checkpoint-dir", required=True)
 parser.add_argument("--out", required=True)
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--every", type=int, default=3)
-parser.add_argument("--kill", choices=["none", "step", "save", "stop"], default="none")
+parser.add_argument("--kill", choices=["none", "step", "save", "stop", "sigterm"], default="none")
+parser.add_argument("--losses", default=None)
 parser.add_argument("--victim", type=int, default=1)
 parser.add_argument("--at", type=int, default=8)
 parser.add_argument("--heartbeat", type=float, default=4.0)
@@ -88,7 +92,18 @@ def step(state, batch):
     out = inner(state, batch)
     if victim and args.kill in ("step", "stop") and number == args.at:
         die()  # the step is dispatched: the others are in its collectives
+    if victim and args.kill == "sigterm" and number == args.at:
+        Path(f"{args.out}.told").write_text(str(time.monotonic()))
+        os.kill(os.getpid(), signal.SIGTERM)
     return out
+
+
+class Losses:
+    """A writer (CLU's kind): each step's loss, a JSON line each."""
+
+    def write_scalars(self, step, scalars):
+        with open(args.losses, "a") as f:
+            f.write(json.dumps({"step": step, "loss": float(scalars["train/loss"])}) + "\n")
 
 
 history = meshfeed.fit(
@@ -99,6 +114,8 @@ history = meshfeed.fit(
     progress=False,
     checkpoint_dir=args.checkpoint_dir,
     checkpoint_every=args.every,
+    log_every=1 if args.losses else 20,
+    writer=Losses() if args.losses else None,
 )
 if jax.process_index() == 0:
     params = {n: np.asarray(v.addressable_shards[0].data) for n, v in history.state.params.items()}

@@ -1,5 +1,7 @@
-"""A process lost anywhere ends the job in seconds, each survivor naming it (no launcher)."""
+"""A process lost anywhere ends the job in seconds, each survivor naming it (no launcher);
+one told it will be preempted (SIGTERM) makes every process save one step and stop."""
 
+import json
 import re
 import subprocess
 import sys
@@ -106,6 +108,43 @@ def test_a_killed_process_ends_the_job_and_the_relaunch_resumes(
     got = _final_params(out)
     for name, want in reference.items():
         np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.multiprocess
+def test_a_sigterm_to_one_process_makes_every_process_save_one_step_and_the_relaunch_resumes(
+    tmp_path, reference
+):
+    out, losses = str(tmp_path / "params.npz"), tmp_path / "losses.jsonl"
+    flags = ["--out", out, "--losses", str(losses)]
+    ends = _wait(_start(2, 4, tmp_path, *flags, "--kill", "sigterm", "--victim", "1", "--at", "8"))
+    told = float(Path(f"{out}.told").read_text())
+    stops = set()
+    for i, (code, gone, log) in ends.items():
+        assert code == 0, log[-3000:]
+        assert gone - told < 30
+        who = "this process" if i == 1 else "process 1"
+        line = (
+            rf"meshfeed: preempted: {who} \(of 2\) was told to stop \(SIGTERM\); process {i} "
+            r"saved step (\d+) and stops here. Run the same command again to resume from it."
+        )
+        found = re.search(line, log)
+        assert found is not None, log[-3000:]
+        stops.add(int(found.group(1)))
+        assert "Traceback" not in log and "was lost" not in log, log[-3000:]
+    (stop,) = stops  # one step, the same on both
+    assert 8 <= stop < 20  # told after dispatching step 8; a run of 20
+    ends = _wait(_start(2, 4, tmp_path, *flags))
+    for i, (code, _, log) in ends.items():
+        assert code == 0, log[-3000:]
+        assert f"process {i}: newest checkpoint {stop}" in log
+    got = _final_params(out)
+    for name, want in reference.items():
+        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+    # Every step's loss once, across the two runs, as an unbroken run's.
+    logged = [json.loads(line) for line in losses.read_text().splitlines()]
+    assert [entry["step"] for entry in logged] == list(range(1, 21))
+    unbroken = train_fns.fit_losses(20)
+    np.testing.assert_allclose([entry["loss"] for entry in logged], unbroken, rtol=1e-5)
 
 
 @pytest.mark.multiprocess

@@ -81,6 +81,15 @@ def reference_params(steps: int = STEPS) -> dict[str, np.ndarray]:
     return {n: np.asarray(v) for n, v in state.params.items()}
 
 
+def fit_losses(steps: int = STEPS) -> list[float]:
+    """Each step's loss of an unbroken ``fit`` on a data-parallel mesh of every device."""
+    mesh = meshfeed.make_mesh(data=jax.device_count())
+    state = meshfeed.TrainState.create(init_params(), OPTIMIZER, mesh=mesh)
+    step = meshfeed.make_train_step(loss_fn, OPTIMIZER, mesh=mesh)
+    history = meshfeed.fit(step, state, loader(mesh), num_steps=steps, log_every=1, progress=False)
+    return [entry["loss"] for entry in history.train]
+
+
 def train(mode: str, steps: int = STEPS) -> dict[str, np.ndarray]:
     """``steps`` steps in ``mode`` on a data-parallel mesh of every device."""
     mesh = meshfeed.make_mesh(data=jax.device_count())
@@ -151,7 +160,9 @@ def _local_copy(x: jax.Array) -> np.ndarray:
     return np.asarray(x.addressable_shards[0].data)
 
 
-def fit_with_checkpoints(directory: str, num_steps: int, every: int) -> dict[str, Any]:
+def fit_with_checkpoints(
+    directory: str, num_steps: int, every: int, storage_options: Any = None
+) -> dict[str, Any]:
     """``fit`` for ``num_steps`` (the whole run's) with checkpoints under ``directory``."""
     mesh = meshfeed.make_mesh(data=jax.device_count())
     state = meshfeed.TrainState.create(init_params(), OPTIMIZER, mesh=mesh)
@@ -165,6 +176,7 @@ def fit_with_checkpoints(directory: str, num_steps: int, every: int) -> dict[str
         progress=False,
         checkpoint_dir=directory,
         checkpoint_every=every,
+        storage_options=storage_options,
     )
     return {
         "params": {n: _local_copy(v) for n, v in history.state.params.items()},
@@ -173,7 +185,7 @@ def fit_with_checkpoints(directory: str, num_steps: int, every: int) -> dict[str
     }
 
 
-def restore_and_peek(directory: str, seed: int = 4) -> dict[str, Any]:
+def restore_and_peek(directory: str, seed: int = 4, storage_options: Any = None) -> dict[str, Any]:
     """Restores the newest checkpoint; the loader's position and its next batch's labels."""
     mesh = meshfeed.make_mesh(data=jax.device_count())
     target = meshfeed.TrainState.create(init_params(), OPTIMIZER, mesh=mesh)
@@ -186,7 +198,9 @@ def restore_and_peek(directory: str, seed: int = 4) -> dict[str, Any]:
         seed=seed,
     )
     try:
-        state = meshfeed.restore_checkpoint(directory, target, stream)
+        state = meshfeed.restore_checkpoint(
+            directory, target, stream, storage_options=storage_options
+        )
     except ValueError as error:
         return {"error": str(error)}
     batch = next(iter(stream))

@@ -24,7 +24,9 @@ functional API does (``nnx.split`` / ``nnx.merge``):
 - ``update_model(model, state)``: writes the trained values into the user's model, in
   their layout (``model(x)``, ``nnx.state(model)`` and Orbax work as usual after).
 
-The user's model object is never changed except by ``update_model``. An optional extra:
+The user's model object is never changed except by ``update_model``: the state holds
+copies of its values, which the steps donate (each step's new values take the old ones'
+memory). An optional extra:
 ``pip install 'meshfeed[flax]'``.
 """
 
@@ -120,8 +122,11 @@ def _placed(state: Any, mesh: Mesh) -> Any:
 
     def one(value: Any, spec: Any) -> Any:
         sharding = getattr(value, "sharding", None)
-        if isinstance(sharding, NamedSharding) or not isinstance(spec, P) or spec == P():
-            return value  # TrainState.create keeps it or replicates it
+        if isinstance(sharding, NamedSharding):
+            # A copy: the steps donate the state's arrays, and these are the model's.
+            return value.copy()
+        if not isinstance(spec, P) or spec == P():
+            return value  # TrainState.create replicates it
         return place_host(np.asarray(value), NamedSharding(mesh, spec))
 
     placed = [one(v, s) for v, s in zip(values, specs, strict=True)]

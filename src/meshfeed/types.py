@@ -9,6 +9,7 @@ from meshfeed.core._mesh import AxisTypes as AxisTypes
 from meshfeed.core._stages import BatchSizeArg as BatchSizeArg
 from meshfeed.data._bad_records import OnError as OnError
 from meshfeed.data._mix import WeightsArg as WeightsArg
+from meshfeed.data._pack_build import PlanExecutor as PlanExecutor
 from meshfeed.data._pack_plan import Algorithm as Algorithm
 from meshfeed.data._pack_plan import LongDocs as LongDocs
 from meshfeed.data._tokenizer import TokenizerFunction as TokenizerFunction
@@ -26,6 +27,8 @@ from meshfeed.formats._tfrecord import FeatureType as FeatureType
 from meshfeed.prepare._prepare import PrepareExecutor as PrepareExecutor
 from meshfeed.prepare._prepare import TxtMode as TxtMode
 from meshfeed.prepare._select import SelectExecutor as SelectExecutor
+from meshfeed.train._param_sharding import ParamRule as ParamRule
+from meshfeed.train._param_sharding import ParamSharding as ParamSharding
 from meshfeed.workers._record_rows import RecordFn as RecordFn
 from meshfeed.workers._records import WorkerType as WorkerType
 
@@ -39,7 +42,10 @@ __all__ = [
     "LoaderOptions",
     "LongDocs",
     "OnError",
+    "ParamRule",
+    "ParamSharding",
     "PlaceThreads",
+    "PlanExecutor",
     "Prefetch",
     "PrepareExecutor",
     "RayOptions",

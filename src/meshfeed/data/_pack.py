@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from meshfeed.cluster._ray_connect import import_ray
-from meshfeed.data._pack_build import EXECUTORS, Executor
+from meshfeed.data._pack_build import EXECUTORS, PlanExecutor
 from meshfeed.data._pack_plan import (
     ALGORITHMS,
     LONG_DOCS,
@@ -195,7 +195,7 @@ def pack(
     plan_dir: str | os.PathLike[str] | bool | None = None,
     rebuild_plan: bool = False,
     plan_workers: int = 1,
-    plan_executor: Executor = "local",
+    plan_executor: PlanExecutor = "local",
 ) -> Packed:
     """The documents of ``source`` packed into rows of ``seq_len`` tokens: a ``Source``.
 

@@ -42,7 +42,8 @@ WINDOWS_PER_SHARD = 16
 """Windows of documents a shard of the plan holds (262,144 documents by default)."""
 FIELDS = ("doc", "piece", "length")
 KEYS = ("seed", "algorithm", "window", "long_docs", "max_segments")
-Executor = Literal["local", "ray"]
+PlanExecutor = Literal["local", "ray"]
+"""Where ``pack`` builds a kept plan: ``"local"`` processes, or ``"ray"`` tasks."""
 EXECUTORS = ("local", "ray")
 
 
@@ -55,7 +56,7 @@ def build_plan(
     record: dict[str, Any],
     *,
     workers: int = 1,
-    executor: Executor = "local",
+    executor: PlanExecutor = "local",
 ) -> dict[str, Any]:
     """Builds the plan of documents of ``lengths`` into ``folder`` (shards on ``workers``
     processes, or as Ray tasks), then its manifest, ``record`` completed in it; returns

@@ -30,7 +30,7 @@ from typing import Any, cast
 import numpy as np
 
 from meshfeed.data._folder import MANIFEST, join, read_json
-from meshfeed.data._pack_build import Executor, build_plan
+from meshfeed.data._pack_build import PlanExecutor, build_plan
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._sources import Source, document_lengths
 from meshfeed.data._store import open_source
@@ -121,7 +121,7 @@ def open_plan(
     *,
     rebuild: bool = False,
     workers: int = 1,
-    executor: Executor = "local",
+    executor: PlanExecutor = "local",
 ) -> StoredPlan | None:
     """The stored plan of ``source`` under these settings, built first if it is not
     there yet; ``None`` where it cannot be written (read-only data and no
@@ -162,7 +162,7 @@ def _build(
     folder: str,
     options: Mapping[str, Any] | None,
     workers: int,
-    executor: Executor,
+    executor: PlanExecutor,
 ) -> dict[str, Any]:
     """Plans ``source``'s documents into ``folder`` (``_pack_build``); its manifest."""
     lengths = document_lengths(source, field)

@@ -10,18 +10,25 @@ Flax NNX trainers (``meshfeed.keras``, ``meshfeed.flax``) sit on top of this lay
 
 Modules, lowest first (each imports only modules listed before it)::
 
+    _param_sharding  parameters and optimizer state laid out: as placed, FSDP, or a rule
     _train_state   TrainState: parameters, optimizer state, model state, a key; placed on a mesh
     _steps         make_train_step (jit, shard_map, pmap), masked_mean, collective_axes
     _attention     segment_mask: attention inside each document of a packed row
-    _checkpoint    Orbax checkpoints with the loader's state beside them
+    _s3_checkpoints  checkpoints on S3: JAX's array serialization to TensorStore's S3 store
+    _checkpoint    checkpoints (Orbax, or S3) with the loader's state beside them; async
     _writers       fit's figures to CLU, tensorboardX or W&B writers; every process's wait
     _fit           fit and History
 
 The names most users need are at the top level (``meshfeed.fit``, ``meshfeed.TrainState``,
 ``meshfeed.make_train_step``, ...); this package exports the rest: the types of a step and
-its batch, the modes, ``collective_axes`` and ``History``.
+its batch, the modes, ``collective_axes``, ``History``, ``Checkpoints`` (saves that run on
+while training goes on) and ``on_preemption`` (a SIGTERM made one saved step, for a loop
+of your own).
 """
 
+from meshfeed.cluster._preemption import Preemption as Preemption
+from meshfeed.train._checkpoint import Checkpoints as Checkpoints
+from meshfeed.train._checkpoint import on_preemption as on_preemption
 from meshfeed.train._fit import EvalFn as EvalFn
 from meshfeed.train._fit import History as History
 from meshfeed.train._fit import StepFn as StepFn
@@ -31,4 +38,16 @@ from meshfeed.train._steps import LossFn as LossFn
 from meshfeed.train._steps import Mode as Mode
 from meshfeed.train._steps import collective_axes as collective_axes
 
-__all__ = ["MODES", "Batch", "EvalFn", "History", "LossFn", "Mode", "StepFn", "collective_axes"]
+__all__ = [
+    "MODES",
+    "Batch",
+    "Checkpoints",
+    "EvalFn",
+    "History",
+    "LossFn",
+    "Mode",
+    "Preemption",
+    "StepFn",
+    "collective_axes",
+    "on_preemption",
+]

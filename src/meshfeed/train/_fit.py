@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meshfeed.cluster._initialize import ensure_watched
+from meshfeed.cluster._preemption import preemption
 from meshfeed.cluster._watch import activity, doing
 from meshfeed.feed._loader import Loader
 from meshfeed.train._checkpoint import Checkpoints
@@ -84,6 +85,7 @@ def fit(
     description: str = "train",
     checkpoint_dir: str | os.PathLike[str] | None = None,
     checkpoint_every: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
     writer: Any = None,
 ) -> History:
     """Trains ``state`` with ``step`` on the batches of ``loader``.
@@ -112,8 +114,15 @@ def fit(
         process together) every ``checkpoint_every`` steps and after the last; on start,
         resume from the newest checkpoint there, if any. ``loader`` must then be a
         ``meshfeed.Loader`` and ``num_steps`` counts the whole run, restarts included,
-        so relaunching the same command finishes the same run.
+        so relaunching the same command finishes the same run. A local folder (one every
+        process shares), ``gs://BUCKET/PATH`` or ``s3://BUCKET/PATH``. Saves are
+        asynchronous: training goes on while one is written, and ``fit`` returns once
+        the last is whole. With checkpoints, a SIGTERM to any process (a preemption's
+        notice) makes every process save one agreed step and exit with code 0, saying
+        which process was told; the same command resumes there.
       checkpoint_every: steps between checkpoints (with ``checkpoint_dir``).
+      storage_options: for ``checkpoint_dir`` on ``s3://``: the store's
+        ``endpoint_url`` (and ``client_kwargs={"region_name": ...}``), as for data URLs.
       writer: where process 0 writes each log step's figures and each evaluation: an
         object with ``write_scalars(step, scalars)`` (CLU), ``add_scalar(tag, value,
         step)`` (a tensorboardX or PyTorch ``SummaryWriter``) or ``log(data, step=)`` (a
@@ -154,7 +163,7 @@ def fit(
     # Every argument is checked: only now touch the checkpoint directory.
     checkpoints, done = None, 0
     if checkpoint_dir is not None:
-        checkpoints = Checkpoints(checkpoint_dir)
+        checkpoints = Checkpoints(checkpoint_dir, storage_options=storage_options)
         latest = checkpoints.latest_step()
         if latest is not None:
             state = checkpoints.restore(state, loader)  # type: ignore[arg-type]
@@ -169,6 +178,11 @@ def fit(
     stage_of: Callable[[int], Any] | None = feed.stage if feed is not None else None
 
     ensure_watched()  # a job connected by jax.distributed.initialize itself
+    # With checkpoints, a SIGTERM (a preemption's notice) becomes one step every process
+    # saves and stops at; on a thread other than the main one it cannot be caught.
+    notice = preemption() if checkpoints is not None else None
+    if notice is not None and not notice.install():
+        notice = None
     history = History(state=state, steps=done)
     show = progress and jax.process_index() == 0
     # One writer's figures, process 0's (with every process's wait), on a thread.
@@ -221,8 +235,9 @@ def fit(
             in_flight, previous = previous, _an_output(metrics, state)
             history.steps = k
             bar.update(task, completed=k)  # a terminal's bar moves every step
-            if checkpoints is not None and (k % checkpoint_every == 0 or k == total):  # type: ignore[operator]
-                checkpoints.save(k, state, loader)  # type: ignore[arg-type]
+            due = checkpoints is not None and (k % checkpoint_every == 0 or k == total)  # type: ignore[operator]
+            if due:
+                checkpoints.save(k, state, loader)  # type: ignore[union-attr, arg-type]
             if k % log_every == 0 or k == total:
                 logged = {"step": float(k), **_floats(metrics)}
                 elapsed = time.perf_counter() - start
@@ -273,11 +288,18 @@ def fit(
                         f"eval at step {k}: "
                         + "  ".join(f"{n} {v:.4f}" for n, v in result.items() if n != "step")
                     )
+            if notice is not None and notice.reached(k):  # preempted: every process stops at k
+                if not due:
+                    checkpoints.save(k, state, loader)  # type: ignore[union-attr, arg-type]
+                checkpoints.close()  # type: ignore[union-attr]
+                notice.stop()
         jax.block_until_ready(state)
     if write is not None:
         write.close()
     if checkpoints is not None:
-        checkpoints.close()
+        checkpoints.close()  # the last save whole before fit returns
+    if notice is not None:
+        notice.uninstall()
     history.seconds = time.perf_counter() - start
     history.samples_per_s = rows / history.seconds if history.seconds else 0.0
     history.input_wait_share = wait / history.seconds if history.seconds else 0.0

@@ -101,6 +101,7 @@ def make_train_step(
     mode: Mode = "jit",
     batch_axes: Sequence[str] = (DATA,),
     stateful: bool = False,
+    donate: bool = True,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """Builds ``step(state, batch) -> (state, metrics)`` for one of three modes.
 
@@ -120,6 +121,11 @@ def make_train_step(
         new model state are averaged over the batch axes weighted by valid rows (equal
         to ``jit``'s global statistics when ``loss_fn`` computes them with collectives
         over ``collective_axes(mode, batch_axes)``, and their average otherwise).
+      donate: the step *donates* the state it is given: XLA writes the new parameters
+        and optimizer state into the old ones' memory, so a step holds one copy of the
+        state, not two, and after it the old state's arrays are deleted (reading one
+        raises). Keep a state you still need with ``jax.tree.map(jnp.copy, state)``
+        before the step, or pass ``donate=False``.
 
     Returns:
       The step; ``metrics`` holds ``"loss"`` and the aux entries, replicated scalars.
@@ -150,12 +156,14 @@ def make_train_step(
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
+    if not isinstance(donate, bool):
+        raise TypeError(f"donate={donate!r} must be True or False.")
     if mode == "jit":
-        built = _jit_step(grads, apply, mesh)
+        built = _jit_step(grads, apply, mesh, donate)
     elif mode == "shard_map":
-        built = _shard_map_step(grads, apply, mesh, axes)
+        built = _shard_map_step(grads, apply, mesh, axes, donate)
     else:
-        built = _pmap_step(grads, apply, mesh, axes)
+        built = _pmap_step(grads, apply, mesh, axes, donate)
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         if not stateful and (state.model_state is not None or state.rng is not None):
@@ -201,7 +209,9 @@ def _step_key(rng: jax.Array | None, step: jax.Array, axes: Any = None) -> jax.A
     return key if axes is None else jax.random.fold_in(key, jax.lax.axis_index(axes))
 
 
-def _jit_step(grads: Callable[..., Any], apply: Callable[..., Any], mesh: Mesh) -> Any:
+def _jit_step(
+    grads: Callable[..., Any], apply: Callable[..., Any], mesh: Mesh, donate: bool
+) -> Any:
     def step_fn(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         key = _step_key(state.rng, state.step)
         loss, aux, model_state, g = grads(state.params, batch, state.model_state, key)
@@ -216,7 +226,11 @@ def _jit_step(grads: Callable[..., Any], apply: Callable[..., Any], mesh: Mesh) 
         if "fn" not in compiled:
             # Pin the state's layout so every step's output feeds the next without a
             # new compilation (XLA would otherwise be free to pick another layout).
-            compiled["fn"] = jax.jit(step_fn, out_shardings=(_shardings(state), replicated))
+            compiled["fn"] = jax.jit(
+                step_fn,
+                out_shardings=(_shardings(state), replicated),
+                donate_argnums=(0,) if donate else (),
+            )
         return compiled["fn"](state, batch)
 
     return step
@@ -284,7 +298,11 @@ def _local_step(
 
 
 def _shard_map_step(
-    grads: Callable[..., Any], apply: Callable[..., Any], mesh: Mesh, axes: tuple[str, ...]
+    grads: Callable[..., Any],
+    apply: Callable[..., Any],
+    mesh: Mesh,
+    axes: tuple[str, ...],
+    donate: bool,
 ) -> Any:
     local = _local_step(grads, apply, axes)
     compiled: dict[Any, Any] = {}
@@ -306,7 +324,12 @@ def _shard_map_step(
             # Parameters enter whole; the outputs go back to the state's layout (a
             # kernel over 'model' stays over 'model').
             kept = _shardings((state.step, state.params, state.opt_state, state.model_state))
-            compiled[key] = jax.jit(mapped, out_shardings=(*kept, replicated))
+            # The key is not donated: the new state keeps it (each step folds in its number).
+            compiled[key] = jax.jit(
+                mapped,
+                out_shardings=(*kept, replicated),
+                donate_argnums=(0, 1, 2, 3) if donate else (),
+            )
         new_step, params, opt_state, model_state, metrics = compiled[key](
             state.step, state.params, state.opt_state, state.model_state, state.rng, dict(batch)
         )
@@ -316,7 +339,11 @@ def _shard_map_step(
 
 
 def _pmap_step(
-    grads: Callable[..., Any], apply: Callable[..., Any], mesh: Mesh, axes: tuple[str, ...]
+    grads: Callable[..., Any],
+    apply: Callable[..., Any],
+    mesh: Mesh,
+    axes: tuple[str, ...],
+    donate: bool,
 ) -> Any:
     local = _local_step(grads, apply, (PMAP_AXIS,))
     devices = _batch_device_order(mesh, axes)
@@ -329,6 +356,7 @@ def _pmap_step(
         in_axes=(None, None, None, None, None, 0),
         out_axes=None,
         devices=devices,
+        donate_argnums=(0, 1, 2, 3) if donate else (),
     )
     n = len(devices)
 
@@ -347,6 +375,10 @@ def _pmap_step(
             bits = _rewrap(jax.random.key_data(rng), pmap_replicated)
             rng = jax.random.wrap_key_data(bits, impl=jax.random.key_impl(rng))
         new_step, params, opt_state, model_state, metrics = mapped(*inputs, rng, split(dict(batch)))
+        if donate:  # a split leaf went in as a whole copy: the copy was donated, not it
+            for leaf in jax.tree.leaves(parts):
+                if not leaf.is_deleted():
+                    leaf.delete()
         new_state = TrainState(new_step, params, opt_state, model_state, state.rng)
         replicated = NamedSharding(mesh, P())
         return _rewrap(new_state, shardings), _rewrap(metrics, replicated)

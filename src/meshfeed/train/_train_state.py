@@ -22,6 +22,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from meshfeed.feed._shardings import place_host
+from meshfeed.train._param_sharding import ParamSharding, lay_out, optimizer_state, place
+from meshfeed.train._param_sharding import check as check_param_sharding
 
 
 @jax.tree_util.register_dataclass
@@ -46,6 +48,7 @@ class TrainState:
         mesh: Mesh,
         model_state: Any = None,
         rng: int | jax.Array | None = None,
+        param_sharding: ParamSharding = None,
     ) -> TrainState:
         """Places ``params`` (and ``model_state``) on ``mesh`` and initialises the optimizer.
 
@@ -54,33 +57,32 @@ class TrainState:
         leaves are replicated. Every process must pass the same values. The optimizer
         state follows the parameters' layout. ``rng`` is a seed or a key
         (``jax.random.key(0)``; a raw ``uint32[2]`` key is wrapped).
+
+        ``param_sharding="fsdp"`` splits every parameter of at least 2^16 elements, and
+        its optimizer state, over the ``'data'`` axis as well (fully sharded data
+        parallel: each device holds 1/n of them, on the largest dimension n divides;
+        a kernel already over ``'model'`` gets ``'data'`` on another dimension). A
+        callable ``param_sharding(path, leaf) -> PartitionSpec | None`` lays out each
+        parameter itself (``None``: the default for that one). Steps compute the same
+        values whatever the layout.
+
+        The state takes the arrays it is given: a step donates them (see
+        ``make_train_step``), so copy a ``jax.Array`` you pass here if you need it after.
         """
         if not isinstance(mesh, Mesh):
             raise TypeError(f"mesh is a {type(mesh).__name__}; pass a jax.sharding.Mesh.")
+        check_param_sharding(param_sharding, mesh)
         replicated = NamedSharding(mesh, P())
-        params = jax.tree.map(lambda x: place(x, mesh), params)
-        # Leaves that do not derive from params (Adam's count) come out on one device.
-        opt_state = jax.tree.map(lambda x: place(x, mesh), jax.jit(optimizer.init)(params))
+        params = lay_out(params, mesh, param_sharding)
+        if param_sharding is None:
+            # Leaves that do not derive from params (Adam's count) come out on one device.
+            opt_state = jax.tree.map(lambda x: place(x, mesh), jax.jit(optimizer.init)(params))
+        else:
+            opt_state = optimizer_state(optimizer, params, mesh)
         step = place_host(np.zeros((), np.int32), replicated)
         model_state = jax.tree.map(lambda x: place(x, mesh), model_state)
         key = None if rng is None else place_key(typed_key(rng), replicated)
         return cls(step=step, params=params, opt_state=opt_state, model_state=model_state, rng=key)
-
-
-def place(x: Any, mesh: Mesh) -> jax.Array:
-    """``x`` on ``mesh``: its own layout if it has one there (or on a mesh of the same
-    devices and axes), else replicated."""
-    sharding = getattr(x, "sharding", None)
-    if isinstance(x, jax.Array) and isinstance(sharding, NamedSharding):
-        if sharding.mesh == mesh:
-            return x
-        same = sharding.mesh.axis_names == mesh.axis_names and np.array_equal(
-            sharding.mesh.devices,  # type: ignore[arg-type]
-            mesh.devices,  # type: ignore[arg-type]
-        )
-        if same:  # e.g. a model built under jax.set_mesh with other axis types
-            return jax.device_put(x, NamedSharding(mesh, sharding.spec))
-    return place_host(np.asarray(x), NamedSharding(mesh, P()))
 
 
 def place_key(key: jax.Array, sharding: NamedSharding) -> jax.Array:
