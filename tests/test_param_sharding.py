@@ -131,7 +131,10 @@ def test_bad_param_sharding_is_refused_with_the_fix():
         meshfeed.TrainState.create(_init(), OPTIMIZER, mesh=other, param_sharding="fsdp")
     with pytest.raises(TypeError, match=r"returned 'data' for \['b1'\]; return a jax.sharding"):
         meshfeed.TrainState.create(
-            _init(), OPTIMIZER, mesh=mesh, param_sharding=lambda path, leaf: "data"
+            _init(),
+            OPTIMIZER,
+            mesh=mesh,
+            param_sharding=lambda path, leaf: "data",  # type: ignore[arg-type]
         )
 
 
