@@ -31,7 +31,7 @@ def test_cli_help_lists_the_demo(capsys):
 @pytest.mark.multiprocess
 def test_lm_demo_packs_trains_and_resumes_exactly():
     run = subprocess.run(
-        [sys.executable, "-m", "meshfeed", "demo", "--lm"],
+        [sys.executable, "-m", "meshfeed", "demo", "--lm", "--steps", "150"],  # 300 by default
         capture_output=True,
         text=True,
         timeout=600,

@@ -227,11 +227,11 @@ def _two() -> list[dict[str, Any]]:
     return fns.shards(num_workers=2, worker_type=fns.ON_WORKER_NODES)
 
 
-def test_an_unreachable_ray_address_is_named_within_a_minute():
+def test_an_unreachable_ray_address_is_named_within_connect_s():
     code = (
         f"import sys; sys.path.insert(0, {str(HERE)!r})\n"
-        "import ray_fns\n"
-        "ray_fns.loader(num_workers=2, worker_type='ray')\n"
+        "import meshfeed, ray_fns\n"
+        "ray_fns.loader(num_workers=2, worker_type=meshfeed.types.RayOptions(connect_s=3))\n"
     )
     env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:9", "JAX_PLATFORMS": "cpu"}
     start = time.monotonic()
@@ -240,7 +240,7 @@ def test_an_unreachable_ray_address_is_named_within_a_minute():
     )
     took = time.monotonic() - start
     assert run.returncode != 0
-    assert took < 60, took
+    assert took < 30, took  # 3 s of tries, and the start of a process
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("ConnectionError: the Ray cluster at RAY_ADDRESS='127.0.0.1:9' "
                            "cannot be reached"), run.stderr  # fmt: skip

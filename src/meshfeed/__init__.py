@@ -49,8 +49,8 @@ from meshfeed.train._attention import segment_mask as segment_mask
 from meshfeed.train._checkpoint import restore_checkpoint as restore_checkpoint
 from meshfeed.train._checkpoint import save_checkpoint as save_checkpoint
 from meshfeed.train._fit import fit as fit
+from meshfeed.train._step_parts import masked_mean as masked_mean
 from meshfeed.train._steps import make_train_step as make_train_step
-from meshfeed.train._steps import masked_mean as masked_mean
 from meshfeed.train._train_state import TrainState as TrainState
 
 __version__ = "0.1.0"

@@ -52,7 +52,8 @@ from jax.sharding import PartitionSpec as P
 from meshfeed.core._mesh import DATA
 from meshfeed.feed._shardings import place_host
 from meshfeed.train._fit import EvalFn, StepFn
-from meshfeed.train._steps import Batch, Mode, collective_axes
+from meshfeed.train._param_sharding import ParamSharding
+from meshfeed.train._step_parts import Batch, Mode, collective_axes
 from meshfeed.train._steps import make_train_step as _make_step
 from meshfeed.train._train_state import TrainState
 
@@ -134,13 +135,20 @@ def _placed(state: Any, mesh: Mesh) -> Any:
 
 
 def create_state(
-    model: Any, optimizer: optax.GradientTransformation, *, mesh: Mesh, seed: int = 0
+    model: Any,
+    optimizer: optax.GradientTransformation,
+    *,
+    mesh: Mesh,
+    seed: int = 0,
+    param_sharding: ParamSharding = None,
 ) -> TrainState:
     """The ``TrainState`` of ``model`` on ``mesh``: parameters, model state and a key.
 
     Build the model under ``jax.set_mesh(mesh)`` (or with ``nnx.use_eager_sharding
     (False)``) when its variables carry sharding annotations; they keep those layouts.
     ``seed`` makes ``state.rng``, from which each step's dropout keys are drawn.
+    ``param_sharding`` as for ``TrainState.create`` (``"fsdp"``: large parameters and
+    their optimizer state split over the data axis too).
     """
     parts = _Parts(model)
     return TrainState.create(
@@ -149,6 +157,7 @@ def create_state(
         mesh=mesh,
         model_state=_placed(parts.rest, mesh),
         rng=seed,
+        param_sharding=param_sharding,
     )
 
 

@@ -221,15 +221,16 @@ def train_digits_keras(*, epochs: int = 8, progress: bool = True) -> dict:
     return result
 
 
-def demo_process(*, keras: bool = False, lm: str | None = None) -> None:
-    """Entry point of each demo process (``lm``: the checkpoint folder of the LM demo)."""
+def demo_process(*, keras: bool = False, lm: str | None = None, steps: int | None = None) -> None:
+    """Entry point of each demo process (``lm``: the checkpoint folder of the LM demo,
+    ``steps`` its steps)."""
     import meshfeed
 
     meshfeed.initialize()
     if lm is not None:
-        from meshfeed._cli.lm import train_lm
+        from meshfeed._cli.lm import STEPS, train_lm
 
-        train_lm(checkpoint_dir=lm)
+        train_lm(checkpoint_dir=lm, steps=steps or STEPS)
     elif keras:
         train_digits_keras()
     else:
@@ -237,7 +238,12 @@ def demo_process(*, keras: bool = False, lm: str | None = None) -> None:
 
 
 def run_demo(
-    *, num_processes: int = 2, devices_per_process: int = 4, keras: bool = False, lm: bool = False
+    *,
+    num_processes: int = 2,
+    devices_per_process: int = 4,
+    keras: bool = False,
+    lm: bool = False,
+    steps: int | None = None,
 ) -> int:
     """Starts the demo processes and waits; returns the exit code.
 
@@ -260,6 +266,8 @@ def run_demo(
         )
     if num_processes < 1 or devices_per_process < 1:
         fail("--processes and --devices-per-process must be >= 1.")
+    if steps is not None and (not lm or steps < 2):
+        fail("--steps is the LM demo's (--lm): pass a number of steps >= 2.")
     devices = num_processes * devices_per_process
     batch, over = (LM_BATCH, devices // 2) if lm else (GLOBAL_BATCH_SIZE, devices)
     if (lm and devices % 2) or over < 1 or batch % over:
@@ -283,7 +291,8 @@ def run_demo(
     with tempfile.TemporaryDirectory(prefix="meshfeed-lm-") as checkpoints:
         where = repr(checkpoints) if lm else None
         code = (
-            f"from meshfeed._cli.demo import demo_process; demo_process(keras={keras}, lm={where})"
+            "from meshfeed._cli.demo import demo_process; "
+            f"demo_process(keras={keras}, lm={where}, steps={steps})"
         )
         children = start_processes(
             python_argv(code),

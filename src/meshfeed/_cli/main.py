@@ -123,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--devices-per-process", type=int, default=4, help="CPU devices each (default 4)"
     )
+    demo.add_argument("--steps", type=int, default=None, help="the LM demo's steps (default 300)")
     demo.add_argument(
         "--keras",
         action="store_true",
@@ -223,6 +224,7 @@ def _run(args: argparse.Namespace) -> int:
             devices_per_process=args.devices_per_process,
             keras=args.keras,
             lm=args.lm,
+            steps=args.steps,
         )
     if args.mesh:  # bench
         if args.what == "loader" and args.batch % next(iter(args.mesh.values())):

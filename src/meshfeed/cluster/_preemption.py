@@ -30,6 +30,10 @@ import sys
 import threading
 from typing import Any
 
+# The round's messages, a line each on the watch's connections: a notice (to process 0),
+# its ask and the stop step (from it), each process's answer (to it).
+NOTICE, ASK, ANSWER, STOP = b"n", b"a", b"r", b"t"
+ROUND = (NOTICE, ASK, ANSWER, STOP)
 _WAIT_S = 60.0
 """How long a loop waits at a step past its answer for the stop step before it is an
 error (the watch ends a job whose process 0 is lost long before)."""
@@ -98,41 +102,60 @@ class Preemption:
             )
         return step == self.stop_at
 
-    # The watch's side: what it sends and what it hears.
+    # The watch's side: what it hears, and what it sends (on process 0, to every process;
+    # elsewhere, to process 0).
 
-    def notice(self) -> bool:
-        """Whether this process was told and has not said so yet (its watch then tells
-        process 0, once)."""
+    def tick(self, *, hub: bool) -> list[bytes]:
+        """What to send once this process was told (said once): process 0 begins the
+        round itself, another process tells process 0."""
         with self._lock:
             if not self.signalled or self._noticed:
-                return False
+                return []
             self._noticed = True
-            return True
+        if hub:
+            return self._begin(self.process_id)
+        return [NOTICE + f"{self.process_id}\n".encode()]
 
-    def begin(self, told: int) -> bool:
-        """Process 0: whether a notice from ``told`` begins a round (a later one, while
-        a round runs or after, does not)."""
+    def heard(self, kind: bytes, text: str) -> list[bytes]:
+        """One message of the round; what to send for it."""
+        if kind == NOTICE:  # on process 0
+            return self._begin(int(text))
+        if kind == ASK:
+            return [ANSWER + f"{self.process_id} {self._asked(int(text))}\n".encode()]
+        if kind == ANSWER:  # on process 0
+            who, _, step = text.partition(" ")
+            return self._answered(int(who), int(step))
+        stop_at, _, told = text.partition(" ")  # STOP
+        self._decided_at(int(stop_at), int(told))
+        return []
+
+    def _begin(self, told: int) -> list[bytes]:
+        """Process 0: a notice from ``told`` begins the round (a later one does not):
+        every process is asked, and process 0 answers for itself."""
         if self._round is not None:
-            return False
+            return []
         self._round = told
-        return True
+        ask = ASK + f"{told}\n".encode()
+        return [ask, *self._answered(self.process_id, self._asked(told))]
 
-    def asked(self, told: int) -> int:
+    def _asked(self, told: int) -> int:
         """Process ``told`` got a notice: this process's answer, its last step checked."""
         with self._lock:
             if self._answer is None:
                 self.told, self._answer = told, self._last
             return self._answer
 
-    def answered(self, process_id: int, step: int) -> int | None:
-        """Process 0: ``process_id`` answered ``step``; the stop step once all have."""
+    def _answered(self, process_id: int, step: int) -> list[bytes]:
+        """Process 0: one more answer; once all are in, the stop step, one past the
+        highest, goes to every process."""
         self._answers[process_id] = step
-        if len(self._answers) < self.num_processes:
-            return None
-        return max(self._answers.values()) + 1
+        if len(self._answers) < self.num_processes or self._round is None:
+            return []
+        stop_at = max(self._answers.values()) + 1
+        self._decided_at(stop_at, self._round)
+        return [STOP + f"{stop_at} {self._round}\n".encode()]
 
-    def decided(self, stop_at: int, told: int) -> None:
-        """The stop step arrived (or, on process 0, was chosen)."""
+    def _decided_at(self, stop_at: int, told: int) -> None:
         with self._lock:
             self.stop_at, self.told = stop_at, told
         self._decided.set()

@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 from typing import NoReturn
 
-from meshfeed.cluster._preemption import preemption
+from meshfeed.cluster._preemption import ROUND, preemption
 from meshfeed.cluster._stall import STALL_S, Stalls, every_s, progress, say
 
 _activity = "starting"
@@ -42,10 +42,7 @@ _LET_IT_EXIT = 1.0
 failing process exits first and a supervisor names it as the first to fail."""
 _HEARTBEAT, _BYE, _HELLO, _FAIL, _LOST = b".", b"b", b"h", b"f", b"l"
 _PROGRESS, _STALL = b"p", b"s"  # a process's progress (to process 0), a stall line (from it)
-# A preemption (_preemption): a notice (to process 0), its ask and the stop step (from
-# it), each process's answer (to it).
-_NOTICE, _ASK, _ANSWER, _STOP = b"n", b"a", b"r", b"t"
-_LINES = (_HELLO, _FAIL, _LOST, _PROGRESS, _STALL, _NOTICE, _ASK, _ANSWER, _STOP)
+_LINES = (_HELLO, _FAIL, _LOST, _PROGRESS, _STALL, *ROUND)  # ROUND: a preemption's
 
 
 def doing(what: str) -> None:
@@ -160,7 +157,7 @@ class Watch:
             selector.register(self._listener, selectors.EVENT_READ)
         for peer in self._peers:
             selector.register(peer.sock, selectors.EVENT_READ, peer)
-        wakeup = preemption().wakeup  # a SIGTERM's handler writes here
+        wakeup = preemption().wakeup  # a SIGTERM's handler writes here: heard at once
         selector.register(wakeup, selectors.EVENT_READ, "wakeup")
         started = last_beat = last_progress = time.monotonic()
         while not self._done:
@@ -199,30 +196,9 @@ class Watch:
             self._send_all(_STALL + line.encode() + b"\n")
             say(f"{line}, while process {self.process_id} was {_activity}.")
 
-    def _preempted(self) -> None:
-        """This process was told of a preemption: process 0 hears it (see ``_preemption``)."""
-        if not preemption().notice():
-            return
-        if self._listener is None:
-            self._send_all(_NOTICE + f"{self.process_id}\n".encode())
-        else:
-            self._begin_round(self.process_id)
-
-    def _begin_round(self, told: int) -> None:
-        """Process 0: asks every process its step, and answers for itself."""
-        notice = preemption()
-        if not notice.begin(told):
-            return
-        self._send_all(_ASK + f"{told}\n".encode())
-        self._answered(self.process_id, notice.asked(told))
-
-    def _answered(self, process_id: int, step: int) -> None:
-        """Process 0: one more answer; once all are in, the stop step goes to every one."""
-        notice = preemption()
-        stop_at = notice.answered(process_id, step)
-        if stop_at is not None and notice.told is not None:
-            self._send_all(_STOP + f"{stop_at} {notice.told}\n".encode())
-            notice.decided(stop_at, notice.told)
+    def _preempted(self) -> None:  # told of a preemption: process 0 hears it
+        for message in preemption().tick(hub=self._listener is not None):
+            self._send_all(message)
 
     def _read(self, peer: _Peer) -> bool:
         """Reads what ``peer`` sent; ``False`` once it has said goodbye."""
@@ -257,8 +233,9 @@ class Watch:
                     who, _, reason = text.partition(" ")
                     wait = _LET_IT_EXIT if reason.startswith("failed") else 0.0
                     self._lost(int(who), reason, forward=False, after=wait)
-                else:
-                    self._heard_preemption(kind, text, peer)
+                else:  # a preemption's round (``_preemption``)
+                    for message in preemption().heard(kind, text):
+                        self._send_all(message)
             else:
                 peer.buffer = rest
                 if kind == _BYE:
@@ -268,21 +245,6 @@ class Watch:
                         self._done = True
                     return False
         return True
-
-    def _heard_preemption(self, kind: bytes, text: str, peer: _Peer) -> None:
-        """A message of a preemption's round (see ``_preemption``)."""
-        notice = preemption()  # made here on a process that checks no steps: it answers -1
-        if kind == _NOTICE:
-            self._begin_round(int(text))
-        elif kind == _ASK:
-            answer = notice.asked(int(text))
-            self._send_all(_ANSWER + f"{self.process_id} {answer}\n".encode())
-        elif kind == _ANSWER:
-            who, _, step = text.partition(" ")
-            self._answered(int(who), int(step))
-        elif kind == _STOP:
-            stop_at, _, told = text.partition(" ")
-            notice.decided(int(stop_at), int(told))
 
     def _check_silence(self, now: float, started: float) -> None:
         with self._lock:

@@ -23,7 +23,7 @@ from meshfeed.keras._state import Optimizer, create_state, update_model
 from meshfeed.keras._steps import make_eval_fn, make_train_step
 from meshfeed.train._fit import StepFn, evaluator
 from meshfeed.train._fit import fit as run_steps
-from meshfeed.train._steps import Batch, Mode, valid_rows
+from meshfeed.train._step_parts import Batch, Mode, valid_rows
 
 
 def fit(

@@ -12,7 +12,9 @@ Modules, lowest first (each imports only modules listed before it)::
 
     _param_sharding  parameters and optimizer state laid out: as placed, FSDP, or a rule
     _train_state   TrainState: parameters, optimizer state, model state, a key; placed on a mesh
-    _steps         make_train_step (jit, shard_map, pmap), masked_mean, collective_axes
+    _step_parts    what every mode computes: gradient, valid-row weights, keys; masked_mean
+    _pmap_step     mode="pmap": the batch reshaped per device, the state gathered and rewrapped
+    _steps         make_train_step (jit, shard_map, pmap), with donation
     _attention     segment_mask: attention inside each document of a packed row
     _s3_checkpoints  checkpoints on S3: JAX's array serialization to TensorStore's S3 store
     _checkpoint    checkpoints (Orbax, or S3) with the loader's state beside them; async
@@ -32,11 +34,12 @@ from meshfeed.train._checkpoint import on_preemption as on_preemption
 from meshfeed.train._fit import EvalFn as EvalFn
 from meshfeed.train._fit import History as History
 from meshfeed.train._fit import StepFn as StepFn
-from meshfeed.train._steps import MODES as MODES
-from meshfeed.train._steps import Batch as Batch
-from meshfeed.train._steps import LossFn as LossFn
-from meshfeed.train._steps import Mode as Mode
-from meshfeed.train._steps import collective_axes as collective_axes
+from meshfeed.train._step_parts import MODES as MODES
+from meshfeed.train._step_parts import Batch as Batch
+from meshfeed.train._step_parts import LossFn as LossFn
+from meshfeed.train._step_parts import Mode as Mode
+from meshfeed.train._step_parts import collective_axes as collective_axes
+from meshfeed.train._steps import TrainStep as TrainStep
 
 __all__ = [
     "MODES",
@@ -48,6 +51,7 @@ __all__ = [
     "Mode",
     "Preemption",
     "StepFn",
+    "TrainStep",
     "collective_axes",
     "on_preemption",
 ]

@@ -31,7 +31,7 @@ from meshfeed.cluster._preemption import preemption
 from meshfeed.cluster._watch import activity, doing
 from meshfeed.feed._loader import Loader
 from meshfeed.train._checkpoint import Checkpoints
-from meshfeed.train._steps import Batch, valid_rows
+from meshfeed.train._step_parts import Batch, valid_rows
 from meshfeed.train._train_state import TrainState
 from meshfeed.train._writers import (
     Background,
