@@ -10,16 +10,17 @@ import numpy as np
 SIZE, CROP = 256, 224  # ImageNet-like: 256x256 JPEGs, a random 224x224 crop
 
 
-def make_jpegs(n: int, seed: int = 0) -> list[bytes]:
-    """``n`` 256x256 RGB JPEGs (quality 90) with structure and noise, ~40-60 KB each."""
+def make_jpegs(n: int, seed: int = 0, height: int = SIZE, width: int = SIZE) -> list[bytes]:
+    """``n`` RGB JPEGs (quality 90) with structure and noise: 256x256 (~40-60 KB) by
+    default, 375x500 an ImageNet training image's size."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[:SIZE, :SIZE]
+    yy, xx = np.mgrid[:height, :width]
     out = []
     for _ in range(n):
         base = (np.sin(xx / rng.uniform(8, 40)) + np.cos(yy / rng.uniform(8, 40))) * 60 + 128
-        image = base[..., None] + rng.normal(0, 18, (SIZE, SIZE, 3))
+        image = base[..., None] + rng.normal(0, 18, (height, width, 3))
         buffer = io.BytesIO()
         Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
         out.append(buffer.getvalue())

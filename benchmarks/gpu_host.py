@@ -17,7 +17,14 @@ every ratio the median of the per-round ratios (a window of at least 0.3 s each)
   per core: what the cores give) vs ``torch:W`` (the PyTorch ``DataLoader`` with ``W``
   workers, numpy collate, then ``make_array_from_process_local_data``). Images/s.
 - ``model``: a small convnet. ``synthetic``: its train step on a batch already on the
-  devices; ``fit``: ``meshfeed.fit`` fed by ``decode:meshfeed:W``. Images/s, input wait.
+  devices; ``fit``: ``meshfeed.fit`` fed by ``decode:meshfeed:W``; ``fit-nvimgcodec``:
+  fed by ``vision:nvimgcodec``. Images/s, input wait.
+- ``vision``: ImageNet-size JPEGs (375x500) through ``meshfeed.vision.RandomResizedCrop
+  (224)`` (torchvision's crop, resize and flip). ``pillow``: decoded by Pillow in ``W``
+  worker processes; ``nvimgcodec``: by nvImageCodec in the loading process, a step's
+  rows at a time, each image in its crop only -- on the GPU's JPEG engines with
+  ``--platform gpu`` (goal: >= 2x the loops), its CPU codecs otherwise; ``loops``: ``L``
+  plain loops of the same Pillow work at once. Images/s.
 
 ``--platform cpu`` (the default) runs on 8 simulated CPU devices (batch 64: the figures
 of this 2-core machine; its decode is CPU-bound long before any funnel); ``--platform
@@ -57,6 +64,8 @@ SIZES = {  # batch, rows in memory, JPEGs, ceiling workers, decode workers, loop
         "loops": 2,
         "seconds": 2.0,
         "model": "tiny",
+        "vision_jpegs": 256,
+        "decoder": "nvimgcodec-cpu",
     },
     "gpu": {
         "batch": 256,
@@ -68,6 +77,8 @@ SIZES = {  # batch, rows in memory, JPEGs, ceiling workers, decode workers, loop
         "loops": 16,
         "seconds": 3.0,
         "model": "convnet",
+        "vision_jpegs": 1024,
+        "decoder": "nvimgcodec-gpu",
     },
     "smoke": {
         "batch": 16,
@@ -79,6 +90,8 @@ SIZES = {  # batch, rows in memory, JPEGs, ceiling workers, decode workers, loop
         "loops": 1,
         "seconds": 0.3,
         "model": "tiny",
+        "vision_jpegs": 32,
+        "decoder": "nvimgcodec-cpu",
     },
 }
 
@@ -285,6 +298,65 @@ def _decode_loops(cfg: dict[str, Any]) -> dict[str, float]:
     return {"steps_per_s": loops_at_once(script, cfg["loops"]) / cfg["batch"]}
 
 
+def _vision_jpegs(cfg: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+
+    with open(cfg["vision_file"], "rb") as f:
+        jpegs = pickle.load(f)
+    column = np.empty(len(jpegs), object)
+    column[:] = jpegs
+    return {"image": column, "label": np.arange(len(jpegs), dtype=np.int32) % 1000}
+
+
+def _crop(cfg: dict[str, Any], decoder: str) -> Any:
+    import meshfeed.vision
+
+    return meshfeed.vision.RandomResizedCrop(224, decoder=decoder)  # type: ignore[arg-type]
+
+
+def _vision(cfg: dict[str, Any], decoder: str) -> dict[str, float]:
+    """``vision:pillow`` (``W`` workers) or ``vision:nvimgcodec`` (the loading process)."""
+    workers = cfg["workers"] if decoder == "pillow" else 0
+    crop = _crop(cfg, decoder)
+    loader = _loader(_vision_jpegs(cfg), cfg["batch"], record_transform=crop, num_workers=workers)
+    try:
+        got = _timed(iter(loader), cfg["seconds"])
+        got["decoder"] = loader.stats()["record_transform"].get("decoder", decoder)
+        return got
+    finally:
+        loader.close()
+
+
+_VISION_LOOP = """
+import io, pickle, sys, time
+import numpy as np
+from PIL import Image
+import meshfeed.vision as vision
+jpegs = pickle.load(open({file!r}, "rb"))
+print("ready", flush=True)
+sys.stdin.readline()
+rng, done, start = np.random.default_rng(0), 0, time.perf_counter()
+while time.perf_counter() - start < {seconds}:
+    for jpeg in jpegs:
+        with Image.open(io.BytesIO(jpeg)) as im:
+            top, left, h, w = vision.random_resized_crop(im.height, im.width, rng)
+            flip = rng.random() < 0.5
+            crop = im.convert("RGB").crop((left, top, left + w, top + h))
+        pixels = np.asarray(crop.resize((224, 224), Image.BILINEAR))
+        if flip:
+            pixels = np.ascontiguousarray(pixels[:, ::-1])
+    done += len(jpegs)
+print(done / (time.perf_counter() - start), flush=True)
+"""
+
+
+def _vision_loops(cfg: dict[str, Any]) -> dict[str, float]:
+    from common import loops_at_once
+
+    script = _VISION_LOOP.format(file=cfg["vision_file"], seconds=cfg["seconds"])
+    return {"steps_per_s": loops_at_once(script, cfg["loops"]) / cfg["batch"]}
+
+
 def _model(kind: str) -> tuple[Any, Callable[..., Any]]:
     """Parameters and loss of a small convnet on 224x224x3 uint8 images, 1000 classes."""
     import jax
@@ -320,7 +392,7 @@ def _model(kind: str) -> tuple[Any, Callable[..., Any]]:
     return params, loss
 
 
-def _train(cfg: dict[str, Any], fed: bool) -> dict[str, float]:
+def _train(cfg: dict[str, Any], fed: bool, decoder: str | None = None) -> dict[str, float]:
     import jax
     import optax
     from gpu_fns import decode_crop_flip
@@ -328,9 +400,12 @@ def _train(cfg: dict[str, Any], fed: bool) -> dict[str, float]:
     import meshfeed
 
     params, loss = _model(cfg["model"])
-    loader = _loader(
-        _jpegs(cfg), cfg["batch"], record_transform=decode_crop_flip, num_workers=cfg["workers"]
-    )
+    if decoder is None:  # 256x256 JPEGs decoded and cropped in the workers
+        loader = _loader(
+            _jpegs(cfg), cfg["batch"], record_transform=decode_crop_flip, num_workers=cfg["workers"]
+        )
+    else:  # ImageNet-size JPEGs through meshfeed.vision's decoder, in the loading process
+        loader = _loader(_vision_jpegs(cfg), cfg["batch"], record_transform=_crop(cfg, decoder))
     mesh = _sharding().mesh
     optimizer = optax.sgd(1e-3)
     state = meshfeed.TrainState.create(params, optimizer, mesh=mesh)
@@ -379,6 +454,10 @@ def _child(name: str, cfg: dict[str, Any]) -> None:
         "decode:loops": lambda: _decode_loops(cfg),
         "model:synthetic": lambda: _train(cfg, fed=False),
         "model:fit": lambda: _train(cfg, fed=True),
+        "model:fit-nvimgcodec": lambda: _train(cfg, fed=True, decoder=cfg["decoder"]),
+        "vision:pillow": lambda: _vision(cfg, "pillow"),
+        "vision:nvimgcodec": lambda: _vision(cfg, cfg["decoder"]),
+        "vision:loops": lambda: _vision_loops(cfg),
     }
     for workers in cfg["ceiling"]:
         runs[f"ceiling:{workers}"] = lambda workers=workers: _ceiling(cfg, workers)
@@ -394,7 +473,10 @@ def _child(name: str, cfg: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------- parent
 
 
-def _names(cfg: dict[str, Any], torch: bool) -> list[str]:
+def _names(cfg: dict[str, Any], torch: bool, nvimgcodec: bool) -> list[str]:
+    vision = ["vision:pillow", "vision:loops"]
+    if nvimgcodec:
+        vision += ["vision:nvimgcodec", "model:fit-nvimgcodec"]
     names = [
         "place:meshfeed",
         "place:device_put",
@@ -404,6 +486,7 @@ def _names(cfg: dict[str, Any], torch: bool) -> list[str]:
         "decode:loops",
         "model:synthetic",
         "model:fit",
+        *vision,
     ]
     return names + (["decode:torch"] if torch else [])
 
@@ -451,6 +534,9 @@ def main() -> None:
     cfg["jpeg_file"] = os.path.join(folder, "jpegs.pkl")
     with open(cfg["jpeg_file"], "wb") as f:
         pickle.dump(make_jpegs(cfg["jpegs"]), f)
+    cfg["vision_file"] = os.path.join(folder, "vision.pkl")
+    with open(cfg["vision_file"], "wb") as f:  # ImageNet training images' size
+        pickle.dump(make_jpegs(cfg["vision_jpegs"], seed=1, height=375, width=500), f)
     cfg_file = os.path.join(folder, "config.json")
     with open(cfg_file, "w") as f:
         json.dump(cfg, f)
@@ -460,7 +546,10 @@ def main() -> None:
         has_torch = True
     except ImportError:
         has_torch = False
-    names = _names(cfg, has_torch)
+    from importlib.util import find_spec
+
+    nvimgcodec = find_spec("nvidia") is not None and find_spec("nvidia.nvimgcodec") is not None
+    names = _names(cfg, has_torch, nvimgcodec)
     if args.only:
         wanted = set(args.only.split(","))
         names = [n for n in names if n in wanted or n.split(":")[0] in wanted]
@@ -522,19 +611,22 @@ def _report(
             line["cpu_per_memcpy"] = median(
                 lambda r, n=name: r[n]["cpu_ms_per_step"] / r[n]["memcpy_ms"]
             )
-        if workload == "decode":
-            line["workers"] = cfg["loops"] if entry == "loops" else cfg["workers"]
-            for peer in ("loops", "torch"):
-                if entry != peer and f"decode:{peer}" in names:
+        if workload in ("decode", "vision"):
+            workers = {"loops": cfg["loops"], "nvimgcodec": 0}
+            line["workers"] = workers.get(entry, cfg["workers"])
+            for peer in ("loops", "torch", "pillow"):
+                if entry != peer and f"{workload}:{peer}" in names:
                     line[f"ratio_to_{peer}"] = median(
-                        lambda r, n=name, p=peer: rate(r, n) / rate(r, f"decode:{p}")
+                        lambda r, n=name, p=f"{workload}:{peer}": rate(r, n) / rate(r, p)
                     )
-        if name == "model:fit":
-            line["input_wait_share"] = median(lambda r: r["model:fit"]["input_wait"])
-            line["workers"] = cfg["workers"]
+            if name == "vision:nvimgcodec":
+                line["decoder"] = per_round[0][name]["decoder"]
+        if name in ("model:fit", "model:fit-nvimgcodec"):
+            line["input_wait_share"] = median(lambda r, n=name: r[n]["input_wait"])
+            line["workers"] = cfg["workers"] if name == "model:fit" else 0
             if "model:synthetic" in names:
                 line["ratio_to_synthetic"] = median(
-                    lambda r: rate(r, "model:fit") / rate(r, "model:synthetic")
+                    lambda r, n=name: rate(r, n) / rate(r, "model:synthetic")
                 )
         print(json.dumps(line), flush=True)
 

@@ -123,6 +123,39 @@ def _pack_plan() -> list[str]:
             f"{requests.pop()} requests"]  # fmt: skip
 
 
+def _train_memory() -> list[str]:
+    def peak(way: str) -> float:
+        return _one("train_memory.jsonl", "peak_mb", part="memory", way=way)
+
+    replicated = peak("replicated")
+    return [
+        f"{peak('fsdp_donated') / replicated:.3f}{TIMES}",
+        f"({peak('fsdp_donated'):.0f} MB against {replicated:,.0f})",
+        f"donation alone {peak('replicated_donated') / replicated:.2f}{TIMES}",
+    ]
+
+
+def _saves() -> list[str]:
+    slow, fast = (_lines("train_memory.jsonl", part="saves", parameters=n)[0]
+                  for n in (2_099_200, 525_312))  # fmt: skip
+    return [
+        f"| {slow['local_over_none']:.3f}{TIMES} |",
+        f"to the local S3 server {slow['s3_over_none']:.3f}{TIMES}",
+        f"at 28 ms a step {fast['local_over_none']:.2f}{TIMES}",
+    ]
+
+
+def _vision() -> list[str]:
+    def over(entry: str) -> float:
+        return _one("vision.jsonl", "over_loops_x2", entry=entry, smoke=False)
+
+    return [
+        f"| {over('meshfeed:2'):.3f}{TIMES} |",
+        f"{over('meshfeed:2') / over('torch:2'):.2f}{TIMES} the DataLoader",
+        f"CPU codecs {over('meshfeed-nvimgcodec-cpu:2'):.2f}{TIMES}",
+    ]
+
+
 def _tar_loading() -> list[str]:
     ratio = _one("formats.jsonl", "ratio_to_webdataset", part="loading", name="meshfeed")
     return [f"{ratio:.2f}{TIMES}"]
@@ -317,6 +350,9 @@ CHECKED: dict[Path, Checks] = {
         "input wait behind 20 ms per read": partial(_wait, read_ahead=True),
         "requests per epoch from object storage, `shuffle_block`": _requests,
         "`fit` writing to a tensorboardX `SummaryWriter`": partial(_writers, clu=True),
+        "a train step's peak memory a device, 100M parameters": _train_memory,
+        "ImageNet-size JPEGs to augmented batches": _vision,
+        "`fit` with an asynchronous checkpoint every 10 steps": _saves,
     },
 }
 

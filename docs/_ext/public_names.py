@@ -73,6 +73,7 @@ def _is_module_level(name: str) -> bool:
         "meshfeed.inspect",
         "meshfeed.train",
         "meshfeed.types",
+        "meshfeed.vision",
     )
 
 

@@ -7,7 +7,8 @@ one process or many, exactly and resumably. Importing meshfeed touches no device
 The top level holds what most jobs use; the rest lives in modules named for what they
 hold: ``meshfeed.sources`` (sources and formats), ``meshfeed.schedules``,
 ``meshfeed.inspect`` (pictures, plans, checks), ``meshfeed.train`` (step types, modes),
-``meshfeed.types`` (argument types), ``meshfeed.ops``; and, imported on their own,
+``meshfeed.types`` (argument types), ``meshfeed.ops``, ``meshfeed.vision`` (image
+decode and crops); and, imported on their own,
 ``meshfeed.keras``, ``meshfeed.flax`` and ``meshfeed.testing``.
 """
 
@@ -21,6 +22,7 @@ from meshfeed import schedules as schedules
 from meshfeed import sources as sources
 from meshfeed import train as train
 from meshfeed import types as types
+from meshfeed import vision as vision
 from meshfeed.cluster._initialize import initialize as initialize
 from meshfeed.cluster._initialize import shutdown as shutdown
 from meshfeed.cluster._initialize import watch as watch
@@ -30,6 +32,7 @@ from meshfeed.core._mesh import MODEL as MODEL
 from meshfeed.core._mesh import batch_sharding as batch_sharding
 from meshfeed.core._mesh import make_mesh as make_mesh
 from meshfeed.data._arrays import ArraySource as ArraySource
+from meshfeed.data._image_folder import ImageFolderSource as ImageFolderSource
 from meshfeed.data._mix import mix as mix
 from meshfeed.data._pack import pack as pack
 from meshfeed.data._ragged import Ragged as Ragged
@@ -59,6 +62,7 @@ __all__ = [
     "DATA",
     "MODEL",
     "ArraySource",
+    "ImageFolderSource",
     "Loader",
     "LoaderState",
     "Ragged",
@@ -91,6 +95,7 @@ __all__ = [
     "sources",
     "train",
     "types",
+    "vision",
     "watch",
     "write_source",
 ]

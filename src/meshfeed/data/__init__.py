@@ -26,6 +26,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _adapters      sources over records: Grain, PyTorch, ArrayRecord
     _arrow         Arrow columns as fields; Hugging Face datasets
     _parquet       ParquetSource: many files, a row group at a time, from their catalog
+    _image_folder  ImageFolderSource: image files in class subfolders, listed once
     _selection     Selection: the examples of a source a predicate kept, as a source
     _mix_order     which source and which of its examples fill each position, by stage
     _mix           mix: sources in proportions fixed or by stage, addressed by index

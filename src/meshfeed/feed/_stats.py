@@ -120,6 +120,11 @@ class PipelineStats:
                 "worker_type": self._workers[1],
                 "lent": self._reader.records.lent() if self._reader.records else 0,
             }
+            decoder = (
+                getattr(self._reader.records.fn, "decoder", None) if self._reader.records else None
+            )
+            if isinstance(decoder, str):  # meshfeed.vision's: which decoder ran
+                out["record_transform"]["decoder"] = decoder
         if self._reader.has_transform:
             calls, spent = d["transform"]["calls"], d["transform"]["seconds"]
             out["transform"] = {"calls": int(calls), "seconds": spent}

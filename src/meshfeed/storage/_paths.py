@@ -9,6 +9,7 @@ A name that matches nothing is refused by name.
 
 from __future__ import annotations
 
+import collections
 import glob
 import os
 import re
@@ -66,7 +67,7 @@ def expand_paths(
             raise TypeError(f"{what} holds a {type(name).__name__}; pass paths, globs or URLs.")
         for pattern in expand_braces(os.fspath(name)):
             out += _matches(pattern, storage_options)
-    twice = sorted({p for p in out if out.count(p) > 1})
+    twice = sorted(p for p, n in collections.Counter(out).items() if n > 1)
     if twice:
         raise ValueError(f"{what} names {twice} more than once; name each file once.")
     return out

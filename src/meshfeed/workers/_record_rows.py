@@ -17,7 +17,7 @@ import functools
 import itertools
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -231,6 +231,9 @@ def transform_rows(
     spec = {k: FieldSpec(v.shape[1:], v.dtype) for k, v in outputs.items()}
     fields = [(name, outputs[name], s.shape, s.dtype) for name, s in spec.items()]
     rng.keyed(seed, epoch, ids)
+    if isinstance(fn, BatchedRecordFn) and skipped is None:
+        _transform_batch(fn, batch, ids, outputs, start, rng, spec, current, filtered)
+        return
     columns, generator = list(batch.items()), rng.at
     for i, example_id in enumerate(ids.tolist()):
         if example_id < 0:
@@ -267,6 +270,62 @@ def transform_rows(
             with contextlib.suppress(AttributeError):  # a worker reports the example
                 setattr(error, EXAMPLE_ID, int(example_id))
             raise
+
+
+@runtime_checkable
+class BatchedRecordFn(Protocol):
+    """A record transform that also does a chunk of records at once (a decoder that works
+    on a batch): ``prepare(record, rng)`` for each record, in order, with its own
+    generator (its draws), then ``batch(records, prepared)`` for all of them. It still
+    takes one record (``fn(record, rng)``: the probe, and ``on_error="skip"``, which
+    judges records one by one), with the same result."""
+
+    def __call__(self, record: dict[str, Any], rng: np.random.Generator) -> Any: ...
+
+    def prepare(self, record: dict[str, Any], rng: np.random.Generator) -> Any: ...
+
+    def batch(self, records: list[dict[str, Any]], prepared: list[Any]) -> list[Any]: ...
+
+
+def _transform_batch(
+    fn: BatchedRecordFn,
+    batch: Mapping[str, np.ndarray],
+    ids: np.ndarray,
+    outputs: Mapping[str, np.ndarray],
+    start: int,
+    rng: RecordRng,
+    spec: dict[str, FieldSpec],
+    current: Any,
+    filtered: list[tuple[int, int]] | None,
+) -> None:
+    """``transform_rows`` for a ``BatchedRecordFn``: every record prepared with its
+    generator, then the chunk at once; a failure names the record ``batch`` says
+    (``record_index`` on the error), else the chunk's first."""
+    live = [i for i, example_id in enumerate(ids.tolist()) if example_id >= 0]
+    columns = list(batch.items())
+    records = [{name: column[i] for name, column in columns} for i in live]
+    try:
+        prepared = []
+        for k, i in enumerate(live):
+            if current is not None:
+                current[0] = ids[i]
+            prepared.append(fn.prepare(records[k], rng.at(i)))
+        outs = fn.batch(records, prepared) if records else []
+    except Exception as error:
+        at = getattr(error, "record_index", None)
+        k = at if isinstance(at, int) and 0 <= at < len(live) else 0
+        with contextlib.suppress(AttributeError):  # a worker reports the example
+            setattr(error, EXAMPLE_ID, int(ids[live[k]]) if live else -1)
+        raise
+    for i, out in zip(live, outs, strict=True):
+        if out is None:  # dropped on the fly: a zero row, which the mask will hide
+            for rows in outputs.values():
+                rows[start + i] = 0
+            if filtered is not None:
+                filtered.append((start + i, int(ids[i])))
+            continue
+        for name, value in _check(out, spec, int(ids[i])).items():
+            outputs[name][start + i] = value
 
 
 def probe_spec(

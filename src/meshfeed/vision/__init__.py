@@ -1,0 +1,44 @@
+"""Images: torchvision's training and eval crops as record work, decoded by Pillow or by
+nvImageCodec -- on a GPU host its hardware JPEG decoders.
+
+The training and eval pipelines of ImageNet models as torchvision makes them, as record
+transforms any loader runs in its workers (seeded by seed, epoch and example, so a run
+and its resume see the same crops)::
+
+    loader = meshfeed.Loader(
+        meshfeed.ImageFolderSource("train/"), global_batch_size=256, sharding=sharding,
+        record_transform=meshfeed.vision.RandomResizedCrop(224), num_workers=14)
+
+On a GPU host the JPEG decode can move to the GPU's decoders, a chunk of records at a
+time, each decoded in its crop only: ``RandomResizedCrop(224, decoder="auto")`` (the
+``gpu-decode`` extra), with the same crops. The output is ``uint8`` ``[size, size,
+3]``; normalise on the device. Pillow is the ``vision`` extra.
+
+Modules, lowest first (each imports only modules listed before it)::
+
+    _crop          where an image is cut: torchvision's RandomResizedCrop, Resize, CenterCrop
+    _nvimgcodec    crops of a chunk of images decoded at once on nvImageCodec (GPU or CPU)
+    _augment       RandomResizedCrop and CenterCrop as record transforms (Pillow, nvImageCodec)
+"""
+
+from meshfeed.vision._augment import CenterCrop as CenterCrop
+from meshfeed.vision._augment import Decoder as Decoder
+from meshfeed.vision._augment import RandomResizedCrop as RandomResizedCrop
+from meshfeed.vision._augment import decode as decode
+from meshfeed.vision._augment import image_size as image_size
+from meshfeed.vision._crop import Box as Box
+from meshfeed.vision._crop import center_crop as center_crop
+from meshfeed.vision._crop import random_resized_crop as random_resized_crop
+from meshfeed.vision._crop import resize_shorter as resize_shorter
+
+__all__ = [
+    "Box",
+    "CenterCrop",
+    "Decoder",
+    "RandomResizedCrop",
+    "center_crop",
+    "decode",
+    "image_size",
+    "random_resized_crop",
+    "resize_shorter",
+]
