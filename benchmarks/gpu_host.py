@@ -207,14 +207,15 @@ def _ceiling(cfg: dict[str, Any], workers: int, threads: int | None = None) -> d
     return got
 
 
-def _jpegs(cfg: dict[str, Any]) -> dict[str, Any]:
+def _jpegs(cfg: dict[str, Any], file: str = "jpeg_file", field: str = "jpeg") -> dict[str, Any]:
+    """The JPEGs of ``cfg[file]`` as a source's columns: ``field`` (bytes) and a label."""
     import numpy as np
 
-    with open(cfg["jpeg_file"], "rb") as f:
+    with open(cfg[file], "rb") as f:
         jpegs = pickle.load(f)
     column = np.empty(len(jpegs), object)
     column[:] = jpegs
-    return {"jpeg": column, "label": np.arange(len(jpegs), dtype=np.int32) % 1000}
+    return {field: column, "label": np.arange(len(jpegs), dtype=np.int32) % 1000}
 
 
 def _decode_meshfeed(cfg: dict[str, Any]) -> dict[str, float]:
@@ -298,16 +299,6 @@ def _decode_loops(cfg: dict[str, Any]) -> dict[str, float]:
     return {"steps_per_s": loops_at_once(script, cfg["loops"]) / cfg["batch"]}
 
 
-def _vision_jpegs(cfg: dict[str, Any]) -> dict[str, Any]:
-    import numpy as np
-
-    with open(cfg["vision_file"], "rb") as f:
-        jpegs = pickle.load(f)
-    column = np.empty(len(jpegs), object)
-    column[:] = jpegs
-    return {"image": column, "label": np.arange(len(jpegs), dtype=np.int32) % 1000}
-
-
 def _crop(cfg: dict[str, Any], decoder: str) -> Any:
     import meshfeed.vision
 
@@ -318,7 +309,12 @@ def _vision(cfg: dict[str, Any], decoder: str) -> dict[str, float]:
     """``vision:pillow`` (``W`` workers) or ``vision:nvimgcodec`` (the loading process)."""
     workers = cfg["workers"] if decoder == "pillow" else 0
     crop = _crop(cfg, decoder)
-    loader = _loader(_vision_jpegs(cfg), cfg["batch"], record_transform=crop, num_workers=workers)
+    loader = _loader(
+        _jpegs(cfg, "vision_file", "image"),
+        cfg["batch"],
+        record_transform=crop,
+        num_workers=workers,
+    )
     try:
         got = _timed(iter(loader), cfg["seconds"])
         got["decoder"] = loader.stats()["record_transform"].get("decoder", decoder)
@@ -405,7 +401,9 @@ def _train(cfg: dict[str, Any], fed: bool, decoder: str | None = None) -> dict[s
             _jpegs(cfg), cfg["batch"], record_transform=decode_crop_flip, num_workers=cfg["workers"]
         )
     else:  # ImageNet-size JPEGs through meshfeed.vision's decoder, in the loading process
-        loader = _loader(_vision_jpegs(cfg), cfg["batch"], record_transform=_crop(cfg, decoder))
+        loader = _loader(
+            _jpegs(cfg, "vision_file", "image"), cfg["batch"], record_transform=_crop(cfg, decoder)
+        )
     mesh = _sharding().mesh
     optimizer = optax.sgd(1e-3)
     state = meshfeed.TrainState.create(params, optimizer, mesh=mesh)
