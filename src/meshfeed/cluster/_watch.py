@@ -99,6 +99,11 @@ class Watch:
         self._done = False
         self._said_bye = False
         self._losing = threading.Event()
+        self._thread: threading.Thread | None = None
+        # bye() writes here so the thread leaves its select at once, and is joined: a
+        # daemon thread still running while Python finalizes is ended by pthread_exit,
+        # which aborts the process ("FATAL: exception not rethrown") about half the time.
+        self._stop_r, self._stop_w = os.pipe()
 
     def listen(self, host: str) -> int:
         """Process 0: opens the hub's port on ``host``; returns it."""
@@ -121,7 +126,9 @@ class Watch:
         raise OSError(f"could not reach process 0's watch on port {port} ({'; '.join(errors)})")
 
     def start(self) -> None:
-        threading.Thread(target=self._run, name="meshfeed-watch", daemon=True).start()
+        self._preemption = preemption()  # made here: no JAX call on the watch's thread
+        self._thread = threading.Thread(target=self._run, name="meshfeed-watch", daemon=True)
+        self._thread.start()
         atexit.register(self.bye)
 
     def bye(self) -> None:
@@ -134,6 +141,11 @@ class Watch:
         # that must not read here as the peer lost.
         self._done = True
         self._send_all(_BYE)
+        with contextlib.suppress(OSError):
+            os.write(self._stop_w, b"!")
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
 
     def fail(self, text: str) -> None:
         """This process is about to exit with an error: the others hear why."""
@@ -157,13 +169,16 @@ class Watch:
             selector.register(self._listener, selectors.EVENT_READ)
         for peer in self._peers:
             selector.register(peer.sock, selectors.EVENT_READ, peer)
-        wakeup = preemption().wakeup  # a SIGTERM's handler writes here: heard at once
+        wakeup = self._preemption.wakeup  # a SIGTERM's handler writes here: heard at once
         selector.register(wakeup, selectors.EVENT_READ, "wakeup")
+        selector.register(self._stop_r, selectors.EVENT_READ, "stop")
         started = last_beat = last_progress = time.monotonic()
         while not self._done:
             for key, _ in selector.select(self._tick):
                 if key.data == "wakeup":
                     os.read(wakeup, 64)
+                elif key.data == "stop":
+                    break
                 elif key.data is None:  # a new connection to the hub
                     sock, _ = self._listener.accept()  # type: ignore[union-attr]
                     peer = _Peer(sock, time.monotonic())
@@ -197,7 +212,7 @@ class Watch:
             say(f"{line}, while process {self.process_id} was {_activity}.")
 
     def _preempted(self) -> None:  # told of a preemption: process 0 hears it
-        for message in preemption().tick(hub=self._listener is not None):
+        for message in self._preemption.tick(hub=self._listener is not None):
             self._send_all(message)
 
     def _read(self, peer: _Peer) -> bool:
@@ -234,7 +249,7 @@ class Watch:
                     wait = _LET_IT_EXIT if reason.startswith("failed") else 0.0
                     self._lost(int(who), reason, forward=False, after=wait)
                 else:  # a preemption's round (``_preemption``)
-                    for message in preemption().heard(kind, text):
+                    for message in self._preemption.heard(kind, text):
                         self._send_all(message)
             else:
                 peer.buffer = rest
