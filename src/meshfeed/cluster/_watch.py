@@ -27,7 +27,6 @@ import json
 import os
 import selectors
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -73,6 +72,22 @@ class _Peer:
         self.buffer = b""
         self.process_id: int | None = None
 
+    def messages(self, data: bytes) -> Iterator[tuple[bytes, str]]:
+        """The whole messages ``data`` completes, as (kind, text): a line's text, or ""
+        for a one-byte message; a partial line waits for the rest."""
+        self.buffer += data
+        while self.buffer:
+            kind, rest = self.buffer[:1], self.buffer[1:]
+            if kind not in _LINES:
+                self.buffer = rest
+                yield kind, ""
+                continue
+            line, found, after = rest.partition(b"\n")
+            if not found:
+                return  # the rest of the message is still on its way
+            self.buffer = after
+            yield kind, line.decode(errors="replace")
+
 
 class Watch:
     """This process's side of the watch (process 0 is the hub, the others its clients)."""
@@ -86,9 +101,7 @@ class Watch:
         stall_s: float = STALL_S,
         on_stall: str = "log",
     ) -> None:
-        self.process_id = process_id
-        self.num_processes = num_processes
-        self.timeout = timeout
+        self.process_id, self.num_processes, self.timeout = process_id, num_processes, timeout
         self._tick = min(timeout / 4, 1.0)
         self._stalls, self._on_stall = Stalls(num_processes, stall_s), on_stall
         self._every = every_s(stall_s)  # seconds between two progress messages
@@ -96,13 +109,11 @@ class Watch:
         self._peers: list[_Peer] = []
         self._listener: socket.socket | None = None
         self._joined = 0  # processes that said hello (process 0)
-        self._done = False
-        self._said_bye = False
+        self._done = self._said_bye = False
         self._losing = threading.Event()
         self._thread: threading.Thread | None = None
-        # bye() writes here so the thread leaves its select at once, and is joined: a
-        # daemon thread still running while Python finalizes is ended by pthread_exit,
-        # which aborts the process ("FATAL: exception not rethrown") about half the time.
+        # bye() wakes the thread here and joins it: a daemon thread still running while
+        # Python finalizes is ended by pthread_exit, which can abort the process.
         self._stop_r, self._stop_w = os.pipe()
 
     def listen(self, host: str) -> int:
@@ -226,39 +237,29 @@ class Watch:
                 return False
             self._lost(peer.process_id, "was lost (its connection closed: killed or crashed)")
         peer.seen = time.monotonic()
-        peer.buffer += data
-        while peer.buffer:
-            kind, rest = peer.buffer[:1], peer.buffer[1:]
-            if kind in _LINES:
-                line, found, after = rest.partition(b"\n")
-                if not found:
-                    return True  # the rest of the message is still on its way
-                peer.buffer = after
-                text = line.decode(errors="replace")
-                if kind == _HELLO:
-                    peer.process_id = int(text)
-                    self._joined += 1
-                elif kind == _PROGRESS and peer.process_id is not None:
-                    self._stalls.heard(peer.process_id, text)
-                elif kind == _STALL:
-                    say(f"{text}, while process {self.process_id} was {_activity}.")
-                elif kind == _FAIL:
-                    self._lost(peer.process_id, f"failed ({text})", after=_LET_IT_EXIT)
-                elif kind == _LOST:
-                    who, _, reason = text.partition(" ")
-                    wait = _LET_IT_EXIT if reason.startswith("failed") else 0.0
-                    self._lost(int(who), reason, forward=False, after=wait)
-                else:  # a preemption's round (``_preemption``)
-                    for message in self._preemption.heard(kind, text):
-                        self._send_all(message)
-            else:
-                peer.buffer = rest
-                if kind == _BYE:
-                    with self._lock:
-                        self._peers.remove(peer)
-                    if self._listener is None:  # process 0 ended: nothing left to watch
-                        self._done = True
-                    return False
+        for kind, text in peer.messages(data):
+            if kind == _HELLO:
+                peer.process_id = int(text)
+                self._joined += 1
+            elif kind == _PROGRESS and peer.process_id is not None:
+                self._stalls.heard(peer.process_id, text)
+            elif kind == _STALL:
+                say(f"{text}, while process {self.process_id} was {_activity}.")
+            elif kind == _FAIL:
+                self._lost(peer.process_id, f"failed ({text})", after=_LET_IT_EXIT)
+            elif kind == _LOST:
+                who, _, reason = text.partition(" ")
+                wait = _LET_IT_EXIT if reason.startswith("failed") else 0.0
+                self._lost(int(who), reason, forward=False, after=wait)
+            elif kind == _BYE:
+                with self._lock:
+                    self._peers.remove(peer)
+                if self._listener is None:  # process 0 ended: nothing left to watch
+                    self._done = True
+                return False
+            elif kind in ROUND:  # a preemption's round (``_preemption``)
+                for message in self._preemption.heard(kind, text):
+                    self._send_all(message)
         return True
 
     def _check_silence(self, now: float, started: float) -> None:
@@ -282,12 +283,10 @@ class Watch:
         if forward and self._listener is not None and process_id is not None:
             self._send_all(_LOST + f"{process_id} {reason}\n".encode())
         time.sleep(after)
-        sys.stdout.flush()
-        sys.stderr.write(
-            f"meshfeed: {who} of {self.num_processes} {reason} while process "
-            f"{self.process_id} was {_activity}; exiting with code 1.\n"
+        say(
+            f"{who} of {self.num_processes} {reason} while process "
+            f"{self.process_id} was {_activity}; exiting with code 1."
         )
-        sys.stderr.flush()
         os._exit(1)
 
 
