@@ -89,6 +89,7 @@ def main() -> None:
                     step, state, loader, num_steps=steps, log_every=args.log_every,
                     progress=False, writer=writer,
                 )  # fmt: skip
+                state = history.state  # the given one was donated to the first step
                 if writer is not None and hasattr(writer, "close"):
                     writer.close()
                 got[name] = steps / history.seconds

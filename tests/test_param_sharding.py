@@ -151,3 +151,6 @@ def test_a_step_donates_the_state_it_is_given_unless_told_not_to(mode):
         assert not any(x.is_deleted() for x in jax.tree.leaves(new))
         with pytest.raises(RuntimeError, match="deleted") if donate else contextlib.nullcontext():
             np.asarray(state.params["w1"])
+        again = pytest.raises(ValueError, match="donated to an earlier step")
+        with again if donate else contextlib.nullcontext():
+            step(state, batch)  # the donated state again: said, not a crash

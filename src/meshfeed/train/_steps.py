@@ -141,6 +141,12 @@ class TrainStep:
                 "see; pass stateful=True and write loss_fn(params, batch, model_state, rng)"
                 " -> (loss, (metrics, new_model_state))."
             )
+        if _donated(state):
+            raise ValueError(
+                "the state was donated to an earlier step, and its buffers are gone: pass "
+                "the state that step returned (fit's history.state), or build the step with "
+                "make_train_step(..., donate=False) to keep every state."
+            )
         return self._run(state, batch)
 
     def lower(self, state: Any, batch: Any) -> Any:
@@ -151,6 +157,14 @@ class TrainStep:
                 "with mode='jit' to look at its compiled memory."
             )
         return self._lower(state, batch)
+
+
+def _donated(state: Any) -> bool:
+    """Whether ``state``'s buffers went to an earlier step (one leaf says it for all)."""
+    for leaf in jax.tree_util.tree_leaves(getattr(state, "params", state)):
+        if isinstance(leaf, jax.Array):
+            return leaf.is_deleted()
+    return False
 
 
 def _jit_step(
