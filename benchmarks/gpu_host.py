@@ -462,10 +462,11 @@ def _child(name: str, cfg: dict[str, Any]) -> None:
     first = cfg["ceiling"][0]
     for threads in cfg["place_threads"]:
         runs[f"ceiling:{first}:t{threads}"] = lambda t=threads: _ceiling(cfg, first, t)
-    got = runs[name]()
     device = jax.devices()[0]
-    got.update(device=f"{jax.device_count()} x {device.device_kind}", platform=device.platform)
-    print(json.dumps(got), flush=True)
+    for one in name.split(","):  # several in one process in --smoke only
+        got = runs[one]()
+        got.update(device=f"{jax.device_count()} x {device.device_kind}", platform=device.platform)
+        print(json.dumps(got), flush=True)
 
 
 # ------------------------------------------------------------------------------- parent
@@ -490,16 +491,22 @@ def _names(cfg: dict[str, Any], torch: bool, nvimgcodec: bool) -> list[str]:
 
 
 def _run_child(name: str, cfg_file: str, env: dict[str, str]) -> dict[str, Any]:
+    return _run_children([name], cfg_file, env)[name]
+
+
+def _run_children(names: list[str], cfg_file: str, env: dict[str, str]) -> dict[str, Any]:
+    """``names`` run one after another in one fresh process (one each, to be timed)."""
     done = subprocess.run(
-        [sys.executable, __file__, "--child", name, "--config", cfg_file],
+        [sys.executable, __file__, "--child", ",".join(names), "--config", cfg_file],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{','.join(names)} failed:\n{done.stderr[-3000:]}")
+    lines = done.stdout.strip().splitlines()[-len(names) :]
+    return {name: json.loads(line) for name, line in zip(names, lines, strict=True)}
 
 
 def main() -> None:
@@ -553,6 +560,9 @@ def main() -> None:
         names = [n for n in names if n in wanted or n.split(":")[0] in wanted]
     per_round: list[dict[str, dict[str, Any]]] = []
     for r in range(rounds):
+        if args.smoke:  # one process for all: the smoke checks that each runs
+            per_round.append(_run_children(names, cfg_file, env))
+            continue
         got = {}
         for name in names[r % len(names) :] + names[: r % len(names)]:
             got[name] = _run_child(name, cfg_file, env)

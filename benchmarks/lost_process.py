@@ -41,7 +41,8 @@ else:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(os.environ["MESHFEED_COORDINATOR"],
         num_processes=int(os.environ["MESHFEED_NUM_PROCESSES"]),
-        process_id=int(os.environ["MESHFEED_PROCESS_ID"]), heartbeat_timeout_seconds=20)
+        process_id=int(os.environ["MESHFEED_PROCESS_ID"]),
+        heartbeat_timeout_seconds=int(os.environ.get("BENCH_JAX_HEARTBEAT", "20")))
     import meshfeed
 sys.path.insert(0, os.environ["BENCH_DIR"])
 import optax
@@ -75,6 +76,9 @@ print(f"late {late[0]:.4f}", flush=True)
 """
 
 
+_JAX_HEARTBEAT = 20  # plain JAX's heartbeat timeout: meshfeed's backstop (5 in --smoke)
+
+
 def _run(tmp: Path, how: str, action: str, processes: int, devices: int, steps: int) -> dict:
     """One job; the survivors' seconds to exit after the death, codes and last lines."""
     coordinator = f"127.0.0.1:{free_port()}"
@@ -85,6 +89,7 @@ def _run(tmp: Path, how: str, action: str, processes: int, devices: int, steps: 
     for i in range(processes):
         env = cluster_env(i, processes, devices, coordinator)
         env["BENCH_DIR"] = str(Path(__file__).resolve().parent)
+        env["BENCH_JAX_HEARTBEAT"] = str(_JAX_HEARTBEAT)
         log = Path(f"{out}.{i}.log")
         with log.open("w") as f:
             cmd = [sys.executable, str(job), how, action, str(steps), "12", str(out)]
@@ -174,12 +179,15 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     parts = ["kill", "load"] if args.smoke else args.parts.split(",")
+    if args.smoke:  # the peer's wait shortened: the smoke checks the code runs
+        global _JAX_HEARTBEAT
+        _JAX_HEARTBEAT = 5
     with tempfile.TemporaryDirectory(prefix="meshfeed-lost-") as tmp:
         for part in parts:
             if part in ("kill", "stop"):
                 _deaths(Path(tmp), part, 1 if args.smoke else args.rounds)
             elif part == "load":
-                _load(Path(tmp), 40 if args.smoke else 300)
+                _load(Path(tmp), 15 if args.smoke else 300)
             else:
                 raise SystemExit(f"unknown part {part!r}; pass kill, stop or load.")
 

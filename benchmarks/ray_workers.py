@@ -368,7 +368,7 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(w) for w in args.workers.split(",")]
     if args.smoke:
-        args.rounds, args.examples, args.pause, counts = 1, 2048, 0.2, [1, 2, 4]
+        args.rounds, args.examples, args.pause, counts = 1, 1024, 0.1, [1, 2]
     seconds = 0.3 if args.smoke else args.seconds
     # The raylet's warnings reach the driver's sys.stdout whatever log_to_driver says
     # ("(raylet) WARNING: 22 PYTHON worker processes have been started..."): keep them

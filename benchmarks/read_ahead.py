@@ -232,7 +232,7 @@ def main() -> None:
         n = {True: (2_048, 8_192), False: (16_384, 50_000)}[smoke][kind != "records"]
         warmup = 5 if smoke else (100 if kind == "records" else 300)
         fixed = () if args.default_only else FIXED
-        seconds, rounds = (0.05, 2) if smoke else (args.seconds, args.rounds)
+        seconds, rounds = (0.05, 1) if smoke else (args.seconds, args.rounds)
         line = _child(kind, n, seconds, rounds, warmup, fixed)
         print(json.dumps(line), flush=True)
         return

@@ -242,7 +242,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     examples, steps, rounds, fit_steps = (
-        (SHARD // 2, 3, 2, 20)
+        (SHARD // 2, 3, 1, 10)
         if args.smoke
         else (args.examples, args.steps, args.rounds, args.fit_steps)
     )

@@ -245,12 +245,12 @@ def main() -> None:
     parser.add_argument("--part", choices=["startup", "cache", "both"], default="both")
     parser.add_argument("--rounds", type=int, default=7, help="cache: rotating rounds")
     args = parser.parse_args()
-    counts = [8, 32] if args.smoke else [int(c) for c in args.counts.split(",")]
+    counts = [8] if args.smoke else [int(c) for c in args.counts.split(",")]
     if args.part in ("startup", "both"):
         startup(counts, args.src, args.smoke, args.before_max)
     if args.part in ("cache", "both"):
         if args.smoke:
-            cache(rounds=2, seconds=0.3, shards=256, per_shard=2)
+            cache(rounds=1, seconds=0.3, shards=256, per_shard=2)
         else:
             cache(rounds=args.rounds, seconds=3.0, shards=64, per_shard=32)  # 128 files
             cache(rounds=args.rounds, seconds=3.0, shards=2048, per_shard=2)  # 4,096 files
