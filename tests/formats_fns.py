@@ -115,6 +115,12 @@ def source(kind: str, paths: list[str], storage_options: Any = None) -> Any:
                                    storage_options=storage_options)  # fmt: skip
 
 
+def streams(cases: dict[str, tuple[list[str], Any]], skip: int = 0) -> dict[str, dict[str, Any]]:
+    """``stream(kind, paths, state, skip)`` for each kind's (paths, state), one after
+    another in these processes."""
+    return {kind: stream(kind, paths, state, skip) for kind, (paths, state) in cases.items()}
+
+
 def stream(kind: str, paths: list[str], state: dict[str, Any] | None = None, skip: int = 0,
            storage_options: Any = None, **options: Any) -> dict[str, Any]:  # fmt: skip
     """An epoch of a shuffled loader over the files, from ``state`` or after ``skip``

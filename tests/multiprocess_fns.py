@@ -19,6 +19,11 @@ from layouts import make_arrays, make_layout
 from meshfeed.testing import local_shards
 
 
+def run_streams(states: dict[meshfeed.types.Strategy, Any], skip: int) -> dict[str, Any]:
+    """``run_stream(state, skip, strategy)`` for each strategy's state, one after another."""
+    return {strategy: run_stream(state, skip, strategy) for strategy, state in states.items()}
+
+
 def run_stream(
     state: dict[str, Any] | None, skip: int, strategy: meshfeed.types.Strategy
 ) -> dict[str, Any]:

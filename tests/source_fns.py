@@ -134,6 +134,11 @@ def expected(kind: str, source: Any) -> dict[str, np.ndarray]:
     return {k: v[which * (N // 2) + local] for k, v in data.items()}
 
 
+def round_trips(where: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """``round_trip`` for each kind at its place, in these processes one after another."""
+    return {kind: round_trip(kind, place) for kind, place in where.items()}
+
+
 def round_trip(kind: str, where: str) -> dict[str, Any]:
     """Loads one shuffled epoch; returns mismatches and the ids asked for vs needed."""
     built = build_source(kind, where)

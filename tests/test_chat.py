@@ -149,7 +149,7 @@ def test_the_same_bytes_for_1_2_or_3_workers_and_part_runs(chat, tmp_path):
     meshfeed.prepare(chat["jsonl"], tmp_path / "w1", workers=1, progress=False, **kw)
     reference = tree(tmp_path / "w1")
     assert len([k for k in reference if k.endswith("meshfeed.json")]) > 3
-    for workers in (2, 3):
+    for workers in (3,):  # uneven shares (2 workers: test_prepare)
         meshfeed.prepare(chat["jsonl"], tmp_path / f"w{workers}", workers=workers,
                          progress=False, **kw)  # fmt: skip
         assert tree(tmp_path / f"w{workers}") == reference

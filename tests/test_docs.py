@@ -3,7 +3,8 @@
 Every Python block of the README and of each page under ``docs/`` runs as written, in
 order, in a fresh process with one CPU device (a block starting ``# sketch`` is left
 out: it names a server or a file the reader has and the tests do not); a block that
-does not start with ``# continues`` also runs alone. The API reference lists exactly
+does not start with ``# continues`` also runs alone, in a namespace of its own (the
+page's such blocks one after another in a second process). The API reference lists exactly
 each public module's ``__all__``. The site itself is built with warnings as errors by
 ``.ci/run``.
 """
@@ -40,8 +41,10 @@ REFERENCE = {  # module -> its API page
 
 RUN = """
 import json, sys
-namespace, seen = {}, []
+namespace, seen, alone = {}, [], sys.argv[3] == "alone"
 for block in json.loads(sys.argv[1]):
+    if alone:
+        namespace = {}
     exec(compile(block, sys.argv[2], "exec"), namespace)
     history, loader = namespace.get("history"), namespace.get("loader")
     params = getattr(namespace.get("state"), "params", {})
@@ -61,11 +64,13 @@ def _blocks(page: Path) -> list[str]:
     return [b for b in blocks if not b.startswith("# sketch")]
 
 
-def _run(page: Path, blocks: list[str]) -> list[dict]:
-    """The blocks in one namespace, in a fresh process with one CPU device; what each left."""
+def _run(page: Path, blocks: list[str], *, alone: bool = False) -> list[dict]:
+    """The blocks in one namespace (``alone``: each in its own), in a fresh process with
+    one CPU device; what each left."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    how = "alone" if alone else "together"
     run = subprocess.run(
-        [sys.executable, "-c", RUN, json.dumps(blocks), str(page.relative_to(ROOT))],
+        [sys.executable, "-c", RUN, json.dumps(blocks), str(page.relative_to(ROOT)), how],
         capture_output=True,
         text=True,
         timeout=600,
@@ -84,9 +89,9 @@ def test_the_python_blocks_run_in_order_on_one_cpu_device(page):
     blocks = _blocks(page)
     seen = dict(zip(blocks, _run(page, blocks), strict=True))
     # A block after the first that does not say what it continues must stand alone.
-    for block in blocks[1:]:
-        if not block.startswith(CONTINUES):
-            _run(page, [block])
+    alone = [b for b in blocks[1:] if not b.startswith(CONTINUES)]
+    if alone:
+        _run(page, alone, alone=True)
     if page.name == "training.md":
 
         def after(text: str) -> dict:

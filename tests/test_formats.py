@@ -24,6 +24,7 @@ from formats_fns import (
     payload,
     records,
     stream,
+    streams,
     write_jsonl,
     write_tar_command,
     write_tfrecord,
@@ -137,31 +138,35 @@ def _ids(batches: list[dict[str, np.ndarray]], key: str) -> list[int]:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("kind", ["tar", "jsonl", "tfrecord"])
-def test_every_sample_once_per_epoch_and_a_two_process_state_resumes_on_one_and_four(files, kind):
-    key = KEY[kind]
-    one = assemble([stream(kind, files[kind])])
-    assert sorted(_ids(one, key)) == list(range(SAMPLES))
-    two = run_in_processes(stream, kind, files[kind], None, 4, num_processes=2)
-    state = two[0]["state"]
-    assert all(r["state"] == state for r in two)
-    want = assemble(two)
-    assert _ids(one, key)[4 * 8 :] == _ids(want, key)  # the same order on 1 and 2 processes
-    four = run_in_processes(
-        stream, kind, files[kind], state, num_processes=4, devices_per_process=2
+def test_every_sample_once_per_epoch_and_a_two_process_state_resumes_on_one_and_four(files):
+    kinds = ["tar", "jsonl", "tfrecord"]  # each format in the same processes, one after another
+    two = run_in_processes(
+        streams, {k: (files[k], None) for k in kinds}, 4, num_processes=2, devices_per_process=4
     )
-    for got in (assemble([stream(kind, files[kind], state)]), assemble(four)):
-        assert len(got) == len(want)
-        for g, w in zip(got, want, strict=True):
-            for name in w:
-                np.testing.assert_array_equal(g[name], w[name])
-    if kind == "tar":
-        sizes = {
-            int(i): int(s)
-            for b in one
-            for i, s in zip(b["id"][b["mask"]], b["size"][b["mask"]], strict=True)
-        }
-        assert sizes == {i: len(payload(i)) for i in range(SAMPLES)}
+    states = {k: two[0][k]["state"] for k in kinds}
+    four = run_in_processes(
+        streams, {k: (files[k], states[k]) for k in kinds}, num_processes=4, devices_per_process=2
+    )
+    for kind in kinds:
+        key = KEY[kind]
+        one = assemble([stream(kind, files[kind])])
+        assert sorted(_ids(one, key)) == list(range(SAMPLES)), kind
+        assert all(r[kind]["state"] == states[kind] for r in two), kind
+        want = assemble([r[kind] for r in two])
+        assert _ids(one, key)[4 * 8 :] == _ids(want, key), kind  # one order on 1 and 2
+        on_one = assemble([stream(kind, files[kind], states[kind])])
+        for got in (on_one, assemble([r[kind] for r in four])):
+            assert len(got) == len(want), kind
+            for g, w in zip(got, want, strict=True):
+                for name in w:
+                    np.testing.assert_array_equal(g[name], w[name], err_msg=kind)
+        if kind == "tar":
+            sizes = {
+                int(i): int(s)
+                for b in one
+                for i, s in zip(b["id"][b["mask"]], b["size"][b["mask"]], strict=True)
+            }
+            assert sizes == {i: len(payload(i)) for i in range(SAMPLES)}
 
 
 def test_formats_pack_mix_and_block_shuffle(files):

@@ -35,27 +35,28 @@ def test_check_replicas_names_replicas_that_differ_across_processes():
     assert "on processes [0, 1] hold different data" in error
 
 
-@pytest.mark.parametrize("strategy", ["per_process", "reshard"])
-def test_state_from_two_processes_continues_under_one_and_four(strategy):
-    two = run_in_processes(multiprocess_fns.run_stream, None, 5, strategy, num_processes=2)
-    state = two[0]["state"]
-    assert state["topology"] == {"process_count": 2, "device_count": 8}
-    assert all(r["state"] == state for r in two)
-    want = multiprocess_fns.assemble(two)
-    assert len(want) == 16 - 5
-
-    one = multiprocess_fns.run_stream(state, 0, strategy)
-    four = run_in_processes(
-        multiprocess_fns.run_stream, state, 0, strategy, num_processes=4, devices_per_process=2
-    )
-    uninterrupted = multiprocess_fns.run_stream(None, 0, strategy)
-    for got in (multiprocess_fns.assemble([one]), multiprocess_fns.assemble(four)):
-        assert len(got) == len(want)
-        for g, w in zip(got, want, strict=True):
-            for name in w:
-                np.testing.assert_array_equal(g[name], w[name])
-    for g, w in zip(multiprocess_fns.assemble([uninterrupted])[5:], want, strict=True):
-        np.testing.assert_array_equal(g["label"], w["label"])
+def test_state_from_two_processes_continues_under_one_and_four():
+    strategies: list[meshfeed.types.Strategy] = ["per_process", "reshard"]  # in the same processes
+    run_streams = multiprocess_fns.run_streams
+    two = run_in_processes(run_streams, dict.fromkeys(strategies), 5, num_processes=2)
+    states = {s: two[0][s]["state"] for s in strategies}
+    four = run_in_processes(run_streams, states, 0, num_processes=4, devices_per_process=2)
+    for strategy in strategies:
+        state = states[strategy]
+        assert state["topology"] == {"process_count": 2, "device_count": 8}
+        assert all(r[strategy]["state"] == state for r in two)
+        want = multiprocess_fns.assemble([r[strategy] for r in two])
+        assert len(want) == 16 - 5
+        one = multiprocess_fns.run_stream(state, 0, strategy)
+        uninterrupted = multiprocess_fns.run_stream(None, 0, strategy)
+        on_four = multiprocess_fns.assemble([r[strategy] for r in four])
+        for got in (multiprocess_fns.assemble([one]), on_four):
+            assert len(got) == len(want), strategy
+            for g, w in zip(got, want, strict=True):
+                for name in w:
+                    np.testing.assert_array_equal(g[name], w[name], err_msg=strategy)
+        for g, w in zip(multiprocess_fns.assemble([uninterrupted])[5:], want, strict=True):
+            np.testing.assert_array_equal(g["label"], w["label"], err_msg=strategy)
 
 
 def test_run_in_processes_returns_results_in_process_order():
