@@ -30,7 +30,8 @@ every ratio the median of the per-round ratios (a window of at least 0.3 s each)
 of this 2-core machine; its decode is CPU-bound long before any funnel); ``--platform
 gpu`` on the host's GPUs (batch 256, 15 decode workers, 16 loops), run through the
 device tool when a session is lent one. Prints one JSON line per entry, with the device
-and the core count; ``--smoke`` for CI.
+and the core count; ``--smoke`` for CI (tiny sizes, every entry once, all in one child
+process).
 """
 
 from __future__ import annotations
