@@ -105,7 +105,8 @@ def main() -> None:
         print(json.dumps(child(float(latency), prefetch, steps, warmup)), flush=True)
         return
     processes = 1 if args.smoke else args.processes
-    for latency in (float(x) for x in args.latencies.split(",")):
+    latencies = args.latencies.split(",")[:1] if args.smoke else args.latencies.split(",")
+    for latency in (float(x) for x in latencies):
         contenders = ["auto", str(FIXED.get(latency, 2))]
         runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
         for round_ in range(processes):
