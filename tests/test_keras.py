@@ -220,7 +220,13 @@ def test_manual_modes_refuse_a_set_model_parallel_distribution():
 
 @pytest.mark.multiprocess
 def test_keras_demo_reaches_95_percent(capsys):
-    assert main(["demo", "--keras"]) == 0
+    assert main(["demo", "--keras", "--epochs", "4"]) == 0  # 8 by default; ~99% at 4
     out = capsys.readouterr().out
     accuracy = float(re.findall(r"test accuracy ([\d.]+)%", out)[0])
     assert accuracy >= 95.0, out
+
+
+def test_the_keras_demos_epochs_are_refused_elsewhere(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--epochs", "2"])
+    assert "--epochs is the Keras demo's (--keras)" in capsys.readouterr().err

@@ -221,9 +221,11 @@ def train_digits_keras(*, epochs: int = 8, progress: bool = True) -> dict:
     return result
 
 
-def demo_process(*, keras: bool = False, lm: str | None = None, steps: int | None = None) -> None:
+def demo_process(
+    *, keras: bool = False, lm: str | None = None, steps: int | None = None, epochs: int = 8
+) -> None:
     """Entry point of each demo process (``lm``: the checkpoint folder of the LM demo,
-    ``steps`` its steps)."""
+    ``steps`` its steps; ``epochs``: the Keras demo's)."""
     import meshfeed
 
     meshfeed.initialize()
@@ -232,7 +234,7 @@ def demo_process(*, keras: bool = False, lm: str | None = None, steps: int | Non
 
         train_lm(checkpoint_dir=lm, steps=steps or STEPS)
     elif keras:
-        train_digits_keras()
+        train_digits_keras(epochs=epochs)
     else:
         train_digits()
 
@@ -244,6 +246,7 @@ def run_demo(
     keras: bool = False,
     lm: bool = False,
     steps: int | None = None,
+    epochs: int | None = None,
 ) -> int:
     """Starts the demo processes and waits; returns the exit code.
 
@@ -268,6 +271,8 @@ def run_demo(
         fail("--processes and --devices-per-process must be >= 1.")
     if steps is not None and (not lm or steps < 2):
         fail("--steps is the LM demo's (--lm): pass a number of steps >= 2.")
+    if epochs is not None and (not keras or epochs < 1):
+        fail("--epochs is the Keras demo's (--keras): pass a number of epochs >= 1.")
     devices = num_processes * devices_per_process
     batch, over = (LM_BATCH, devices // 2) if lm else (GLOBAL_BATCH_SIZE, devices)
     if (lm and devices % 2) or over < 1 or batch % over:
@@ -292,7 +297,7 @@ def run_demo(
         where = repr(checkpoints) if lm else None
         code = (
             "from meshfeed._cli.demo import demo_process; "
-            f"demo_process(keras={keras}, lm={where}, steps={steps})"
+            f"demo_process(keras={keras}, lm={where}, steps={steps}, epochs={epochs or 8})"
         )
         children = start_processes(
             python_argv(code),

@@ -125,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--steps", type=int, default=None, help="the LM demo's steps (default 300)")
     demo.add_argument(
+        "--epochs", type=int, default=None, help="the Keras demo's epochs (default 8)"
+    )
+    demo.add_argument(
         "--keras",
         action="store_true",
         help="train the Keras multi-device guide's convnet with meshfeed.keras.fit",
@@ -225,6 +228,7 @@ def _run(args: argparse.Namespace) -> int:
             keras=args.keras,
             lm=args.lm,
             steps=args.steps,
+            epochs=args.epochs,
         )
     if args.mesh:  # bench
         if args.what == "loader" and args.batch % next(iter(args.mesh.values())):
