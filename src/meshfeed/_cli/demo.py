@@ -222,7 +222,11 @@ def train_digits_keras(*, epochs: int = 8, progress: bool = True) -> dict:
 
 
 def demo_process(
-    *, keras: bool = False, lm: str | None = None, steps: int | None = None, epochs: int = 8
+    *,
+    keras: bool = False,
+    lm: str | None = None,
+    steps: int | None = None,
+    epochs: int | None = None,
 ) -> None:
     """Entry point of each demo process (``lm``: the checkpoint folder of the LM demo,
     ``steps`` its steps; ``epochs``: the Keras demo's)."""
@@ -234,7 +238,7 @@ def demo_process(
 
         train_lm(checkpoint_dir=lm, steps=steps or STEPS)
     elif keras:
-        train_digits_keras(epochs=epochs)
+        train_digits_keras() if epochs is None else train_digits_keras(epochs=epochs)
     else:
         train_digits()
 
@@ -297,7 +301,7 @@ def run_demo(
         where = repr(checkpoints) if lm else None
         code = (
             "from meshfeed._cli.demo import demo_process; "
-            f"demo_process(keras={keras}, lm={where}, steps={steps}, epochs={epochs or 8})"
+            f"demo_process(keras={keras}, lm={where}, steps={steps}, epochs={epochs})"
         )
         children = start_processes(
             python_argv(code),
