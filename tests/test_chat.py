@@ -404,9 +404,13 @@ def test_a_records_tools_and_the_template_kwargs_reach_the_template_as_hf_passes
     worker process, on both the batched and the turn-boundary paths; the tools change
     the tokens exactly as they change HF's."""
     template = TOOLS + (GENERATION if blocks else PLAIN)
-    sets = [None, [_tool("weather")], [_tool("weather"), _tool("time")]]
-    records = [{"messages": m, "tools": sets[i % 3]} | ({} if i % 3 else {"tools": None})
-               for i, m in enumerate(chat["conversations"][:90])]  # fmt: skip
+    weather = _tool("weather")
+    function = weather["function"]  # the same schema, its keys in another order:
+    reordered = {"function": {k: function[k] for k in reversed(function)}, "type": "function"}
+    sets = [None, [weather], [weather, _tool("time")], [reordered]]
+    records = [
+        {"messages": m, "tools": sets[i % 4]} for i, m in enumerate(chat["conversations"][:90])
+    ]
     with open(tmp_path / "tools.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     meshfeed.prepare(
@@ -429,6 +433,8 @@ def test_a_records_tools_and_the_template_kwargs_reach_the_template_as_hf_passes
         assert (tokens[i], masks[i]) == want, i
         without = oracle(record["messages"])[0]  # the same record, no tools
         assert (want[0] != without) == (record["tools"] is not None), i
+        if record["tools"] is sets[1]:  # equal to sets[3] as dicts; printed in its key order
+            assert want[0] != oracle(record["messages"], tools=[reordered])[0], i
     record = json.loads((tmp_path / "out" / "meshfeed.prepare.json").read_text())
     assert "enable_thinking" in json.dumps(record)
     if blocks:  # the same build from the command line's flags

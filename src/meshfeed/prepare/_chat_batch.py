@@ -163,10 +163,12 @@ def loop_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int
 
 
 def alike(extras: Sequence[Extras]) -> list[tuple[list[int], Extras]]:
-    """The conversations rendered with the same extras, by index, each group once."""
+    """The conversations rendered with the same extras, by index, each group once.
+    Extras are alike when they print alike: key order counts, since templates print
+    tools with ``tojson``, which keeps it."""
     groups: dict[str, tuple[list[int], Extras]] = {}
     for i, one in enumerate(extras):
-        key = json.dumps(one, sort_keys=True, default=repr)
+        key = json.dumps(one, default=repr)
         groups.setdefault(key, ([], one))[0].append(i)
     return list(groups.values())
 
