@@ -27,9 +27,11 @@ from meshfeed.formats._tar import TarSource as TarSource
 from meshfeed.formats._tfrecord import TFRecordSource as TFRecordSource
 from meshfeed.formats._tfrecord import parse_example as parse_example
 from meshfeed.prepare._prepare import PrepareStatus as PrepareStatus
+from meshfeed.storage._file_errors import BadFileError as BadFileError
 
 __all__ = [
     "ArrayRecordSource",
+    "BadFileError",
     "Column",
     "FieldSpec",
     "GrainSource",

@@ -12,6 +12,7 @@ examples, fields or devices.
 
 Modules, lowest first (each imports only modules listed before it)::
 
+    _file_errors   BadFileError: a file its format cannot read, named (where in it, and why)
     _clock         StoreClock: a store's outage, timed once for all its reads; one probe at a time
     _hedge         Hedger: a store's recent latencies; a slow range read asked twice, in a budget
     _remote        byte ranges behind a URL: requested together, failures named, faults retried
