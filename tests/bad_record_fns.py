@@ -30,6 +30,31 @@ def decode(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     return {"image": image + rng.random((8, 8), dtype=np.float32), "label": record["label"]}
 
 
+class DecodesInChunks:
+    """``decode`` with a batch form (``BatchedRecordFn``), as a decoder of a chunk of
+    records is: ``prepare`` makes each record's draws, ``batch`` cuts the chunk, and
+    raises for the whole chunk on its first bad record, as a chunk's decoder would."""
+
+    def __call__(self, record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        return self.batch([record], [self.prepare(record, rng)])[0]
+
+    def prepare(self, record: dict[str, Any], rng: np.random.Generator) -> Any:
+        if bad(int(record["label"])):
+            return None  # decode draws nothing for these: it raises first
+        i, j = rng.integers(0, 5, 2)
+        return int(i), int(j), rng.random((8, 8), dtype=np.float32)
+
+    def batch(self, records: list[dict[str, Any]], prepared: list[Any]) -> list[dict[str, Any]]:
+        broken = [int(r["label"]) for r in records if bad(int(r["label"]))]
+        if broken:
+            raise ValueError(f"cannot decode example {broken[0]}: truncated data\nmore detail")
+        out = []
+        for record, (i, j, noise) in zip(records, prepared, strict=True):
+            image = record["image"][i : i + 8, j : j + 8].astype(np.float32)
+            out.append({"image": image + noise, "label": record["label"]})
+        return out
+
+
 def fails_often(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     """Raises on every third example: a broken transform, not a few bad records."""
     if int(record["label"]) % 3 == 0:

@@ -51,6 +51,22 @@ def image_folder(root: Path, per_class: int = 6, seed: int = 0) -> Path:
     return root
 
 
+def folder_with_a_truncated_jpeg(root: Path, per_class: int = 8, bad: int = 13) -> Path:
+    """Classes ``a`` and ``b`` of ``per_class`` JPEGs each (gradients and noise, 24 to 64
+    pixels a side), the one that is example ``bad`` read in order cut in half: a JPEG
+    whose header reads and whose pixels do not decode (``image file is truncated``)."""
+    rng = np.random.default_rng(1)
+    for c, name in enumerate(["a", "b"]):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            height, width = (int(v) for v in rng.integers(24, 65, 2))
+            data = encode(image(rng, height, width), "JPEG")
+            if c * per_class + i == bad:
+                data = data[: len(data) // 2]
+            (root / name / f"img_{i:03d}.jpg").write_bytes(data)
+    return root
+
+
 def torchvision_samples(directory: str) -> tuple[list[str], list[tuple[str, int]]]:
     """``(classes, [(path, class_index), ...])`` as torchvision's ``ImageFolder`` finds them."""
     classes = sorted(entry.name for entry in os.scandir(directory) if entry.is_dir())

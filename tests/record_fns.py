@@ -64,14 +64,42 @@ def dies_saying_why_on_17(record: dict[str, Any], rng: np.random.Generator) -> d
     return crop(record, rng)
 
 
-def stream(
-    fn: Any, num_workers: int, layout: str = "data8", worker_type: str = "processes"
-) -> list[dict[str, Any]]:
-    """Every batch of one padded epoch, as this process's shards."""
-    from layouts import make_layout
-    from meshfeed.testing import local_shards
+class DecodesInChunks:
+    """A record transform with a batch form (``BatchedRecordFn``), as a decoder of a
+    chunk of records is: ``prepare`` draws each record's crop, ``batch`` cuts the chunk.
+    Its batch raises on a chunk that holds example ``bad`` without saying which record
+    is at fault; with ``alone_ok``, only on a chunk of more than one record (a batch form
+    that breaks where each record alone works)."""
 
-    loader = meshfeed.Loader(
+    def __init__(self, bad: int, *, alone_ok: bool = False) -> None:
+        self.bad, self.alone_ok = bad, alone_ok
+
+    def __call__(self, record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        return self.batch([record], [self.prepare(record, rng)])[0]
+
+    def prepare(self, record: dict[str, Any], rng: np.random.Generator) -> Any:
+        i, j = rng.integers(0, 28 - CROP + 1, 2)
+        return int(i), int(j), bool(rng.random() < 0.5)
+
+    def batch(self, records: list[dict[str, Any]], prepared: list[Any]) -> list[dict[str, Any]]:
+        at_fault = any(int(r["label"]) == self.bad for r in records)
+        if at_fault and not (self.alone_ok and len(records) == 1):
+            raise ValueError(f"cannot decode a record of this chunk of {len(records)}")
+        out = []
+        for record, (i, j, flip) in zip(records, prepared, strict=True):
+            image = record["image"][i : i + CROP, j : j + CROP]
+            image = image[:, ::-1] if flip else image
+            out.append({"image": image.astype(np.float32) / 255.0, "label": record["label"]})
+        return out
+
+
+def make_loader(
+    fn: Any, num_workers: int, layout: str = "data8", worker_type: str = "processes", **options: Any
+) -> meshfeed.Loader:
+    """A padded epoch of ``source()`` through ``fn``, 16 rows a step."""
+    from layouts import make_layout
+
+    return meshfeed.Loader(
         source(),
         global_batch_size=16,
         sharding=make_layout(layout)["label"],
@@ -80,7 +108,17 @@ def stream(
         worker_type=worker_type,  # type: ignore[arg-type]
         last_batch="pad",
         seed=7,
+        **options,
     )
+
+
+def stream(
+    fn: Any, num_workers: int, layout: str = "data8", worker_type: str = "processes"
+) -> list[dict[str, Any]]:
+    """Every batch of one padded epoch, as this process's shards."""
+    from meshfeed.testing import local_shards
+
+    loader = make_loader(fn, num_workers, layout, worker_type)
     try:
         return [{k: (v.shape, local_shards(v)) for k, v in b.items()} for b in loader]
     finally:

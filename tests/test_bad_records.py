@@ -60,6 +60,18 @@ def test_the_same_bytes_and_skips_with_any_workers(workers, kind):
     assert fns.stream(num_workers=workers, worker_type=kind, last_batch="pad") == reference
 
 
+def test_a_batch_form_skips_the_records_the_record_form_skips_with_any_workers():
+    # Its batch raises for a whole chunk; the records alone say which to skip: the same
+    # rows, bytes and skips as decode's, one record at a time, for any chunks (a step, or
+    # a quarter of one). Worker processes run the same code: test_vision holds them.
+    reference = fns.stream(num_workers=0, last_batch="pad")
+    for workers, kind in ((0, "processes"), (2, "threads")):
+        got = fns.stream(
+            fn=fns.DecodesInChunks(), num_workers=workers, worker_type=kind, last_batch="pad"
+        )
+        assert got == reference, (workers, kind)
+
+
 def test_a_state_taken_mid_epoch_restores_the_same_batches():
     steps = assert_resumes_identically(lambda: fns.loader(num_workers=2), max_steps=4)
     assert steps == 4

@@ -12,6 +12,7 @@ import s3fs
 
 import meshfeed
 from image_fns import image_folder, torchvision_samples
+from meshfeed.data._sources import Origins
 from meshfeed.testing import CountingProxy
 
 CATALOG = "meshfeed.images.json"
@@ -31,6 +32,7 @@ def test_classes_labels_and_order_are_torchvision_imagefolders(tmp_path):
             assert got["image"][i].tobytes() == f.read()
     assert source.fields["image"] == meshfeed.sources.FieldSpec((None,), np.dtype(np.uint8))
     assert source[3]["label"] == samples[3][1]  # an int index: one example
+    assert isinstance(source, Origins) and source.origin(3) == samples[3][0]  # for messages
     assert "18 images, 3 classes" in repr(source)
 
 

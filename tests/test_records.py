@@ -49,7 +49,7 @@ def test_workers_give_the_same_output_as_the_loading_thread(workers, kind, refer
 def test_each_record_sees_the_documented_generator():
     # A PCG64 in state (a << 64) | b, increment 2b + 1, set through numpy's public
     # setter: the generator the fast re-seeding (state words written in place) must equal.
-    from meshfeed.workers._record_rows import RecordRng, example_keys
+    from meshfeed.workers._record_rng import RecordRng, example_keys
 
     ids = np.array([0, 5, -1, 123456789, 2**40])
     keys_a, keys_b = example_keys(7, 3, ids)
@@ -88,6 +88,47 @@ def test_a_raising_record_transform_names_the_example():
     assert _segments() <= before
 
 
+WHERE = {
+    "0 workers": (0, "processes", "the loading process"),
+    "2 processes": (2, "processes", "a worker process"),
+    "2 threads": (2, "threads", "a worker thread"),
+}
+
+
+def test_a_batch_form_that_raises_on_a_chunk_names_the_record_that_raises_alone():
+    # Example 19 is the 2nd row of its chunk for 0 and 2 workers (step 0, row 9): the
+    # chunk raises, and the record stage runs its records alone to find the one at fault.
+    for workers, kind, where in WHERE.values():
+        with pytest.raises(
+            RuntimeError,
+            match=rf"^record_transform raised on example 19 in {where}: ValueError: cannot "
+            r"decode a record of this chunk of 1\b",
+        ) as raised:
+            record_fns.stream(record_fns.DecodesInChunks(19), workers, worker_type=kind)
+        if workers == 0 or kind == "threads":  # the transform's own error, where it lives
+            assert isinstance(raised.value.__cause__, ValueError)
+        else:  # from another process: its traceback, as text
+            assert "in batch\n    raise ValueError(" in str(raised.value)
+
+
+def test_a_chunk_that_raises_where_no_record_raises_alone_is_named_as_the_chunk():
+    for on_error in ("raise", "skip"):  # not a bad record: never skipped
+        loader = record_fns.make_loader(
+            record_fns.DecodesInChunks(19, alone_ok=True), 0, on_error=on_error
+        )
+        ids = ", ".join(str(i) for i in loader.ids(0)[:8].tolist())  # the chunk is step 0
+        with pytest.raises(
+            RuntimeError,
+            match=rf"^record_transform raised on the chunk of examples {ids}, \.\.\. \(16 in "
+            r"all\) in the loading process \(its batch form, on the chunk together\), but on "
+            r"none of them alone: ValueError: cannot decode a record of this chunk of 16\. Its "
+            r"batch\(\) must give each record what the transform gives it alone",
+        ) as raised:
+            list(loader)
+        loader.close()
+        assert isinstance(raised.value.__cause__, ValueError)
+
+
 def test_a_killed_worker_is_an_error_naming_the_example():
     before = _segments()
     with pytest.raises(
@@ -115,8 +156,12 @@ def test_a_dying_worker_is_an_error_within_a_second_with_its_last_words():
 
 
 def test_records_of_another_shape_are_refused_with_the_example():
-    with pytest.raises(ValueError, match="for example 5, but"):
+    # The message of any record that fails, in the loading process as in workers.
+    with pytest.raises(
+        RuntimeError, match=r"on example 5 in the loading process: .*for example 5, but"
+    ) as raised:
         record_fns.stream(record_fns.changes_shape, 0)
+    assert isinstance(raised.value.__cause__, ValueError)
 
 
 SCRIPT = """

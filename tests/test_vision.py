@@ -1,10 +1,13 @@
 """``meshfeed.vision``: torchvision's training and eval crops as record work, the same
 bytes for any workers and after a resume on another device count; nvImageCodec's decode
-of a whole step (its CPU codecs) cuts the same crops and gives the same pixels."""
+of a whole step (its CPU codecs) cuts the same crops and gives the same pixels. A JPEG
+cut short is named by its id and its file, or skipped alone, whatever decodes it and
+wherever."""
 
 from __future__ import annotations
 
 import io
+import re
 
 import jax
 import numpy as np
@@ -13,7 +16,7 @@ from PIL import Image
 
 import meshfeed
 import meshfeed.vision as vision
-from image_fns import encode, image, image_folder
+from image_fns import encode, folder_with_a_truncated_jpeg, image, image_folder
 
 SIZE = 32
 
@@ -126,6 +129,71 @@ def test_a_chunk_at_once_is_each_record_alone(folder):
         drawn = [crop.prepare(r, np.random.default_rng(i)) for i, r in enumerate(records)]
         for one, together in zip(alone, crop.batch(records, drawn), strict=True):
             np.testing.assert_array_equal(one["image"], together["image"])
+
+
+BAD = 13  # row 5 of step 1 in order: inside a chunk, not its first row, for 0 or 2 workers
+WORKERS = {
+    "0 workers": ({}, "the loading process"),
+    "2 processes": ({"num_workers": 2}, "a worker process"),
+    "2 threads": ({"num_workers": 2, "worker_type": "threads"}, "a worker thread"),
+}
+DECODERS = ["pillow", "nvimgcodec-cpu"]
+TRUNCATED = {  # each decoder's first line for the JPEG cut in half
+    "pillow": r"OSError: image file is truncated",
+    "nvimgcodec-cpu": r"ValueError: nvImageCodec \(cpu\) could not decode the image in its region",
+}
+
+
+@pytest.fixture(scope="module")
+def truncated(tmp_path_factory):
+    return meshfeed.ImageFolderSource(
+        folder_with_a_truncated_jpeg(tmp_path_factory.mktemp("truncated") / "train", bad=BAD)
+    )
+
+
+def _crops(source, decoder: str, **options) -> meshfeed.Loader:
+    if decoder != "pillow":
+        pytest.importorskip("nvidia.nvimgcodec", reason="nvImageCodec is the gpu-decode extra")
+    crop = vision.RandomResizedCrop(16, decoder=decoder)  # type: ignore[arg-type]
+    return _loader(source, record_transform=crop, shuffle=False, **options)
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_a_truncated_jpeg_is_named_by_its_id_and_file_whatever_decodes_it(truncated, decoder):
+    bad, good = truncated.path(BAD), [truncated.path(i) for i in range(16) if i != BAD]
+    for options, where in WORKERS.values():
+        loader = _crops(truncated, decoder, **options)
+        try:
+            with pytest.raises(
+                RuntimeError,
+                match=rf"^record_transform raised on example {BAD} \({re.escape(bad)}\) in "
+                rf"{where}: {TRUNCATED[decoder]}",
+            ) as raised:
+                list(loader)
+        finally:
+            loader.close()
+        message = str(raised.value)
+        assert not [path for path in good if path in message]
+        if where == "a worker process":  # its traceback, as text
+            assert "\nTraceback (most recent call last):\n" in message
+        else:  # the decoder's own error
+            assert isinstance(raised.value.__cause__, OSError | ValueError)
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_a_truncated_jpeg_is_skipped_alone_the_same_whatever_decodes_it(truncated, decoder):
+    want = None
+    for options, _ in WORKERS.values():
+        loader = _crops(truncated, decoder, on_error="skip", **options)
+        got = _batches(loader)
+        mask = np.concatenate([batch["mask"] for batch in got])
+        np.testing.assert_array_equal(mask, np.arange(16) != BAD)
+        assert [(s.step, s.example) for s in loader.skipped] == [(1, BAD)]
+        assert re.match(TRUNCATED[decoder], loader.skipped[0].error)
+        want = want or got
+        for a, b in zip(got, want, strict=True):
+            for name in b:
+                np.testing.assert_array_equal(a[name], b[name])
 
 
 def test_bad_input_is_refused_with_the_fix():

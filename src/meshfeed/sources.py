@@ -21,6 +21,7 @@ from meshfeed.data._selection import Selection as Selection
 from meshfeed.data._sharded import ShardedSource as ShardedSource
 from meshfeed.data._sources import Column as Column
 from meshfeed.data._sources import FieldSpec as FieldSpec
+from meshfeed.data._sources import Origins as Origins
 from meshfeed.formats._build import IndexReport as IndexReport
 from meshfeed.formats._jsonl import JsonlSource as JsonlSource
 from meshfeed.formats._tar import TarSource as TarSource
@@ -39,6 +40,7 @@ __all__ = [
     "IndexReport",
     "JsonlSource",
     "Mixture",
+    "Origins",
     "PackPlan",
     "Packed",
     "ParquetSource",

@@ -168,6 +168,10 @@ class ImageFolderSource:
         rel = self.paths[index]
         return rel if self.root is None else join(self.root, rel)
 
+    def origin(self, index: int) -> str:
+        """Where example ``index`` comes from, for messages (``Origins``): its file."""
+        return self.path(index)
+
     def _read(self, index: int) -> bytes:
         blob = Blob(self.path(index), self._options, retry_s=self._retry_s)
         size = int(self._sizes[index])

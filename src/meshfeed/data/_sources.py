@@ -86,6 +86,21 @@ class Source(Protocol):
         ...
 
 
+@runtime_checkable
+class Origins(Protocol):
+    """A source that can say where each example comes from, for messages.
+
+    A record transform's error then names the example's file beside its id
+    (``record_transform raised on example 17 (/data/train/cat/b.jpg) ...``), whatever
+    worker ran it; a source without ``origin`` is named by id alone.
+    """
+
+    def origin(self, index: int) -> str:
+        """Where example ``index`` comes from: its file, and the place in it (a path, a
+        URL; for a file of many examples, the file and the example's place there)."""
+        ...
+
+
 def document_lengths(source: Source, field: str, *, chunk: int = 65_536) -> np.ndarray:
     """Every document's length in ``field``: ``source.lengths(field)`` where the source
     offers it (from offsets), else the documents read ``chunk`` at a time and measured."""

@@ -15,7 +15,9 @@ decoded at once, each only in its crop (``_nvimgcodec``) -- on the GPU's JPEG en
 where there is one -- through the record stage's batch form (``prepare`` each record
 with its generator: the header read and the draws, the same as Pillow's path; then
 ``batch``). The crop and the flip come from the record's generator either way, so every
-decoder cuts the same boxes.
+decoder cuts the same boxes. A chunk that does not decode (a file cut short) is decoded
+again a record at a time, so the error names the record's example and file, and
+``on_error="skip"`` skips that record alone.
 """
 
 from __future__ import annotations

@@ -118,12 +118,11 @@ class NvImageCodec:
         decoded = decoder.decode(streams, params=params) if streams else []
         out = []
         for k, image in enumerate(decoded):
-            if image is None:
-                error = ValueError(
-                    f"nvImageCodec ({self.backend}) could not decode image {k} of the chunk in "
-                    f"its region {list(boxes[k])} (top, left, height, width)."
+            if image is None:  # the record stage runs the records alone to name the one
+                which = f"image {k} of the chunk" if len(streams) > 1 else "the image"
+                raise ValueError(
+                    f"nvImageCodec ({self.backend}) could not decode {which} in its region "
+                    f"{list(boxes[k])} (top, left, height, width)."
                 )
-                error.record_index = k  # type: ignore[attr-defined]
-                raise error
             out.append(np.asarray(image.cpu()))
         return out

@@ -5,20 +5,23 @@ Ray actors.
 time, off the loading thread. Worker processes start with ``python -c`` (not by
 re-running the user's script), get ``fn`` by value with cloudpickle, read their rows
 from shared memory and write their output there, in order (in /dev/shm, or in files
-when /dev/shm is too small, said once on stderr); a worker that raises or dies
-is named with the example it was on. ``worker_type="threads"`` runs the same on a thread
-pool instead, and ``worker_type="ray"`` on Ray actors anywhere on a cluster, which read
-the source themselves (only ids go out) and whose lost chunks are computed again. The
-output never depends on the number or the kind of workers. This layer knows sources'
-field specs and the keyed hash that seeds each record's generator, and nothing of
-devices or steps.
+when /dev/shm is too small, said once on stderr); a record that raises is named by
+its example and, where the source says, its file, in one message whatever the worker,
+and a worker that dies by the example it was on. ``worker_type="threads"`` runs the
+same on a thread pool instead, and ``worker_type="ray"`` on Ray actors anywhere on a
+cluster, which read the source themselves (only ids go out) and whose lost chunks are
+computed again. The output never depends on the number or the kind of workers. This
+layer knows sources' field specs and the keyed hash that seeds each record's
+generator, and nothing of devices or steps.
 
 Modules, lowest first (each imports only modules listed before it)::
 
     _bare            python -c processes that import meshfeed bare: no JAX, no user script
     _blocks          where shared blocks live: /dev/shm, reserved, or files when it is too small
     _shm             shared memory: output slots, input blocks, a worker's maps of them
-    _record_rows     a record transform over rows, with its per-example rng (no JAX)
+    _record_errors   a record's failure named the same from every worker: id, file, error
+    _record_rng      each record's generator, keyed by (seed, epoch, example id)
+    _record_rows     a record transform over rows, a chunk at once or one by one (no JAX)
     _worker_loop     what a worker process runs: bootstrap without JAX or __main__, serve chunks
     _thread_workers  worker_type="threads": record transforms on a thread pool
     _processes       worker processes: started bare, stderr copied, deaths told; send_by_value

@@ -25,13 +25,14 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
 from meshfeed.workers._bare import bare_argv
+from meshfeed.workers._record_errors import ExampleNames
 
 _PIPE_BYTES = 1 << 20  # room for every task in flight, so a send never waits
 _TAIL_BYTES = 8192
@@ -86,8 +87,9 @@ def launch(index: int, status: str) -> WorkerProcess:
     return WorkerProcess(index, popen, Connection(task_w, readable=False), Connection(result_r))
 
 
-def death_message(worker: WorkerProcess, example: int) -> str:
-    """What to say of a worker whose pipe ended, ``example`` the one it was on."""
+def death_message(worker: WorkerProcess, example: str) -> str:
+    """What to say of a worker whose pipe ended, ``example`` the one it was on (named:
+    ``example 17 (/data/b.jpg)``)."""
     with contextlib.suppress(subprocess.TimeoutExpired):
         worker.popen.wait(timeout=1.0)
     code = worker.popen.returncode
@@ -97,7 +99,7 @@ def death_message(worker: WorkerProcess, example: int) -> str:
         how = f"was killed by {signal.Signals(-code).name}"
     else:
         how = f"exited with code {code}"
-    doing = f"while transforming example {example}" if worker.in_hand else "while idle"
+    doing = f"while transforming {example}" if worker.in_hand else "while idle"
     line = worker.last_error_line()
     cause = f"; its last line on stderr: {line!r}" if line else ""
     return (
@@ -129,10 +131,20 @@ def copy_stderr(workers: list[WorkerProcess]) -> None:
 
 class Crew:
     """The worker processes of one pool: started, each sent the pool's ``payload`` first,
-    then tasks (``send``), their replies read as they come (``replies``)."""
+    then tasks (``send``), their replies read as they come (``replies``), their deaths
+    told (``death``). ``names`` names the examples of their errors; ``in_hand(i)`` is
+    the example worker ``i`` is on (its cell of the ``status`` block)."""
 
-    def __init__(self, count: int, status: str, payload: bytes) -> None:
+    def __init__(
+        self,
+        count: int,
+        status: str,
+        payload: bytes,
+        names: ExampleNames | None,
+        in_hand: Callable[[int], int],
+    ) -> None:
         self.workers = [launch(i, status) for i in range(count)]
+        self._names, self._in_hand = names or ExampleNames(), in_hand
         for worker in self.workers:
             worker.tasks.send_bytes(payload)
         threading.Thread(
@@ -180,12 +192,14 @@ class Crew:
                     yield worker, None, f"{why}\n{error}"
                     continue
                 worker.in_hand.pop(token, None)
-                if error is not None:
-                    example_id, trace = error
-                    yield worker, None, (f"record_transform raised on example {example_id} "
-                                         f"in a worker process:\n{trace}")  # fmt: skip
+                if error is not None:  # a Failure: the example named, as anywhere
+                    yield worker, None, error.message("in a worker process", self._names)
                     continue
                 yield worker, token, (rest[0], rest[1])
+
+    def death(self, worker: WorkerProcess) -> str:
+        """What to say of ``worker``, whose pipe ended (``death_message``)."""
+        return death_message(worker, self._names(self._in_hand(worker.index)))
 
     def idle(self) -> bool:
         """Whether some worker has nothing in hand."""

@@ -18,7 +18,6 @@ import os
 import pickle
 import sys
 import time
-import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,11 +25,12 @@ import numpy as np
 
 from meshfeed.data._bad_records import find_bad, skippable
 from meshfeed.data._sources import FieldSpec
-from meshfeed.workers._record_rows import EXAMPLE_ID, Dropped, RecordFn, dropped, transform_rows
+from meshfeed.workers._record_errors import Failure, failure_of
+from meshfeed.workers._record_rows import Dropped, RecordFn, dropped, transform_rows
 
-Reply = tuple[dict[str, np.ndarray] | None, Dropped, tuple[int, str] | None, float]
-"""A chunk's rows, the records skipped or filtered (``Dropped``), an error
-``(example, traceback)`` instead of rows when the transform or the read raised, and the
+Reply = tuple[dict[str, np.ndarray] | None, Dropped, Failure | None, float]
+"""A chunk's rows, the records skipped or filtered (``Dropped``), a ``Failure`` instead
+of rows when the transform or the read raised (the loader names its example), and the
 seconds the chunk took (its read and transform)."""
 
 
@@ -99,9 +99,8 @@ class RecordServer:
                 self.fn, self.source, ids, spec, seed, epoch, self.skip
             )
         except Exception as error:
-            first = next((int(i) for i in ids if i >= 0), -1)
-            error_at = (getattr(error, EXAMPLE_ID, first), traceback.format_exc())
-            return None, [], error_at, time.perf_counter() - began
+            failure = failure_of(error, ids, trace=True)
+            return None, [], failure, time.perf_counter() - began
         return out, skipped, None, time.perf_counter() - began
 
 

@@ -37,6 +37,7 @@ from meshfeed.core._held import HostBuffers
 from meshfeed.workers._processes import send_by_value
 from meshfeed.workers._ray_actor import Reply, actor_class
 from meshfeed.workers._ray_crew import Chunk, Crew, say_if_too_small
+from meshfeed.workers._record_errors import ExampleNames
 from meshfeed.workers._record_rows import Dropped, RecordFn, chunks
 from meshfeed.workers._shm import Spec
 
@@ -55,7 +56,8 @@ class RayTicket:
 
 class RayWorkers:
     """W Ray actors that read ``source`` and run ``fn`` on chunks of example ids; the
-    rows come back into arrays from ``buffers``."""
+    rows come back into arrays from ``buffers`` (``names``: how an error names its
+    example)."""
 
     def __init__(
         self,
@@ -67,9 +69,10 @@ class RayWorkers:
         buffers: HostBuffers,
         skip: bool = False,
         timeout_s: float = 600.0,
+        names: ExampleNames | None = None,
     ) -> None:
         self.num_workers, self.options, self.timeout_s = num_workers, options, timeout_s
-        self._buffers = buffers
+        self._buffers, self._names = buffers, names or ExampleNames()
         self._ray = ray = connect(options)
         try:
             source_ref = ray.put(source)
@@ -129,10 +132,7 @@ class RayWorkers:
             with self._lock:
                 self.busy_s += seconds
             if error is not None:
-                raise RuntimeError(
-                    f"record_transform raised on example {error[0]} in a Ray record worker:\n"
-                    f"{error[1]}"
-                )
+                raise RuntimeError(error.message("in a Ray record worker", self._names))
             assert data is not None
             hi = chunk.lo + len(chunk.ids)
             for name, rows in data.items():

@@ -26,6 +26,7 @@ from meshfeed.core._tally import Tally
 from meshfeed.data._bad_records import Skip
 from meshfeed.data._sources import FieldSpec
 from meshfeed.workers._ray_workers import RayWorkers
+from meshfeed.workers._record_errors import ExampleNames, RecordFailed, raise_failure
 from meshfeed.workers._record_rows import Dropped, RecordFn, dropped, probe_spec, transform_rows
 from meshfeed.workers._shm import Spec
 from meshfeed.workers._thread_workers import ThreadWorkers
@@ -203,6 +204,7 @@ class RecordStage:
         self._busy_before = 0.0  # seconds of pools closed (restarted) before this one
         self._buffers = HostBuffers()  # the rows of threads, Ray and this thread, reused
         self._read_into = source_rows.can_read_into()
+        self._names = ExampleNames(source_rows.source)  # an error's example, and its file
         if num_workers and (worker_type == "ray" or isinstance(worker_type, RayOptions)):
             self._pool = self._start_pool()  # now, on the loader's thread (_ray_connect)
 
@@ -236,7 +238,7 @@ class RecordStage:
             if self.spec is None:
                 if not real.any():
                     return read  # only padding so far: nothing to learn the output from
-                self.spec = probe_spec(self.fn, data, ids, self.seed, epoch, skip=self.skip)
+                self.spec = self._probe(data, ids, epoch)
                 if self.spec is None:  # every example so far dropped (returned None)
                     self.spec = self._probe_source(epoch)
             spec = self.spec
@@ -251,7 +253,12 @@ class RecordStage:
             skipped: list[tuple[int, int, str]] | None = [] if self.skip else None
             filtered: list[tuple[int, int]] = []
             began = time.perf_counter()
-            transform_rows(self.fn, data, ids, out, 0, self.seed, epoch, None, skipped, filtered)
+            try:
+                transform_rows(
+                    self.fn, data, ids, out, 0, self.seed, epoch, None, skipped, filtered
+                )
+            except RecordFailed as error:
+                raise_failure(error, ids, "in the loading process", self._names)
             seconds = time.perf_counter() - began
             self.tally.add(int(np.count_nonzero(real)), seconds, len(skipped or []), len(filtered))
             return _skipping(out, read, dropped(skipped, filtered))
@@ -273,13 +280,22 @@ class RecordStage:
                 if self.skip:
                     continue  # bad records: the next ones
                 raise
-            spec = probe_spec(self.fn, data, ids, self.seed, epoch, skip=self.skip)
+            spec = self._probe(data, ids, epoch)
             if spec is not None:
                 return spec
         raise ValueError(
             f"record_transform returned None for every one of the source's {n} examples "
             "(None drops an example), so no batch has a row to show; keep some."
         )
+
+    def _probe(
+        self, data: Mapping[str, Any], ids: np.ndarray, epoch: int
+    ) -> dict[str, FieldSpec] | None:
+        """``probe_spec`` here, in the loading process, its error named as any other."""
+        try:
+            return probe_spec(self.fn, data, ids, self.seed, epoch, skip=self.skip)
+        except RecordFailed as error:
+            raise_failure(error, ids, "in the loading process", self._names)
 
     def _hand_staged(
         self, pool: WorkerPool, step: int, rows: np.ndarray, epoch: int
@@ -311,15 +327,16 @@ class RecordStage:
 
     def _start_pool(self) -> Workers:
         kind = self.worker_type
+        fn, count, skip, names = self.fn, self.num_workers, self.skip, self._names
         if kind == "threads":
-            return ThreadWorkers(self.fn, self.num_workers, skip=self.skip, buffers=self._buffers)
+            return ThreadWorkers(fn, count, skip=skip, buffers=self._buffers, names=names)
         if kind == "ray" or isinstance(kind, RayOptions):
             options = kind if isinstance(kind, RayOptions) else RayOptions()
             return RayWorkers(  # type: ignore[return-value]  # submit_ids, not submit
-                self.fn, self.num_workers, self._rows.source, options=options,
-                buffers=self._buffers, skip=self.skip,
+                fn, count, self._rows.source, options=options, buffers=self._buffers,
+                skip=skip, names=names,
             )  # fmt: skip
-        return WorkerPool(self.fn, self.num_workers, read_ahead=self._read_ahead, skip=self.skip)
+        return WorkerPool(fn, count, read_ahead=self._read_ahead, skip=skip, names=names)
 
     def steps_ahead(self) -> int | None:
         """The most steps the workers' shared memory lets the read-ahead hold (``None``:

@@ -19,14 +19,8 @@ from typing import Any
 import numpy as np
 
 from meshfeed.core._held import HostBuffers
-from meshfeed.workers._record_rows import (
-    EXAMPLE_ID,
-    Dropped,
-    RecordFn,
-    chunks,
-    dropped,
-    transform_rows,
-)
+from meshfeed.workers._record_errors import ExampleNames, raise_failure
+from meshfeed.workers._record_rows import Dropped, RecordFn, chunks, dropped, transform_rows
 from meshfeed.workers._shm import Spec
 
 
@@ -41,12 +35,19 @@ class ThreadTicket:
 class ThreadWorkers:
     """``num_workers`` threads that run ``fn`` on chunks of rows into arrays from
     ``buffers`` (``skip``: records that raise become zero rows, listed;
-    ``on_error="skip"``)."""
+    ``on_error="skip"``); ``names`` names the examples of an error."""
 
     def __init__(
-        self, fn: RecordFn, num_workers: int, *, skip: bool = False, buffers: HostBuffers
+        self,
+        fn: RecordFn,
+        num_workers: int,
+        *,
+        skip: bool = False,
+        buffers: HostBuffers,
+        names: ExampleNames | None = None,
     ) -> None:
         self.fn, self.num_workers, self.skip, self._buffers = fn, num_workers, skip, buffers
+        self._names = names or ExampleNames()
         self.busy_s = 0.0
         """Seconds the threads spent on chunks."""
         self.starved = False
@@ -89,12 +90,7 @@ class ThreadWorkers:
         for future, ids in ticket.futures:
             error = future.exception()
             if error is not None:
-                first = next((int(i) for i in ids if i >= 0), -1)
-                example = getattr(error, EXAMPLE_ID, first)
-                raise RuntimeError(
-                    f"record_transform raised on example {example} in a worker thread: "
-                    f"{type(error).__name__}: {error}"
-                ) from error
+                raise_failure(error, ids, "in a worker thread", self._names)
         return ticket.out, dropped(ticket.skipped, ticket.filtered)
 
     def release(self, ticket: ThreadTicket) -> None:

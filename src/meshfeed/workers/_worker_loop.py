@@ -28,7 +28,8 @@ import numpy as np
 
 from meshfeed.workers._bare import load_on_use
 from meshfeed.workers._blocks import attach, remove_folder
-from meshfeed.workers._record_rows import EXAMPLE_ID, dropped, transform_rows
+from meshfeed.workers._record_errors import failure_of
+from meshfeed.workers._record_rows import dropped, transform_rows
 from meshfeed.workers._shm import IDS, Attached, get_rows, views
 
 STATUS_STRIDE = 64  # bytes between two workers' cells: a cache line, not shared between cores
@@ -73,8 +74,8 @@ def _serve(
     index: int,
 ) -> None:
     """Transforms chunks until the parent says stop (``EOFError`` or ``OSError`` when it
-    is gone); each reply is ``(token, error or None, records skipped or filtered
-    (``dropped``), seconds)``."""
+    is gone); each reply is ``(token, None, records skipped or filtered (``dropped``),
+    seconds)``, or ``(token, Failure, [])`` where the chunk raised."""
     attached[status]
     status_map, _ = attach(status)  # kept apart: ``current`` lives as long as the worker
     current = memoryview(status_map)[STATUS_STRIDE * index :][:8].cast("q")
@@ -95,7 +96,6 @@ def _serve(
             del outputs, part
             gone = dropped(skipped, filtered)
             reply: Any = (token, None, gone, time.perf_counter() - began)
-        except Exception as error:
-            first = next((int(i) for i in ids if i >= 0), -1)
-            reply = (token, (getattr(error, EXAMPLE_ID, first), traceback.format_exc()), [])
+        except Exception as error:  # named by the parent, which knows the source
+            reply = (token, failure_of(error, ids, trace=True), [])
         _reply(results, reply)

@@ -21,6 +21,7 @@ on close and at exit.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pickle
 import sys
 import threading
@@ -35,10 +36,10 @@ from meshfeed.core._held import layout
 from meshfeed.workers._processes import (
     Crew,
     WorkerProcess,
-    death_message,
     send_by_value,
     stop,
 )
+from meshfeed.workers._record_errors import ExampleNames
 from meshfeed.workers._record_rows import Dropped, RecordFn, chunks
 from meshfeed.workers._shm import (
     IDS,
@@ -79,12 +80,14 @@ class WorkerPool:
         read_ahead: tuple[int, int] = (1, 1),
         skip: bool = False,
         timeout_s: float = 600.0,
+        names: ExampleNames | None = None,
     ) -> None:
         payload = pickle.dumps((list(sys.path), send_by_value(fn), skip))
         self.num_workers, self.timeout_s = num_workers, timeout_s
         self._blocks = PoolBlocks(STATUS_STRIDE * num_workers, read_ahead)
         self._slots, self._inputs = self._blocks.slots, self._blocks.inputs
-        self._crew = Crew(num_workers, self._blocks.status.name, payload)
+        in_hand = functools.partial(self._blocks.example_in_hand, stride=STATUS_STRIDE)
+        self._crew = Crew(num_workers, self._blocks.status.name, payload, names, in_hand)
         # Also at exit (weakref.finalize runs then); no atexit hook, which would keep the
         # pool alive after its loader is gone.
         self._finalizer = weakref.finalize(self, _shutdown, self._crew.workers, self._blocks)
@@ -133,8 +136,7 @@ class WorkerPool:
             task = (self._token, inputs, chunk, slot, rows, spec, lo, seed, epoch)
             dead = self._crew.send(self._token, task, ids[lo:hi])
             if dead is not None:
-                example = self._blocks.example_in_hand(dead.index, STATUS_STRIDE)
-                self._fail(death_message(dead, example))
+                self._fail(self._crew.death(dead))
                 self._raise_if_failed()
             ticket.chunks.append(self._token)
         return ticket
@@ -230,8 +232,7 @@ class WorkerPool:
             heard = True
             if token is None:  # a failure, or a pipe that ended
                 if self._failure is None:  # not a pipe this pool closed itself
-                    example = self._blocks.example_in_hand(worker.index, STATUS_STRIDE)
-                    self._fail(done or death_message(worker, example))
+                    self._fail(done or self._crew.death(worker))
                 return
             with self._cond:
                 self._done[token], seconds = done
