@@ -9,6 +9,7 @@ from meshfeed.core._mesh import AxisTypes as AxisTypes
 from meshfeed.core._stages import BatchSizeArg as BatchSizeArg
 from meshfeed.data._bad_records import OnError as OnError
 from meshfeed.data._mix import WeightsArg as WeightsArg
+from meshfeed.data._nulls import Fill as Fill
 from meshfeed.data._pack_build import PlanExecutor as PlanExecutor
 from meshfeed.data._pack_plan import Algorithm as Algorithm
 from meshfeed.data._pack_plan import LongDocs as LongDocs
@@ -37,6 +38,7 @@ __all__ = [
     "AxisTypes",
     "BatchSizeArg",
     "FeatureType",
+    "Fill",
     "JsonlType",
     "LastBatch",
     "LoaderOptions",

@@ -15,6 +15,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _ragged        Ragged: documents of any length, flat values and offsets
     _bad_records   what on_error="skip" skips; the bad examples of a failed read, by halves
     _sources       the Source protocol, FieldSpec; the ids check and the gather by part
+    _nulls         nulls never read as numbers: fill= with a <field>_valid field, or refused
     _files         fixed-size rows by byte range: RowFile, .npy, ragged values + offsets, .npz
     _tokenizer     Tokenizer: an encoder with its identity (content hash, fingerprint, specials)
     _folder        the folder layout: manifests, part folders, a prepared folder's record
@@ -25,6 +26,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _catalog       catalogs: what a host reads to start; written, upgraded, found from patterns
     _adapters      sources over records: Grain, PyTorch, ArrayRecord
     _arrow         Arrow columns as fields; Hugging Face datasets
+    _parquet_files a Parquet file's footer: opened (encrypted ones refused), summarized, catalogued
     _parquet       ParquetSource: many files, a row group at a time, from their catalog
     _image_folder  ImageFolderSource: image files in class subfolders, listed once
     _selection     Selection: the examples of a source a predicate kept, as a source

@@ -4,8 +4,12 @@ Both keep columns in Arrow, where a variable-length list column is already flat 
 plus offsets: those come back as ``Ragged`` in the column's own value type (an
 ``int32`` token list stays ``int32``), and ``lengths(field)`` reads them from the
 offsets. Fixed-size values are numpy arrays (fixed-size lists become trailing
-dimensions); strings, binary values and nested variable lists are object arrays, one
-Python value per example.
+dimensions). Everything else -- strings, binary values, lists of lists, maps, structs --
+is an object array of the Python values pyarrow's ``to_pylist`` gives (``str``,
+``bytes``, ``list``, ``dict``, a map as a list of ``(key, value)`` pairs, ``None`` for a
+null), made only for the rows a read takes. Nulls in number and boolean columns follow
+``_nulls``: NaN for floats, else filled (``fill=``, with a ``<field>_valid`` field) or
+refused, never a number the file does not hold.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from typing import Any, TypeVar
 import numpy as np
 
 from meshfeed.data._adapters import OBJECT, require
+from meshfeed.data._nulls import Fill, check_fill, needs_fill, refused, valid_name, with_valid
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._sources import FieldSpec, check_ids, example_at
+from meshfeed.storage._file_errors import BadFileError, named
 
 T = TypeVar("T")
 
@@ -40,40 +46,130 @@ def arrow_spec(pa: Any, arrow_type: Any) -> FieldSpec:
     return FieldSpec((None, *shape) if ragged else tuple(shape), dtype)
 
 
-def arrow_column(column: Any, spec: FieldSpec) -> np.ndarray | Ragged:
-    """An Arrow array (or chunked array) as ``spec`` says: numpy, ``Ragged`` or objects."""
-    n = len(column)
-    if spec.dtype == OBJECT:
-        array = np.empty(n, OBJECT)
-        values = column.to_pylist()
-        array[:] = [v if isinstance(v, bytes | str) else np.asarray(v) for v in values]
-        return array
-    flat = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    if not spec.ragged and str(flat.type).startswith(("list<", "large_list<")):
-        # a list column whose rows all have one length (HFSource, ParquetSource say so)
-        lengths = np.diff(np.asarray(flat.offsets, np.int64))
-        bad = np.flatnonzero(lengths != spec.shape[0])
-        if len(bad) or flat.null_count:
-            detail = (
-                f"row {int(bad[0])} holds {int(lengths[bad[0]])}" if len(bad) else "a row is null"
-            )
-            raise ValueError(
-                f"a list column read as {spec.shape[0]} values a row has a row of another "
-                f"length ({detail}); cast it to a variable-length list to read it as Ragged."
-            )
-        return _numbers(flat.flatten(), n * spec.shape[0], (), spec.dtype).reshape(n, *spec.shape)
-    if not spec.ragged:
-        return _numbers(flat, n, spec.shape, spec.dtype)
+class ArrowColumn:
+    """One Arrow column (a row group's, a batch's) decoded as its field says, once.
+
+    Numbers become numpy arrays or ``Ragged`` (``take`` slices them); objects stay in
+    Arrow until rows are taken, so only the rows asked for become Python values, and a
+    value Python cannot hold (a date past year 9999) fails only the reads of its rows.
+    Nulls follow ``_nulls``: a filled field has ``valid`` beside its values; an integer
+    or boolean field with nulls and no fill marks its rows in ``null_rows``, which a
+    read refuses (``nulls_in``); floats hold NaN.
+    """
+
+    def __init__(self, column: Any, spec: FieldSpec, fill: np.generic | None = None) -> None:
+        self.spec = spec
+        self.valid: np.ndarray | Ragged | None = None
+        self.null_rows: np.ndarray | None = None
+        self._objects: Any = None
+        flat = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+        n = len(flat)
+        if spec.dtype == OBJECT:
+            self._objects, self.values = flat, None
+            return
+        if spec.ragged:
+            flat, offsets = _documents(flat)
+            rows, trailing = int(offsets[-1]), spec.shape[1:]
+        else:
+            if str(flat.type).startswith(("list<", "large_list<")):
+                _one_length(flat, spec.shape[0])  # rows of one length: a fixed dimension
+            offsets, rows, trailing = None, n, spec.shape
+        leaf, known = _leaf(flat, tuple(trailing))
+        values = _numbers(leaf, spec.dtype, fill).reshape(rows, *trailing)
+        if known is not None:
+            known = known.reshape(values.shape)
+            if fill is not None:
+                self.valid = known if offsets is None else Ragged(known, offsets)
+            elif needs_fill(spec.dtype):
+                held = np.ones(rows, bool)
+                if known.size:
+                    held = np.asarray(known.reshape(rows, -1).all(axis=1))
+                self.null_rows = ~held if offsets is None else _per_document(~held, offsets)
+        self.values = values if offsets is None else Ragged(values, offsets)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (Arrow's buffers, for objects)."""
+        if self._objects is not None:
+            return int(self._objects.nbytes)
+        extra = 0 if self.valid is None else self.valid.nbytes
+        return int(self.values.nbytes) + extra  # type: ignore[union-attr]
+
+    def take(self, rows: np.ndarray) -> tuple[Any, Any]:
+        """The values of ``rows``, and their validity (``None`` for an unfilled field)."""
+        if self._objects is not None:
+            out = np.empty(len(rows), OBJECT)
+            out[:] = self._objects.take(rows).to_pylist()
+            return out, None
+        valid = None if self.valid is None else self.valid[rows]
+        return self.values[rows], valid  # type: ignore[index]
+
+    def nulls_in(self, rows: np.ndarray) -> np.ndarray:
+        """The positions in ``rows`` of rows holding a null no value stands for."""
+        if self.null_rows is None:
+            return np.zeros(0, np.int64)
+        return np.flatnonzero(self.null_rows[rows])
+
+
+def _documents(flat: Any) -> tuple[Any, np.ndarray]:
+    """A list column's values and offsets; a null list is an empty document."""
+    if flat.null_count:
+        compute = require("pyarrow.compute", "parquet")
+        lengths = compute.list_value_length(flat).fill_null(0).to_numpy(zero_copy_only=False)
+        offsets = np.zeros(len(flat) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return compute.list_flatten(flat), offsets
     offsets = np.asarray(flat.offsets, np.int64)
     total = int(offsets[-1] - offsets[0])
-    values = flat.values.slice(int(offsets[0]), total)
-    return Ragged(_numbers(values, total, spec.shape[1:], spec.dtype), offsets - offsets[0])
+    return flat.values.slice(int(offsets[0]), total), offsets - offsets[0]
 
 
-def _numbers(flat: Any, n: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    for _ in shape:  # fixed-size lists: one level a dimension
-        flat = flat.flatten()
-    return flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(n, *shape)
+def _one_length(flat: Any, k: int) -> None:
+    """Checks that every row of a list column read as ``k`` values a row holds ``k``."""
+    lengths = np.diff(np.asarray(flat.offsets, np.int64))
+    bad = np.flatnonzero(lengths != k)
+    if len(bad) or flat.null_count:
+        detail = f"row {int(bad[0])} holds {int(lengths[bad[0]])}" if len(bad) else "a row is null"
+        raise ValueError(
+            f"a list column read as {k} values a row has a row of another length "
+            f"({detail}); cast it to a variable-length list to read it as Ragged."
+        )
+
+
+def _leaf(flat: Any, shape: tuple[int, ...]) -> tuple[Any, np.ndarray | None]:
+    """The numbers under a column's fixed-size levels (one level a dimension of
+    ``shape``; a null slot's values included), and which of them the file holds
+    (``None``: all of them)."""
+    known: np.ndarray | None = None
+    for k in shape:
+        if flat.null_count:
+            slots = flat.is_valid().to_numpy(zero_copy_only=False)
+            known = slots if known is None else known & slots
+        if str(flat.type).startswith("fixed_size_list<"):
+            start = flat.offset * k
+        else:  # a list column whose rows all hold k values
+            start = int(np.asarray(flat.offsets[:1])[0]) if len(flat) else 0
+        flat = flat.values.slice(start, len(flat) * k)
+        if known is not None:
+            known = np.repeat(known, k)
+    if flat.null_count:
+        held = flat.is_valid().to_numpy(zero_copy_only=False)
+        known = held if known is None else known & held
+    return flat, known
+
+
+def _numbers(leaf: Any, dtype: np.dtype, fill: np.generic | None) -> np.ndarray:
+    if leaf.null_count:  # read past the nulls without a detour through float
+        stand_in = fill if fill is not None else {"f": np.nan, "b": False}.get(dtype.kind, 0)
+        leaf = leaf.fill_null(require("pyarrow", "parquet").scalar(stand_in, leaf.type))
+    return leaf.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+
+def _per_document(bad: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per document: whether any of its values is marked in ``bad``."""
+    counts = np.zeros(len(bad) + 1, np.int64)
+    np.cumsum(bad, out=counts[1:])
+    return counts[offsets[1:]] > counts[offsets[:-1]]
 
 
 def one_length(column: Any) -> int | None:
@@ -110,15 +206,22 @@ class HFSource:
 
     Fixed-size features (``Value``, ``Array2D``..``Array5D``, ``List``/``Sequence`` with a
     length) are numpy arrays; variable-length lists of numbers are ``Ragged`` (in the
-    feature's own dtype); strings, binary values and nested variable lists are object
-    arrays.
+    feature's own dtype); strings, binary values, lists of lists and structs are object
+    arrays of Python values (``str``, ``bytes``, ``list``, ``dict``, ``None``).
 
     Args:
       dataset: a ``datasets.Dataset`` (not an ``IterableDataset``: it needs random access).
       columns: the columns to read (default: all).
+      fill: ``{column: value}``: nulls in these number or boolean columns read as
+        ``value``, with a ``<column>_valid`` field, ``False`` where the dataset holds a
+        null. Without it an integer or boolean column with nulls is refused (at open
+        when the dataset is its whole table; else at the read of a row that holds one,
+        as a bad record); floats read a null as NaN.
     """
 
-    def __init__(self, dataset: Any, *, columns: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, dataset: Any, *, columns: Sequence[str] | None = None, fill: Fill | None = None
+    ) -> None:
         datasets = require("datasets", "hf")
         if not isinstance(dataset, datasets.Dataset):
             raise TypeError(
@@ -126,18 +229,35 @@ class HFSource:
                 "IterableDataset or DatasetDict has no random access; pick a split)."
             )
         names = list(columns) if columns is not None else list(dataset.column_names)
-        self._fields = {n: hf_spec(dataset.features[n]) for n in names}
-        for name, spec in self._fields.items():
+        table = dataset.data
+        fields = {n: hf_spec(dataset.features[n]) for n in names}
+        for name, spec in fields.items():
             # Lists whose rows all have one length (a numpy array made into a dataset)
             # are fixed-shape fields; Arrow's offsets tell, without reading values.
             if spec.ragged and len(spec.shape) == 1:
-                k = one_length(dataset.data.column(name))
+                k = one_length(table.column(name))
                 if k is not None:
-                    self._fields[name] = FieldSpec((k,), spec.dtype)
-        fixed = [n for n in names if not self._fields[n].ragged]
-        ragged = [n for n in names if self._fields[n].ragged]
+                    fields[name] = FieldSpec((k,), spec.dtype)
+        self._fill = check_fill(fill, fields, what="this dataset")
+        whole = len(dataset) == table.num_rows  # the table's null counts are the rows'
+        by_arrow = []
+        for name, spec in fields.items():
+            nulls = 0 if spec.dtype == OBJECT else nulls_held(table.column(name))
+            if spec.ragged or spec.dtype == OBJECT or nulls or name in self._fill:
+                by_arrow.append(name)
+            if nulls and spec.shape and not _plain(table.column(name).type):
+                raise ValueError(
+                    f"column {name!r} of this dataset ({dataset.features[name]}) holds nulls, "
+                    "which meshfeed reads only in plain and list columns; fill them first "
+                    "(dataset.map) or leave the column out (columns=)."
+                )
+            if nulls and whole and needs_fill(spec.dtype) and name not in self._fill:
+                raise ValueError(f"this dataset: {refused(name, spec.dtype, nulls, 'columns=')}")
+        self._columns = fields  # as the dataset holds them; fields add the validity
+        self._fields = with_valid(fields, self._fill)
+        fixed = [n for n in names if n not in by_arrow]
         self._numpy = dataset.select_columns(fixed).with_format("numpy") if fixed else None
-        self._arrow = dataset.select_columns(ragged).with_format("arrow") if ragged else None
+        self._arrow = dataset.select_columns(by_arrow).with_format("arrow") if by_arrow else None
         self._n = len(dataset)
 
     @property
@@ -157,20 +277,24 @@ class HFSource:
         out: dict[str, Any] = {}
         rows = self._numpy[ids] if self._numpy is not None else {}
         table = self._arrow[ids] if self._arrow is not None else None
-        for name, spec in self._fields.items():
-            if spec.ragged:
-                assert table is not None
-                out[name] = arrow_column(table.column(name), spec)
-            elif spec.dtype == OBJECT:
-                array = np.empty(len(ids), OBJECT)
-                array[:] = list(rows[name])
-                out[name] = array
-            else:
-                values = rows[name]
-                if values.dtype == OBJECT:  # lists of one length, as an array of arrays
-                    values = np.stack(list(values)) if len(values) else values
-                out[name] = np.asarray(values, dtype=spec.dtype).reshape(len(ids), *spec.shape)
-        return out
+        every = np.arange(len(ids))
+        for name, spec in self._columns.items():
+            if table is not None and name in table.column_names:
+                column = ArrowColumn(table.column(name), spec, self._fill.get(name))
+                bad = column.nulls_in(every)
+                if len(bad):
+                    what = refused(name, spec.dtype, None, "columns=")
+                    raise BadFileError(f"this dataset, row {int(ids[bad[0]])}: {what}")
+                with named("this dataset", f"column {name!r}"):
+                    out[name], valid = column.take(every)
+                if valid is not None:
+                    out[valid_name(name)] = valid
+                continue
+            values = rows[name]
+            if values.dtype == OBJECT:  # lists of one length, as an array of arrays
+                values = np.stack(list(values)) if len(values) else values
+            out[name] = np.asarray(values, dtype=spec.dtype).reshape(len(ids), *spec.shape)
+        return {name: out[name] for name in self._fields}
 
     def lengths(self, field: str) -> np.ndarray:
         """Every document's length in the ragged ``field``, from Arrow's offsets."""
@@ -180,6 +304,32 @@ class HFSource:
 
     def __repr__(self) -> str:
         return f"HFSource({self._n} examples; {list(self._fields)})"
+
+
+def nulls_held(column: Any) -> int:
+    """The nulls among a column's values (a null variable-length list is an empty
+    document, not a null; a null fixed-size list is)."""
+    compute = require("pyarrow.compute", "parquet")
+    count = 0
+    while True:
+        kind = str(column.type)
+        if kind.startswith("fixed_size_list<"):
+            count += column.null_count
+        elif not kind.startswith(("list<", "large_list<")):
+            return count + column.null_count
+        column = compute.list_flatten(column)
+
+
+def _plain(arrow_type: Any) -> bool:
+    """Whether an Arrow type is made of plain values and lists (not an extension type)."""
+    pa = require("pyarrow", "parquet")
+    while (
+        pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+        or (pa.types.is_fixed_size_list(arrow_type))
+    ):
+        arrow_type = arrow_type.value_type
+    return not isinstance(arrow_type, pa.ExtensionType)
 
 
 def hf_spec(feature: Any) -> FieldSpec:

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from meshfeed.data._nulls import Fill, check_fill, refused, valid_name, with_valid
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._sources import FieldSpec, example_at, fields_text
 from meshfeed.formats._index import INDEX_FORMAT, Index, ReadAhead
@@ -126,6 +127,40 @@ def _spec(kind: JsonlType, name: str) -> FieldSpec:
     return FieldSpec((None,) if ragged else (), dtype)
 
 
+class _NullError(Exception):
+    """A null no value stands for, in the values' row ``row``."""
+
+    def __init__(self, row: int) -> None:
+        super().__init__(row)
+        self.row = row
+
+
+def _numbers(
+    values: list[Any], spec: FieldSpec, fill: np.generic | None
+) -> tuple[np.ndarray | Ragged, np.ndarray | Ragged | None]:
+    """A number field's values (a list per record, for a ragged one) and, filled, where
+    each record held one; a ``None`` list is an empty document."""
+    if spec.ragged:
+        documents = [[] if v is None else v for v in values]
+        flat = [x for document in documents for x in document]
+        lengths = np.fromiter(map(len, documents), np.int64, len(documents))
+        offsets = np.zeros(len(documents) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        try:
+            numbers, valid = _numbers(flat, FieldSpec((), spec.dtype), fill)
+        except _NullError as null:  # a value's row: the record holding it
+            raise _NullError(int(np.searchsorted(offsets, null.row, side="right")) - 1) from None
+        return Ragged(numbers, offsets), None if valid is None else Ragged(valid, offsets)
+    held = np.fromiter((v is not None for v in values), bool, len(values))
+    if held.all():
+        return np.asarray(values, spec.dtype), None if fill is None else held
+    if fill is None and spec.dtype.kind != "f":
+        raise _NullError(int(np.flatnonzero(~held)[0]))
+    stand_in = np.nan if fill is None else fill
+    numbers = np.asarray([v if v is not None else stand_in for v in values], spec.dtype)
+    return numbers, None if fill is None else held
+
+
 class JsonlSource(FilesSource):
     """JSON Lines files read by index: a record per line, chosen fields as typed columns.
 
@@ -138,9 +173,16 @@ class JsonlSource(FilesSource):
         ``"object"``, ``"ragged:int32"``, ...); default: every field of the first record.
       index_dir, build, storage_options, retry_s, hedge, cache_dir, cache_bytes: as
         ``TarSource``.
+      fill: ``{field: value}``: a null (or absent) value of these number or boolean
+        fields reads as ``value``, with a ``<field>_valid`` field, ``False`` where the
+        record held none.
 
-    A record that is not JSON, or lacks a field, raises ``ValueError`` naming the file and
-    the record's byte offset (in the decompressed text, for a compressed file).
+    A ``null`` is never read as a number: a float field reads it as NaN, a filled field
+    as its fill, and an integer or boolean field refuses the record (a bad record,
+    which ``on_error="skip"`` skips); a ``null`` list is an empty document. A record
+    that is not JSON, lacks a field or holds a null it cannot read raises
+    ``ValueError`` naming the file and the record's byte offset (in the decompressed
+    text, for a compressed file).
     """
 
     def __init__(
@@ -155,6 +197,7 @@ class JsonlSource(FilesSource):
         hedge: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_bytes: int = CACHE_BYTES,
+        fill: Fill | None = None,
     ) -> None:
         if isinstance(fields, str):
             raise TypeError(f"fields={fields!r} is a string; pass a list of names, e.g. ['text'].")
@@ -175,7 +218,9 @@ class JsonlSource(FilesSource):
                 )
             fields = {n: _type_of(first[n]) for n in names}
         self._types = dict(fields)
-        self._fields = {n: _spec(k, n) for n, k in self._types.items()}
+        self._columns = {n: _spec(k, n) for n, k in self._types.items()}
+        self._fill = check_fill(fill, self._columns, what=self.files.name)
+        self._fields = with_valid(self._columns, self._fill)
 
     @property
     def fields(self) -> Mapping[str, FieldSpec]:
@@ -244,28 +289,37 @@ class JsonlSource(FilesSource):
         """The records ``ids``: per field an array (or ``Ragged``) with a row per id."""
         if isinstance(ids, int | np.integer):  # source[i]: one example
             return example_at(self, ids)
+        ids = np.asarray(ids)
         records = self._records(ids)
         out: dict[str, Any] = {}
-        for name, spec in self._fields.items():
-            try:
-                values = [r[name] for r in records]
-            except KeyError:
+        for name, spec in self._columns.items():
+            fill = self._fill.get(name)
+            if fill is None and any(name not in r for r in records):
                 row = next(i for i, r in enumerate(records) if name not in r)
-                raise JsonlError(
-                    f"record {int(np.asarray(ids)[row])} of {self.files.name} has no field "
-                    f"{name!r}."
-                ) from None
-            if spec.ragged:
-                out[name] = Ragged.from_list(
-                    [np.asarray(v, spec.dtype) for v in values], dtype=spec.dtype
-                )
-            elif spec.dtype == OBJECT:
+                raise JsonlError(f"{self.origin(int(ids[row]))} has no field {name!r}.")
+            values = [r.get(name) for r in records]
+            if spec.dtype == OBJECT:
                 column = np.empty(len(values), OBJECT)
                 column[:] = values
                 out[name] = column
-            else:
-                out[name] = np.asarray(values, spec.dtype)
-        return out
+                continue
+            try:
+                out[name], valid = _numbers(values, spec, fill)
+            except _NullError as null:
+                what = refused(name, spec.dtype, None, "fields=")
+                raise JsonlError(f"{self.origin(int(ids[null.row]))}: {what}") from None
+            if valid is not None:
+                out[valid_name(name)] = valid
+        return {name: out[name] for name in self._fields}
+
+    def origin(self, index: int) -> str:
+        """Where example ``index`` is, for messages: ``<file>, the record at byte N``."""
+        file, local = self.files.locate(np.asarray([index]))
+        f, row = int(file[0]), int(local[0])
+        offset = int(self.files.index(f).arrays["starts"][row])
+        compressed = "members" in self.files.index(f).arrays
+        where = "byte (of the decompressed text)" if compressed else "byte"
+        return f"{self.files.paths[f]}, the record at {where} {offset}"
 
     def fetches(self, ids: np.ndarray) -> tuple[int, int]:
         """The requests and bytes reading ``ids`` asks a store for."""
@@ -278,7 +332,8 @@ class JsonlSource(FilesSource):
     @property
     def fingerprint(self) -> dict[str, Any]:
         """What the records depend on (the loader's state carries it)."""
-        return {"jsonl": self.files.fingerprint(), "fields": self._types}
+        fill = {"fill": {k: v.item() for k, v in self._fill.items()}} if self._fill else {}
+        return {"jsonl": self.files.fingerprint(), "fields": self._types, **fill}
 
     def __repr__(self) -> str:
         return f"JsonlSource({self.name!r}, {len(self)} records; {fields_text(self._fields)})"
