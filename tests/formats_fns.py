@@ -3,9 +3,13 @@ format tests; importable by name in the processes of ``run_in_processes``."""
 
 from __future__ import annotations
 
+import gc
 import gzip
+import io
 import json
 import subprocess
+import tarfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,95 @@ def write_tar_command(folder: Path, n: int = 30) -> str:
     shard = folder / "made-by-tar.tar"
     subprocess.run(["tar", "cf", str(shard), *names], cwd=files, check=True)
     return str(shard)
+
+
+BIG = 512 << 10
+"""A large member's bytes: 34 of them make a shard past the 16 MiB one member may hold."""
+
+
+def big(i: int) -> bytes:
+    """Sample ``i``'s large member: compressible, different for every sample."""
+    return (payload(i) * (BIG // 20 + 1))[:BIG]
+
+
+def write_compressed(folder: Path, writer: str, n: int = 34) -> str:
+    """A compressed shard of one member, as ``writer`` writes it: Python's ``tarfile``
+    (``"w:gz"``), webdataset's ``TarWriter`` (a ``.tgz``), or ``zstd`` over a plain tar
+    (one frame); ``n`` samples of a large ``bin`` and a ``cls`` member."""
+    folder.mkdir(parents=True, exist_ok=True)
+    samples = [(f"s{i:04d}", {"bin": big(i), "cls": str(i % 10).encode()}) for i in range(n)]
+    if writer == "webdataset":
+        from webdataset.writer import TarWriter
+
+        path = folder / "shard.tgz"
+        with TarWriter(str(path)) as sink:
+            for key, members in samples:
+                sink.write({"__key__": key, **members})
+        return str(path)
+    buffer = io.BytesIO()
+    options = {"mode": "w:gz", "compresslevel": 1} if writer == "tarfile" else {"mode": "w"}
+    with tarfile.open(fileobj=buffer, **options) as archive:  # type: ignore[call-overload]
+        for key, members in samples:
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    data = buffer.getvalue()
+    if writer == "zstd":
+        import zstandard
+
+        data = zstandard.ZstdCompressor().compress(data)
+    path = folder / ("shard.tar.gz" if writer == "tarfile" else "shard.tar.zst")
+    path.write_bytes(data)
+    return str(path)
+
+
+def read_as_peers_do(path: str) -> dict[str, dict[str, bytes]]:
+    """Every sample of a compressed shard, key -> extension -> bytes, as webdataset reads
+    it (Python's ``tarfile`` in stream mode), or through ``zstandard`` for a ``.zst``."""
+    out: dict[str, dict[str, bytes]] = {}
+    if path.endswith(".zst"):
+        import zstandard
+
+        with (
+            open(path, "rb") as f,
+            zstandard.ZstdDecompressor().stream_reader(f) as stream,
+            tarfile.open(fileobj=stream, mode="r|") as archive,
+        ):
+            for member in archive:
+                key, _, ext = member.name.partition(".")
+                data = archive.extractfile(member)
+                out.setdefault(key, {})[ext] = data.read() if data is not None else b""
+        return out
+    from webdataset.compat import WebDataset
+
+    with warnings.catch_warnings():  # webdataset leaves its shard files for the collector
+        warnings.simplefilter("ignore", ResourceWarning)
+        for sample in WebDataset(path, shardshuffle=False):
+            out[sample["__key__"]] = {k: v for k, v in sample.items() if not k.startswith("__")}
+        gc.collect()
+    return out
+
+
+def write_tfrecord_gz(folder: Path, n: int = 30) -> str:
+    """A ``.tfrecord.gz`` as TensorFlow writes one (a gzip stream of one member), of the
+    ``tfrecord`` package's records: ``n`` of 100 KB images and a label."""
+    from tfrecord.writer import TFRecordWriter
+
+    folder.mkdir(parents=True, exist_ok=True)
+    plain = str(folder / "plain.tfrecord")
+    writer = TFRecordWriter(plain)
+    for i in range(n):
+        writer.write({"image": (big(i)[:100_000], "byte"), "label": (i, "int")})
+    writer.close()
+    path = folder / "records.tfrecord.gz"
+    path.write_bytes(gzip.compress(Path(plain).read_bytes(), mtime=0))
+    return str(path)
+
+
+def sized(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """A record transform: a shard's sample, its large member as its length."""
+    return {"cls": record["cls"], "size": np.int32(len(record["bin"]))}
 
 
 def records(n: int = SAMPLES) -> list[dict[str, Any]]:

@@ -107,3 +107,20 @@ def test_bad_flags_say_what_to_write(args, message):
         [sys.executable, "-m", "meshfeed", *args], capture_output=True, text=True, timeout=60
     )
     assert run.returncode != 0 and message in run.stderr
+
+
+def test_index_refuses_a_tgz_of_one_member_with_the_command_then_makes_it_seekable(tmp_path):
+    from formats_fns import read_as_peers_do, write_compressed
+
+    shard = write_compressed(tmp_path, "webdataset")  # one gzip member of 17 MiB of tar
+    theirs = read_as_peers_do(shard)
+    run = subprocess.run(
+        [sys.executable, "-m", "meshfeed", "index", shard], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert "reading one sample would decompress all of it" in run.stderr
+    assert f"meshfeed index --seekable {shard}" in run.stderr
+    out = _meshfeed("index", "--seekable", "--quiet", shard)
+    assert "indexed 1 files (34 samples" in out
+    assert read_as_peers_do(shard) == theirs  # webdataset reads the rewritten shard the same

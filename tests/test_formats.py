@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import gzip
+import io
 import json
 import os
 import shutil
@@ -15,19 +16,26 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 
 import meshfeed
 from formats_fns import (
+    BIG,
     SAMPLES,
+    big,
     payload,
+    read_as_peers_do,
     records,
+    sized,
     stream,
     streams,
+    write_compressed,
     write_jsonl,
     write_tar_command,
     write_tfrecord,
+    write_tfrecord_gz,
     write_wds,
 )
 from meshfeed.testing import Proxy, run_in_processes
@@ -118,7 +126,8 @@ def test_tfrecord_files_read_as_the_tfrecord_package_reads_them(files):
     assert set(inferred.fields) == {"image", "label", "vec"} and not inferred.fields["vec"].ragged
     with pytest.raises(
         ValueError,
-        match=r"record 1 of .*: feature 'vec' holds 3 values, not one; type it 'ragged:float32'",
+        match=r"part-0.tfrecord, the record at byte \d+: feature 'vec' holds 3 values, not one; "
+        r"type it 'ragged:float32'",
     ):
         inferred[np.arange(len(inferred))]
     features = {"image": "bytes", "label": "int64", "vec": "ragged:float32"}
@@ -296,3 +305,150 @@ def test_from_the_s3_server_through_an_outage(files, server, tmp_path):
     assert first + rest == list(range(SAMPLES))
     proxy.stop()
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("writer", ["tarfile", "webdataset", "zstd"])
+def test_a_compressed_shard_is_refused_then_made_seekable_and_read_as_webdataset_reads_it(
+    tmp_path, writer
+):
+    path = write_compressed(tmp_path, writer)  # one member of 17 MiB, as each tool writes it
+    name, kind = os.path.basename(path), "zstd" if writer == "zstd" else "gzip"
+    theirs = read_as_peers_do(path)
+    with pytest.raises(
+        ValueError,
+        match=rf"{name} holds a {kind} member of 17 MiB decompressed: reading one sample would "
+        rf"decompress all of it.* meshfeed index --seekable \S*{name}$",
+    ):
+        meshfeed.index(path, progress=False)
+    meshfeed.index(path, seekable=True, progress=False)
+    assert read_as_peers_do(path) == theirs  # rewritten: the same samples for its peers
+    source = meshfeed.sources.TarSource(path, decode={"cls": "int"})
+    got = source[np.arange(len(source))]
+    assert got["__key__"].tolist() == list(theirs)
+    for i, (key, sample) in enumerate(theirs.items()):
+        assert got["bin"][i] == sample["bin"] == big(i) and got["cls"][i] == i % 10, key
+    arrays = source.files.index(0).arrays
+    segments, starts = arrays["members"], arrays["offsets"][:, 0]  # "bin", the first column
+    first, last = (np.searchsorted(segments[:, 2], x, "right") - 1 for x in (starts, starts + BIG))
+    assert len(segments) == 18 and (first != last).sum() > 10  # samples straddling two
+    requests, fetched = source.fetches(np.array([3]))  # the segments holding sample 3 alone
+    assert requests == 1 and fetched < os.path.getsize(path) / 4
+
+
+def test_a_damaged_segment_of_a_seekable_tgz_skips_the_samples_it_holds(tmp_path):
+    path = write_compressed(tmp_path, "webdataset", n=8)  # 4 MiB: rewritten, 4 segments
+    meshfeed.index(path, seekable=True, progress=False)
+    source = meshfeed.sources.TarSource(path, decode={"cls": "int"}, key=None)
+    arrays = source.files.index(0).arrays
+    segment = arrays["members"][1]  # its compressed bytes damaged, its size and time kept
+    stat, data = os.stat(path), bytearray(Path(path).read_bytes())
+    data[int(segment[0]) + 50] ^= 0xFF
+    Path(path).write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    starts, ends = arrays["offsets"].min(1), (arrays["offsets"] + arrays["sizes"]).max(1)
+    held = np.flatnonzero((starts < segment[3]) & (ends > segment[2])).tolist()
+    with pytest.raises(ValueError, match=rf"shard.tgz: the gzip data at byte {segment[0]} "):
+        source[np.array(held[:1])]
+    feed = meshfeed.Loader(
+        source, global_batch_size=4, seed=3, on_error="skip", max_skipped=4,
+        record_transform=sized, num_workers=2,
+        sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=4, devices=jax.devices()[:4])),
+    )  # fmt: skip
+    batches = [{k: np.asarray(v) for k, v in b.items()} for b in feed]
+    feed.close()
+    sizes = np.concatenate([b["size"][b["mask"]] for b in batches])
+    assert sorted(s.example for s in feed.skipped) == held and len(sizes) == 8 - len(held)
+    assert (sizes == BIG).all() and all(path in s.error for s in feed.skipped)
+
+
+def test_a_tfrecord_gz_as_tensorflow_writes_it_made_seekable(tmp_path):
+    from tfrecord.reader import tfrecord_loader
+
+    path = write_tfrecord_gz(tmp_path)  # one gzip member of 3 MB
+    theirs = list(tfrecord_loader(path, None, compression_type="gzip"))
+    meshfeed.index(path, seekable=True, progress=False)  # rewritten: restart points
+    again = list(tfrecord_loader(path, None, compression_type="gzip"))  # still read by any tool
+    assert [r["label"][0] for r in again] == [r["label"][0] for r in theirs] == list(range(30))
+    features = {"image": "bytes", "label": "int64"}
+    source = meshfeed.sources.TFRecordSource(path, decode="example", features=features)
+    assert len(source.files.index(0).arrays["members"]) == 3
+    got = source[np.arange(len(source))]
+    for i, record in enumerate(theirs):
+        assert got["image"][i] == record["image"] and got["label"][i] == record["label"][0]
+
+
+def test_a_cut_or_corrupt_compressed_file_is_named(tmp_path):
+    path = tmp_path / "cut.tar.gz"
+    with tarfile.open(path, "w:gz") as archive:
+        for i in range(20):
+            info = tarfile.TarInfo(f"k{i}.txt")
+            info.size = 300
+            archive.addfile(info, io.BytesIO(payload(i)[:20] * 15))
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=r"cut.tar.gz: truncated \(the gzip stream ends inside"):
+        meshfeed.index(str(path), progress=False)
+    path.write_bytes(b"not gzip at all" + whole)
+    with pytest.raises(ValueError, match=r"cut.tar.gz: not a gzip stream, or corrupt"):
+        meshfeed.sources.TarSource(str(path), build=True)
+
+
+def test_a_pax_header_with_a_bad_record_is_named_not_walked_forever(tmp_path):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        info = tarfile.TarInfo("k0." + "x" * 120)  # a long name: a pax "path" record
+        info.size = 3
+        archive.addfile(info, io.BytesIO(b"abc"))
+    data = buffer.getvalue()
+    at = data.index(b" path=")
+    start = data.rfind(b"\n", 512, at) + 1 or 512  # the record's length: its digits
+    shard = tmp_path / "pax.tar"
+    shard.write_bytes(data[:start] + b"0" * (at - start) + data[at:])  # a length of 0
+    with pytest.raises(ValueError, match=r"pax.tar: the pax header at byte 0 is corrupt"):
+        meshfeed.index(str(shard), progress=False)
+    header = bytearray(data[:512])  # its size: 2 MiB, in a file of 3 (not read into memory)
+    header[124:136], header[148:156] = b"%011o\0" % (2 << 20), b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    shard.write_bytes(bytes(header) + data[512:] + bytes(3 << 20))
+    with pytest.raises(
+        ValueError, match=r"pax.tar: the tar header at byte 0 is corrupt \(an extended header of"
+    ):
+        meshfeed.index(str(shard), progress=False)
+
+
+def test_a_member_that_does_not_decode_names_shard_sample_and_member(tmp_path, files):
+    shard = tmp_path / "bad-json.tar"
+    data = bytearray(Path(files["tar"][0]).read_bytes())
+    data[data.index(b'{"i": 5,')] = ord("x")  # sample 5's json member: not JSON
+    shard.write_bytes(bytes(data))
+    source = meshfeed.sources.TarSource(str(shard), decode={"json": "json"}, build=True)
+    with pytest.raises(
+        ValueError, match=r"bad-json.tar, sample 's00005', its 'json' member: JSONDecodeError"
+    ) as caught:
+        source[np.array([4, 5])]
+    assert isinstance(caught.value, meshfeed.sources.BadFileError)
+    assert isinstance(caught.value.__cause__, json.JSONDecodeError)
+
+
+def test_a_tfrecord_that_does_not_parse_or_holds_another_type_is_named(tmp_path):
+    (path,) = write_tfrecord(tmp_path, n=4, files=1)
+    data = bytearray(Path(path).read_bytes())
+    data[12] = 0x0F  # record 0's first field: of wire type 7, which Example does not use
+    Path(path).write_bytes(bytes(data))
+    meshfeed.index(path, progress=False)
+    source = meshfeed.sources.TFRecordSource(path, decode="example", check_crc=False,
+                                             features={"label": "int64"})  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"part-0.tfrecord, the record at byte 0: ValueError: .* wire type 7"
+    ) as caught:
+        source[np.array([0])]
+    assert isinstance(caught.value, meshfeed.sources.BadFileError)
+    typed = meshfeed.sources.TFRecordSource(
+        path, decode="example", features={"image": "int64"}, check_crc=False
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"part-0.tfrecord, the record at byte \d+: feature 'image' holds bytes values, "
+        r"but features= types it 'int64'",
+    ):
+        typed[np.array([1])]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 
+import fsspec
 import numpy as np
 import pytest
 
@@ -163,3 +165,82 @@ def test_loads_on_two_processes_reading_only_their_rows(tmp_path):
         assert result["asked"] == result["needed"]
     assert not set(results[0]["asked"]) & set(results[1]["asked"])
     assert sorted(results[0]["asked"] + results[1]["asked"]) == list(range(N))
+
+
+FILES = {
+    "x.parquet": r"a Parquet file, .*: open it with meshfeed\.sources\.ParquetSource\('{}'\)\.$",
+    "x.tar": r"a WebDataset tar file, .*TarSource\('{}'\) \(indexed once first: meshfeed index "
+    r"{}\)",
+    "x.tgz": r"a WebDataset tar file, .*: open it with meshfeed\.sources\.TarSource\('{}'\)",
+    "x.tar.gz": r"a WebDataset tar file, .*: open it with meshfeed\.sources\.TarSource\('{}'\)",
+    "x.jsonl": r"a JSON Lines file, .*: open it with meshfeed\.sources\.JsonlSource\('{}'\)",
+    "x.jsonl.gz": r"a JSON Lines file, .*: open it with meshfeed\.sources\.JsonlSource\('{}'\)",
+    "x.jsonl.zst": r"a JSON Lines file, .*: open it with meshfeed\.sources\.JsonlSource\('{}'\)",
+    "x.json": r"a JSON file, .*: if it holds JSON Lines \(an object per line\), name it \.jsonl "
+    r"and open it with meshfeed\.sources\.JsonlSource\('{}l'\)",
+    "x.tfrecord": r"a TFRecord file, .*: open it with meshfeed\.sources\.TFRecordSource\('{}'\)",
+    "x.tfrecord.gz": r"a TFRecord file, .*: open it with meshfeed\.sources\.TFRecordSource",
+    "x.array_record-00000-of-00002": r"an ArrayRecord file, .*ArrayRecordSource\('{}'\)\.$",
+    "x.JPG": r"an image file, .*: open it with meshfeed\.ImageFolderSource\(files='{}'\)\.$",
+}
+
+
+@pytest.mark.parametrize("where", ["local", "url"])
+@pytest.mark.parametrize("name", list(FILES))
+def test_open_source_on_a_file_names_the_source_that_reads_it(tmp_path, where, name):
+    if where == "local":
+        path = str(tmp_path / name)
+        (tmp_path / name).write_bytes(b"data")
+    else:
+        path = f"memory://meshfeed-test-{uuid.uuid4().hex}/{name}"
+        with fsspec.open(path, "wb") as f:
+            f.write(b"data")
+    message = f"{re.escape(path)} is {FILES[name].format(*[re.escape(path)] * 2)}"
+    with pytest.raises(ValueError, match=message):
+        meshfeed.open_source(path)
+
+
+def test_open_source_on_a_folder_of_other_files_names_their_source_with_a_glob(tmp_path):
+    for i in range(3):
+        (tmp_path / f"part-{i}.parquet").write_bytes(b"data")
+    with pytest.raises(
+        ValueError,
+        match=rf"{re.escape(str(tmp_path))} has no meshfeed.json, so it is not a meshfeed folder, "
+        rf"but it holds 3 Parquet files: open them with meshfeed\.sources\.ParquetSource\("
+        rf"'{re.escape(str(tmp_path))}/\*\.parquet'\)\.$",
+    ):
+        meshfeed.open_source(tmp_path)
+    url = f"memory://meshfeed-test-{uuid.uuid4().hex}/wds"
+    for name in ("a.tar", "b.tar", "a.tar.meshfeed-index.npz", "meshfeed.catalog.json"):
+        with fsspec.open(f"{url}/{name}", "wb") as f:
+            f.write(b"data")
+    with pytest.raises(
+        ValueError,
+        match=rf"holds 2 WebDataset tar files: open them with meshfeed\.sources\.TarSource\("
+        rf"'{url}/\*\.tar'\) \(indexed once first: meshfeed index '{url}/\*\.tar'\)\.$",
+    ):
+        meshfeed.open_source(url)
+
+
+def test_a_corrupt_manifest_or_header_names_its_file(tmp_path):
+    path = _written(tmp_path)
+    manifest = path / "meshfeed.json"
+    text = manifest.read_text()
+    manifest.write_text(text[: len(text) // 2])  # cut short
+    with pytest.raises(ValueError, match=r"data/meshfeed.json: JSONDecodeError") as caught:
+        meshfeed.open_source(path)
+    assert isinstance(caught.value, meshfeed.sources.BadFileError)
+    assert isinstance(caught.value.__cause__, json.JSONDecodeError)
+    entries = json.loads(text)
+    del entries["shards"][1]["files"]["image"]["path"]
+    manifest.write_text(json.dumps(entries))
+    with pytest.raises(ValueError, match=r"data/meshfeed.json, its shard 1: KeyError: 'path'"):
+        meshfeed.open_source(path)
+    manifest.write_text(text)
+    shard = path / "image" / "00001.npy"
+    head = bytearray(shard.read_bytes())
+    head[head.index(b"}")] = ord("(")  # unclosed: numpy's parser raises tokenize's TokenError
+    shard.write_bytes(bytes(head))
+    source = meshfeed.open_source(path)
+    with pytest.raises(ValueError, match=r"image/00001.npy has a corrupt .npy header \(\("):
+        source[np.array([41])]

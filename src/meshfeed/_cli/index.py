@@ -12,6 +12,7 @@ EPILOG = """examples:
   meshfeed index 's3://bucket/wds/*.tar' --endpoint-url http://127.0.0.1:9000 --part 0/4
   meshfeed index '/shared/wds/*.tar' --ray         (a Ray task per file, on the cluster)
   meshfeed index chat.jsonl.gz --seekable          (rewrite in members of 1 MiB first)
+  meshfeed index 'wds/*.tgz' --seekable            (a restart point every 1 MiB first)
   meshfeed index /readonly/data/*.tfrecord --index-dir ~/indexes
 """
 
@@ -34,7 +35,9 @@ def add_parser(sub: Any) -> None:
                    help="index the files as Ray tasks, one a file: on the cluster RAY_ADDRESS "
                    "names, or a local Ray")  # fmt: skip
     p.add_argument("--seekable", action="store_true",
-                   help="rewrite compressed JSON Lines in members of 1 MiB first")  # fmt: skip
+                   help="rewrite compressed files of one large member (.jsonl.gz, .tgz, "
+                   ".tar.zst, .tfrecord.gz) seekable first: a restart point every 1 MiB, "
+                   "still one valid stream for any tool")  # fmt: skip
     p.add_argument("--endpoint-url", default=None, help="an S3-compatible store's endpoint")
     p.add_argument("--quiet", action="store_true", help="no line per file")
 

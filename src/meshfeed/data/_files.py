@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import math
 import struct
+import tokenize
 import zipfile
 
 import numpy as np
@@ -235,16 +236,17 @@ class RaggedRows:
     @property
     def offsets(self) -> np.ndarray:
         if self._offsets is None:
-            offsets = self.offsets_file.read_spans(np.array([0]), np.array([self.rows + 1]))
-            self._offsets = offsets.astype(np.int64)
-            if self._offsets[0] != 0 or (np.diff(self._offsets) < 0).any():
+            read = self.offsets_file.read_spans(np.array([0]), np.array([self.rows + 1]))
+            offsets = read.astype(np.int64)
+            if offsets[0] != 0 or (np.diff(offsets) < 0).any():
                 raise ValueError(f"{self.offsets_file.name} holds offsets that decrease: corrupt?")
-            if self._offsets[-1] != self.values.rows:
+            if offsets[-1] != self.values.rows:
                 raise ValueError(
-                    f"{self.offsets_file.name} ends at {int(self._offsets[-1])} but "
+                    f"{self.offsets_file.name} ends at {int(offsets[-1])} but "
                     f"{self.values.name} holds {self.values.rows} values: they do not belong "
                     "together."
                 )
+            self._offsets = offsets  # kept once checked: a refused read refuses again
         return self._offsets
 
     @property
@@ -328,8 +330,8 @@ def _parse_header(prefix: bytes, name: str) -> tuple[tuple[int, ...], np.dtype]:
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp)
             else:
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp)
-    except ValueError as error:
-        raise ValueError(f"{name} has a corrupt .npy header ({error}).") from None
+    except (ValueError, SyntaxError, tokenize.TokenError) as error:  # numpy parses a literal
+        raise ValueError(f"{name} has a corrupt .npy header ({error}).") from error
     if fortran and len(shape) > 1:
         raise ValueError(
             f"{name} is stored in Fortran order; rows are not contiguous. Save it with "

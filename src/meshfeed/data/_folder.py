@@ -18,6 +18,7 @@ from typing import Any
 
 from meshfeed.data._tokenizer import Tokenizer, TokenizerArg, differences
 from meshfeed.storage._blob import Blob, is_url, require_fsspec
+from meshfeed.storage._file_errors import named
 
 MANIFEST = "meshfeed.json"
 FORMAT = "meshfeed.source/1"
@@ -45,9 +46,98 @@ def exists(path: str, storage_options: Mapping[str, Any] | None = None) -> bool:
 def read_json(path: str, storage_options: Mapping[str, Any] | None = None) -> Any:
     """The JSON at ``path`` (behind a URL, one request), or ``None`` where there is none."""
     try:
-        return json.loads(Blob(path, storage_options).read_all())
+        data = Blob(path, storage_options).read_all()
     except FileNotFoundError:
         return None
+    with named(path):  # cut short or corrupt: named
+        return json.loads(data)
+
+
+_IMAGES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+_READERS = (
+    # (suffixes, what a file is, the source that reads it, whether it needs an index)
+    ((".parquet",), "Parquet", "meshfeed.sources.ParquetSource", False),
+    ((".tar", ".tgz", ".tar.gz", ".tar.zst"), "WebDataset tar", "meshfeed.sources.TarSource", True),
+    ((".jsonl", ".jsonl.gz", ".jsonl.zst"), "JSON Lines", "meshfeed.sources.JsonlSource", True),
+    ((".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz"), "TFRecord",
+     "meshfeed.sources.TFRecordSource", True),
+    ((".array_record",), "ArrayRecord", "meshfeed.sources.ArrayRecordSource", False),
+    (_IMAGES, "image", "meshfeed.ImageFolderSource", False),
+    ((".json",), "JSON", "meshfeed.sources.JsonlSource", True),
+)  # fmt: skip
+
+
+def _reader_of(name: str) -> tuple[str, str, str, bool] | None:
+    """``(suffix, what, source, indexed)`` for a file name meshfeed reads with a source
+    of its own (not ``open_source``), by its suffix (the longest that fits)."""
+    name = name.lower()
+    if ".array_record" in name:  # also Grain's "x.array_record-00000-of-00008"
+        return (".array_record", "ArrayRecord", "meshfeed.sources.ArrayRecordSource", False)
+    fits = [(s, r) for r in _READERS for s in r[0] if name.endswith(s)]
+    if not fits:
+        return None
+    suffix, (_, what, source, indexed) = max(fits, key=lambda f: len(f[0]))
+    return suffix, what, source, indexed
+
+
+def _call(source: str, pattern: str) -> str:
+    if source.endswith("ImageFolderSource"):
+        return f"{source}(files={pattern!r})"
+    return f"{source}({pattern!r})"
+
+
+def _hint(what: str, source: str, path: str, indexed: bool, glob: bool) -> str:
+    """What opens ``path`` (a file, or a glob of files), and the index it needs first."""
+    it, holds, rename = ("them", "hold", "") if glob else ("it", "holds", "")
+    if what == "JSON":  # JSON Lines named .json: JsonlSource takes them named .jsonl
+        path = path[: -len(".json")] + ".jsonl"
+        rename = f"if {'they' if glob else 'it'} {holds} JSON Lines (an object per line), "
+        rename += f"name {it} .jsonl and "
+    shown = f"'{path}'" if glob else path
+    then = f" (indexed once first: meshfeed index {shown})" if indexed else ""
+    return f"{rename}open {it} with {_call(source, path)}{then}."
+
+
+def _a(what: str) -> str:
+    return f"{'an' if what[0] in 'AEIOUaeiou' else 'a'} {what}"
+
+
+def not_a_folder(root: str, names: list[str] | None = None) -> str | None:
+    """Why ``root`` is no meshfeed folder, naming the source that reads it: a file by its
+    suffix, or (``names``: the folder's file names) a folder of such files, by the most
+    common kind, as a glob; ``None`` where nothing says."""
+    if names is None:
+        found = _reader_of(root.rstrip("/").rsplit("/", 1)[-1])
+        if found is None:
+            return None
+        _, what, source, indexed = found
+        return (
+            f"{root} is {_a(what)} file, not a meshfeed folder (open_source opens a folder "
+            f"with {MANIFEST}, a .npy or a .npz): {_hint(what, source, root, indexed, False)}"
+        )
+    kinds: dict[tuple[str, str, str, bool], int] = {}
+    for name in names:
+        found = _reader_of(name)
+        if found is not None and not name.startswith("meshfeed.") and "meshfeed-index" not in name:
+            kinds[found] = kinds.get(found, 0) + 1
+    if not kinds:
+        return None
+    (suffix, what, source, indexed), count = max(kinds.items(), key=lambda k: k[1])
+    pattern = join(root, "*" + (".array_record*" if what == "ArrayRecord" else suffix))
+    return (
+        f"{root} has no {MANIFEST}, so it is not a meshfeed folder, but it holds {count} "
+        f"{what} files: {_hint(what, source, pattern, indexed, True)}"
+    )
+
+
+def listing(root: str, storage_options: Mapping[str, Any] | None) -> list[str] | None:
+    """The names in folder ``root``, or ``None`` where it is no folder."""
+    if not is_url(root):
+        return os.listdir(root) if os.path.isdir(root) else None
+    fs, inner = require_fsspec().core.url_to_fs(root, **dict(storage_options or {}))
+    if not fs.isdir(inner):
+        return None
+    return [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(inner, detail=False)]
 
 
 def missing_parts(

@@ -4,7 +4,8 @@ What ``open_source`` returns for a meshfeed folder, its parts, or a single ``.np
 ``.npz``: the shards' rows, each a ``RowFile`` (or a ragged field's values and offsets),
 numbered in shard order. A read gathers each shard's rows in place; behind a URL the
 reads of every shard and field a batch touches are in flight together. Nothing is read
-when it is made: each file's first read is where it is checked (``Blob.expect``).
+when it is made: each file's first read is where it is checked (``Blob.expect``), and an
+error there, or in any read, names the file (``storage._file_errors``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from meshfeed.data._sources import (
     locate,
 )
 from meshfeed.storage._blob import is_url
+from meshfeed.storage._file_errors import named, names_file
 from meshfeed.storage._remote import merge, remote_pool
 
 Rows = NpyRows | RaggedRows
@@ -114,7 +116,7 @@ class ShardedSource:
         pool = remote_pool()
         reads = {
             p: {
-                name: pool.submit(rows.read, local[shard == p])
+                name: pool.submit(read_rows, rows, local[shard == p])
                 for name, rows in self._shards[p].items()
             }
             for p in parts
@@ -124,7 +126,7 @@ class ShardedSource:
         )
 
     def _read_shard(self, shard: int, local: np.ndarray) -> dict[str, Any]:
-        return {name: rows.read(local) for name, rows in self._shards[shard].items()}
+        return {name: read_rows(rows, local) for name, rows in self._shards[shard].items()}
 
     def lengths(self, field: str) -> np.ndarray:
         """Every document's length in the ragged ``field`` (read from its offsets)."""
@@ -142,3 +144,16 @@ class ShardedSource:
             f"ShardedSource({self.name!r}, {self._len} examples in {shards} shards; "
             f"{fields_text(self._fields)})"
         )
+
+
+def read_rows(rows: Rows, local: np.ndarray) -> Any:
+    """``rows.read(local)``; an error that names none of its files is named (the file,
+    or a ragged field's values and offsets both), the original as its cause."""
+    paths = [blob.path for blob in rows.blobs]
+    try:
+        return rows.read(local)
+    except Exception as error:
+        if any(names_file(error, path) for path in paths):
+            raise
+        with named(" and ".join(paths)):
+            raise

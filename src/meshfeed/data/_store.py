@@ -47,6 +47,8 @@ from meshfeed.data._folder import (
     RECORD,
     check_prepared,
     join,
+    listing,
+    not_a_folder,
     part_folder,
     read_json,
 )
@@ -58,6 +60,7 @@ from meshfeed.data._sources import (
 from meshfeed.data._tokenizer import TokenizerArg
 from meshfeed.storage._blob import Blob, is_url, require_fsspec
 from meshfeed.storage._cache import CACHE_BYTES, ShardCache
+from meshfeed.storage._file_errors import named
 from meshfeed.storage._handles import limit_open_files
 from meshfeed.storage._remote import RETRY_S
 
@@ -142,23 +145,36 @@ def open_source(
         if len(set(lengths.values())) > 1:
             raise ValueError(f"{root} holds arrays of different lengths {lengths}.")
         return ShardedSource(list([members]), name=root)  # type: ignore[list-item]
-    manifest = read_json(join(root, MANIFEST), storage_options)  # one request
+    try:
+        manifest = read_json(join(root, MANIFEST), storage_options)  # one request
+    except NotADirectoryError:  # a local file, not a folder
+        raise ValueError(
+            not_a_folder(root)
+            or f"{root} is a file, not a meshfeed folder: open_source opens a folder with "
+            f"{MANIFEST} (written by meshfeed.write_source or meshfeed.prepare), a .npy or a .npz."
+        ) from None
+    if manifest is None and not_a_folder(root) is not None:  # a file by its suffix
+        raise ValueError(not_a_folder(root))
     if manifest is not None:  # a folder (its manifest is its catalog)
         if tokenizer is not None:  # refused: not made by prepare
             check_prepared(root, tokenizer=tokenizer, storage_options=storage_options)
         manifest = _valid(manifest, join(root, MANIFEST))
         if not manifest["shards"]:
             raise ValueError(f"{join(root, MANIFEST)} lists no examples.")
-        source = ShardedSource(_shards(root, manifest, blob, verify=verify), name=root)
-        return _from_catalog(source, root, manifest, storage_options)
+        shards = _shards(root, manifest, blob, verify=verify, where=join(root, MANIFEST))
+        return _from_catalog(ShardedSource(shards, name=root), root, manifest, storage_options)
     record = read_json(join(root, RECORD), storage_options)  # a prepared folder: one more
     check_prepared(root, tokenizer=tokenizer, storage_options=storage_options, record=record)
     if record is not None and record.get("catalog"):
         catalog = _valid(record["catalog"], join(root, RECORD))
-        source = ShardedSource(_shards(root, catalog, blob, verify=verify), name=root)
-        return _from_catalog(source, root, catalog, storage_options)
+        shards = _shards(root, catalog, blob, verify=verify, where=join(root, RECORD))
+        return _from_catalog(ShardedSource(shards, name=root), root, catalog, storage_options)
     parts = part_folders(root, storage_options)
     if not parts:
+        names = listing(root, storage_options)
+        hint = None if names is None else not_a_folder(root, names)
+        if hint is not None:  # a folder of files other sources read
+            raise ValueError(hint)
         _manifest(root, blob)  # raises: no manifest
     no_catalog(root, f"{len(parts)} parts, none over them")
     shards: list[dict[str, Rows]] = []
@@ -173,7 +189,10 @@ def open_source(
                 f"{fields}: the parts were written from different data."
             )
         fields = manifest["fields"]
-        shards += _shards(join(root, folder), manifest, blob, verify=verify, said=True)
+        shards += _shards(
+            join(root, folder), manifest, blob, verify=verify, said=True,
+            where=join(root, folder, MANIFEST),
+        )  # fmt: skip
     if not shards:
         raise ValueError(f"{root} holds {len(parts)} parts and no examples in any of them.")
     return ShardedSource(shards, name=root)
@@ -208,13 +227,13 @@ def part_folders(root: str, storage_options: Mapping[str, Any] | None) -> list[s
     """The part folders under ``root`` in order, when it holds parts and no manifest."""
     if is_url(root):
         fs, inner = require_fsspec().core.url_to_fs(root, **dict(storage_options or {}))
-        if fs.exists(f"{inner.rstrip('/')}/{MANIFEST}") or not fs.isdir(inner):
+        if fs.exists(f"{inner.rstrip('/')}/{MANIFEST}"):
             return []
-        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(inner, detail=False)]
-    else:
-        if os.path.exists(os.path.join(root, MANIFEST)) or not os.path.isdir(root):
-            return []
-        names = os.listdir(root)
+    elif os.path.exists(os.path.join(root, MANIFEST)):
+        return []
+    names = listing(root, storage_options)
+    if names is None:
+        return []
     found = {int(m.group(1)): int(m.group(2)) for n in names if (m := _PART.match(n))}
     if not found:
         return []
@@ -251,6 +270,8 @@ def _manifest(root: str, blob: Callable[[str], Blob]) -> dict[str, Any]:
 def _valid(manifest: Any, where: str) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{where} is not a {FORMAT} manifest.")
+    if not isinstance(manifest.get("shards"), list) or not isinstance(manifest.get("fields"), dict):
+        raise ValueError(f"{where} is not a {FORMAT} manifest (no list of shards, or no fields).")
     if not manifest["shards"] and manifest.get("num_examples") != 0:
         raise ValueError(f"{where} lists no shards.")
     return manifest
@@ -277,7 +298,8 @@ def _checked(
 ) -> NpyRows:
     """One ``.npy`` of a shard, checked against its manifest entry."""
     file_path = join(root, info["path"])
-    npy = NpyRows(blob(file_path))
+    with named(file_path, "its .npy header"):
+        npy = NpyRows(blob(file_path))
     npy.blob.version = info["sha256"]  # a rewritten file is not read from an old copy
     if npy.rows != rows:
         raise ValueError(f"{file_path} has {npy.rows} rows, the manifest says {rows}.")
@@ -305,46 +327,66 @@ def _shards(
     blob: Callable[[str], Blob],
     *,
     verify: bool,
+    where: str,
     said: bool = False,
 ) -> list[dict[str, Rows]]:
+    """Each shard's files as ``where`` (the manifest, or a record holding the catalog)
+    lists them; an entry it cannot be read as is named, by ``where`` and its place."""
     shards: list[dict[str, Rows]] = []
-    for entry in manifest["shards"]:
-        shard: dict[str, Rows] = {}
-        for name, spec in manifest["fields"].items():
-            info = entry["files"].get(name)
-            if info is None:
-                raise ValueError(f"{join(root, MANIFEST)} lists a shard without field {name!r}.")
-            want = FieldSpec(tuple(spec["shape"]), np.dtype(spec["dtype"]))
-            first = info["values"] if want.ragged else info
-            if "offset" in first and not verify:  # a catalog: nothing to ask before a read
-                rows: Rows
-                if want.ragged:
-                    offsets = {**info["offsets"], "rows": entry["rows"] + 1}  # int64 (Ragged)
-                    rows = RaggedRows(
-                        _cataloged(root, info["values"], want.shape[1:], want.dtype, blob),
-                        _cataloged(root, offsets, (), np.dtype(np.int64), blob),
-                    )
-                else:
-                    rows = _cataloged(root, info, want.shape, want.dtype, blob)
-                shard[name] = rows
-                continue
-            if "offset" not in first and not said:
-                no_catalog(root, "its manifest is from before catalogs")
-                said = True
-            if want.ragged:
-                values = NpyRows(blob(join(root, info["values"]["path"])))
-                rows = RaggedRows(
-                    _checked(root, info["values"], values.rows, blob, verify=verify),
-                    _checked(root, info["offsets"], entry["rows"] + 1, blob, verify=verify),
-                )
-            else:
-                rows = _checked(root, info, entry["rows"], blob, verify=verify)
-            got = FieldSpec(rows.row_shape, rows.dtype)
-            if got != want:
-                raise ValueError(
-                    f"{rows.name} holds {field_text(got)} rows but the manifest says "
-                    f"{field_text(want)}: shards of field {name!r} disagree; rewrite the dataset."
-                )
-            shard[name] = rows
+    for i, entry in enumerate(manifest["shards"]):
+        with named(where, f"its shard {i}"):
+            shard, said = _shard(root, manifest, entry, blob, verify=verify, said=said)
         shards.append(shard)
     return shards
+
+
+def _shard(
+    root: str,
+    manifest: dict[str, Any],
+    entry: dict[str, Any],
+    blob: Callable[[str], Blob],
+    *,
+    verify: bool,
+    said: bool,
+) -> tuple[dict[str, Rows], bool]:
+    """One shard's files, by field; and whether the folder was said to have no catalog."""
+    shard: dict[str, Rows] = {}
+    for name, spec in manifest["fields"].items():
+        info = entry["files"].get(name)
+        if info is None:
+            raise ValueError(f"{join(root, MANIFEST)} lists a shard without field {name!r}.")
+        want = FieldSpec(tuple(spec["shape"]), np.dtype(spec["dtype"]))
+        first = info["values"] if want.ragged else info
+        if "offset" in first and not verify:  # a catalog: nothing to ask before a read
+            rows: Rows
+            if want.ragged:
+                offsets = {**info["offsets"], "rows": entry["rows"] + 1}  # int64 (Ragged)
+                rows = RaggedRows(
+                    _cataloged(root, info["values"], want.shape[1:], want.dtype, blob),
+                    _cataloged(root, offsets, (), np.dtype(np.int64), blob),
+                )
+            else:
+                rows = _cataloged(root, info, want.shape, want.dtype, blob)
+            shard[name] = rows
+            continue
+        if "offset" not in first and not said:
+            no_catalog(root, "its manifest is from before catalogs")
+            said = True
+        if want.ragged:
+            values_path = join(root, info["values"]["path"])
+            with named(values_path, "its .npy header"):
+                values = NpyRows(blob(values_path))
+            rows = RaggedRows(
+                _checked(root, info["values"], values.rows, blob, verify=verify),
+                _checked(root, info["offsets"], entry["rows"] + 1, blob, verify=verify),
+            )
+        else:
+            rows = _checked(root, info, entry["rows"], blob, verify=verify)
+        got = FieldSpec(rows.row_shape, rows.dtype)
+        if got != want:
+            raise ValueError(
+                f"{rows.name} holds {field_text(got)} rows but the manifest says "
+                f"{field_text(want)}: shards of field {name!r} disagree; rewrite the dataset."
+            )
+        shard[name] = rows
+    return shard, said

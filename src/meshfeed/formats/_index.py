@@ -39,12 +39,17 @@ INDEX_SUFFIX = ".meshfeed-index.npz"
 INDEX_FORMAT = "meshfeed.index/1"
 KINDS = {
     ".tar": "tar",
+    ".tgz": "tar",
+    ".tar.gz": "tar",
+    ".tar.zst": "tar",
     ".jsonl": "jsonl",
     ".jsonl.gz": "jsonl",
     ".jsonl.zst": "jsonl",
     ".tfrecord": "tfrecord",
     ".tfrecords": "tfrecord",
     ".tfrec": "tfrecord",
+    ".tfrecord.gz": "tfrecord",
+    ".tfrecords.gz": "tfrecord",
 }
 """File suffix -> the format it is indexed as."""
 

@@ -22,10 +22,12 @@ from meshfeed.core._lru import SizedLRU
 from meshfeed.data._catalog import catalog_dir, changed, quoted, read_catalog, stamp
 from meshfeed.data._sources import check_ids, locate
 from meshfeed.data._store import no_catalog
-from meshfeed.formats._index import Index, kind_of, load_index
+from meshfeed.formats._index import KINDS, Index, kind_of, load_index
+from meshfeed.formats._members import MemberReads
 from meshfeed.storage._blob import Blob, is_url
 from meshfeed.storage._cache import CACHE_BYTES, ShardCache
 from meshfeed.storage._expect import ChangedError
+from meshfeed.storage._file_errors import named
 from meshfeed.storage._handles import limit_open_files
 from meshfeed.storage._paths import expand_paths
 from meshfeed.storage._remote import merge, remote_pool
@@ -74,8 +76,10 @@ class IndexedFiles:
             self.paths = expand_paths(files, storage_options, what="files")
         wrong = [p for p in self.paths if kind_of(p) != kind]
         if wrong:
+            suffixes = ", ".join(s for s, k in KINDS.items() if k == kind)
             raise ValueError(
-                f"{wrong[0]} is not a {kind} file (by its suffix); pass {kind} files only."
+                f"{wrong[0]} is not a {kind} file (by its suffix: {suffixes}); pass {kind} "
+                "files only."
             )
         cache = None
         if cache_dir is not None:
@@ -155,7 +159,8 @@ class IndexedFiles:
             )
         from meshfeed.formats._index import save_index  # only when building
 
-        index = scan(blob)
+        with named(path, "indexing it"):
+            index = scan(blob)
         index.meta["file"] = current
         save_index(path, index, self.index_dir, self.storage_options)
         return index
@@ -180,6 +185,22 @@ class IndexedFiles:
             return {f: one(f) for f in ranges}
         futures = {f: remote_pool().submit(one, f) for f in ranges}
         return {f: future.result() for f, future in futures.items()}
+
+    def read_spans(
+        self, ranges: Mapping[int, tuple[np.ndarray, np.ndarray]]
+    ) -> dict[int, list[bytes]]:
+        """``read`` of the ranges of each file's data: a compressed file's (its index
+        holds ``members``) are of its decompressed stream, read as the members that hold
+        them, and decompressed (``_members``)."""
+        plans = _member_reads(self, ranges)
+        data = self.read(_compressed(ranges, plans))
+        for f, plan in plans.items():
+            data[f] = plan.cut(self.index(f).meta["compression"], data[f], self.paths[f])
+        return data
+
+    def span_fetches(self, ranges: Mapping[int, tuple[np.ndarray, np.ndarray]]) -> tuple[int, int]:
+        """``fetches`` of what ``read_spans(ranges)`` reads."""
+        return self.fetches(_compressed(ranges, _member_reads(self, ranges)))
 
     def fetches(self, ranges: Mapping[int, tuple[np.ndarray, np.ndarray]]) -> tuple[int, int]:
         """The requests and bytes those reads ask a store for (ranges close together
@@ -251,6 +272,25 @@ def _unchanged(recorded: Mapping[str, Any], blob: Blob) -> None:
             f"meshfeed.index({blob.path!r}) or `meshfeed index {blob.path}` (over all the "
             "files, for their catalog)."
         )
+
+
+def _member_reads(
+    files: IndexedFiles, ranges: Mapping[int, tuple[np.ndarray, np.ndarray]]
+) -> dict[int, MemberReads]:
+    """The reads of the ranges of ``files``' compressed files, by file."""
+    out = {}
+    for f, (starts, ends) in ranges.items():
+        arrays = files.index(f).arrays
+        if "members" in arrays:
+            out[f] = MemberReads(arrays["members"], starts, ends, arrays.get("segment_crcs"))
+    return out
+
+
+def _compressed(
+    ranges: Mapping[int, tuple[np.ndarray, np.ndarray]], plans: Mapping[int, MemberReads]
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """``ranges``, a compressed file's as its members' compressed ranges."""
+    return {f: plans[f].compressed if f in plans else r for f, r in ranges.items()}
 
 
 def _index_size(index: Index) -> int:

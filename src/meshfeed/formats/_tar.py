@@ -3,7 +3,10 @@
 A WebDataset shard is a plain tar file whose members are grouped into samples by *key*:
 ``000123.jpg``, ``000123.json`` and ``000123.cls`` are the ``jpg``, ``json`` and ``cls``
 fields of sample ``000123``. ``TarSource`` reads the members a step needs by byte range,
-as the shard's index (``_tar_scan``) locates them, and decodes what it is asked to.
+as the shard's index (``_tar_scan``) locates them, and decodes what it is asked to. A
+compressed shard's members are read as the gzip members (zstandard frames) that hold
+them, and only those are decompressed (``_members``). A member that does not decode is
+named: the shard, the sample's key, the extension.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from meshfeed.data._sources import FieldSpec, example_at, fields_text
 from meshfeed.formats._indexed import FilesSource, IndexedFiles
 from meshfeed.formats._tar_scan import scan_tar
 from meshfeed.storage._cache import CACHE_BYTES
+from meshfeed.storage._file_errors import named
 from meshfeed.storage._remote import RETRY_S
 
 OBJECT = np.dtype(object)
@@ -54,7 +58,10 @@ class TarSource(FilesSource):
     """WebDataset tar shards read by index: a sample per key, a field per extension.
 
     Args:
-      shards: paths, globs, brace patterns (``shard-{000..127}.tar``) or URLs of tar files.
+      shards: paths, globs, brace patterns (``shard-{000..127}.tar``) or URLs of tar files,
+        plain or compressed in members (``.tgz``, ``.tar.gz``, ``.tar.zst``; a shard of
+        one large member, as ``tar czf`` writes it, is refused with the command that
+        rewrites it in members: ``meshfeed index --seekable``).
       decode: per extension, how to decode its bytes: ``"text"``, ``"json"``, ``"int"``
         and ``"float"`` (numbers: placeable fields), ``"npy"``, ``"bytes"`` (the
         default: bytes objects, to decode in a ``record_transform``) or a function.
@@ -152,6 +159,10 @@ class TarSource(FilesSource):
         a, b = arrays["key_offsets"][row], arrays["key_offsets"][row + 1]
         return arrays["keys"][a:b].tobytes().decode("utf-8", "surrogateescape")
 
+    def _member_text(self, f: int, row: int, ext: str) -> str:
+        """``sample '<key>', its '<ext>' member``, for messages."""
+        return f"sample {self._key_of(f, row)!r}, its {ext!r} member"
+
     @property
     def fields(self) -> Mapping[str, FieldSpec]:
         """One field per extension (bytes unless decoded), the key, and missing flags."""
@@ -186,7 +197,7 @@ class TarSource(FilesSource):
             return example_at(self, ids)
         file, local = self.files.locate(ids)
         ranges = self._ranges(file, local)
-        data = self.files.read({f: (s, e) for f, (s, e, _) in ranges.items()})
+        data = self.files.read_spans({f: (s, e) for f, (s, e, _) in ranges.items()})
         out: dict[str, Any] = {}
         for name, spec in self._fields.items():
             if spec.dtype == OBJECT:
@@ -200,7 +211,11 @@ class TarSource(FilesSource):
         for f, (_, _, where) in ranges.items():
             for (row, ext), value in zip(where, data[f], strict=True):
                 decode = self._decoders.get(ext)
-                out[ext][row] = value if decode is None else decode(value)
+                try:
+                    out[ext][row] = value if decode is None else decode(value)
+                except Exception:  # named: the shard, the sample and its member
+                    with named(self.files.paths[f], self._member_text(f, int(local[row]), ext)):
+                        raise
                 if ext in self._missing:
                     out[f"{ext}_missing"][row] = False
         if self._key is not None:
@@ -212,7 +227,8 @@ class TarSource(FilesSource):
     def fetches(self, ids: np.ndarray) -> tuple[int, int]:
         """The requests and bytes reading ``ids`` asks a store for."""
         file, local = self.files.locate(ids)
-        return self.files.fetches({f: (s, e) for f, (s, e, _) in self._ranges(file, local).items()})
+        ranges = self._ranges(file, local)
+        return self.files.span_fetches({f: (s, e) for f, (s, e, _) in ranges.items()})
 
     @property
     def fingerprint(self) -> dict[str, Any]:

@@ -7,7 +7,10 @@ ustar, GNU (long names, base-256 sizes) and pax (long names, large sizes) header
 understood, which covers the shards of webdataset's ``TarWriter``/``ShardWriter``
 (Python's ``tarfile``) and of GNU ``tar``. A header whose checksum is wrong, a member
 that runs past the end of the file, or a file without the end-of-archive marker is
-named with its offset. The members are grouped into samples by key (``_tar_keys``).
+named with its offset. The members are grouped into samples by key (``_tar_keys``). A
+compressed shard (``.tgz``, ``.tar.gz``, ``.tar.zst``) is walked the same way over its
+decompressed stream, its offsets those of the decompressed tar, its gzip members (or
+restart points) or zstandard frames recorded for the reads (``_members``).
 
 Shards of small members are the hard case: webdataset's of 2.5 KiB images hold a header
 every 1.5 KiB (a pax header of times before each member), so the scan's cost is per
@@ -26,10 +29,14 @@ from __future__ import annotations
 import numpy as np
 
 from meshfeed.formats._index import Index, ReadAhead
+from meshfeed.formats._members import Inflating, compression, scan_members
 from meshfeed.formats._tar_keys import TarError, group, group_names
 from meshfeed.storage._blob import Blob
+from meshfeed.storage._file_errors import named
 
 BLOCK = 512
+MAX_EXTENDED = 1 << 20
+"""The largest pax or GNU long-name header read (its records: a path, a size, times)."""
 
 
 _Run = tuple[int, np.ndarray, np.ndarray, np.ndarray]
@@ -47,14 +54,24 @@ def _number(field: bytes, offset: int, name: str) -> int:
         ) from None
 
 
-def _pax(data: bytes) -> dict[str, str]:
+def _pax(data: bytes, offset: int, name: str) -> dict[str, str]:
+    """The records of the pax header at byte ``offset``: ``"<length> <key>=<value>\\n"``
+    each, ``length`` counting the whole record."""
     records, at = {}, 0
     while at < len(data):
-        space = data.index(b" ", at)
-        length = int(data[at:space])
-        key, _, value = data[space + 1 : at + length - 1].partition(b"=")
-        records[key.decode()] = value.decode("utf-8", "surrogateescape")
+        space = data.find(b" ", at, at + 21)
+        digits = data[at:space] if space > at else b""
+        length = int(digits) if digits.isdigit() else 0
+        key, equals, value = data[space + 1 : at + length - 1].partition(b"=")
+        if length <= len(digits) + 1 or at + length > len(data) or not equals:
+            raise TarError(
+                f"{name}: the pax header at byte {offset} is corrupt (a bad record at its "
+                f"byte {at})."
+            )
+        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         at += length
+    if "size" in records and not (records["size"].isascii() and records["size"].isdigit()):
+        raise TarError(f"{name}: the pax header at byte {offset} is corrupt (a bad size).")
     return records
 
 
@@ -99,12 +116,17 @@ def _check_sums(rows: np.ndarray, chain: np.ndarray, base: int, name: str) -> No
 
 
 def scan_tar(blob: Blob) -> Index:
-    """The index of one tar shard (the module docstring)."""
-    with ReadAhead(blob) as reader:
-        return _scan(reader, blob.path, reader.size)
+    """The index of one tar shard, plain or compressed (the module docstring); an error
+    names the shard."""
+    kind = compression(blob.path)
+    with named(blob.path, "indexing it"):
+        if kind is not None:
+            return scan_members(blob, kind, _scan, "sample")
+        with ReadAhead(blob) as reader:
+            return _scan(reader, blob.path)
 
 
-def _scan(reader: ReadAhead, name: str, size: int) -> Index:
+def _scan(reader: ReadAhead | Inflating, name: str) -> Index:
     """The walk from header to header, a buffer of a few MiB at a time (``_walk``); the
     headers found are checked together (checksums, kinds, sizes), and only where they
     are more than regular files and pax records of times are they looked at one by one.
@@ -115,9 +137,17 @@ def _scan(reader: ReadAhead, name: str, size: int) -> Index:
     runs: list[_Run] = []
     pax: tuple[bytes | None, int | None] = (None, None)  # a pax or GNU header's path, size
     at = 0
-    while at + BLOCK <= size:
-        chunk, skip = reader.read_in(at, BLOCK)
+    while True:
+        chunk, skip = reader.read_in(at, BLOCK) if at + BLOCK <= reader.size else (b"", 0)
         count = (len(chunk) - skip) // BLOCK
+        if not count:  # no end-of-archive blocks: the file stops early
+            size = reader.size
+            path = _last_member(members, runs)
+            last = f"after member {path.decode(errors='replace')!r} " if path is not None else ""
+            raise TarError(
+                f"{name}: truncated: it stops {last}at byte {min(at, size)} of {size}, before "
+                "the tar end-of-archive marker."
+            )
         rows = np.frombuffer(chunk, np.uint8, count=count * BLOCK, offset=skip)
         rows = rows.reshape(count, BLOCK)
         chain, lengths, i, zero = _walk(rows)
@@ -126,7 +156,7 @@ def _scan(reader: ReadAhead, name: str, size: int) -> Index:
             i, chain, lengths = int(chain[-1]), chain[:-1], lengths[:-1]
         if len(chain):
             _check_sums(rows, chain, at, name)
-        if len(chain) and pax == _NO_PAX and _plain_files(rows, chain, lengths, at, size):
+        if len(chain) and pax == _NO_PAX and _plain_files(rows, chain, lengths, at, reader.size):
             # Only files, and pax headers of times (webdataset's shards, GNU tar's): the
             # names are all that is left to read one by one.
             files = rows[chain, 156] != _PAX_HEADER
@@ -139,7 +169,7 @@ def _scan(reader: ReadAhead, name: str, size: int) -> Index:
                 o = skip + c * BLOCK
                 pax = _member(
                     chunk, o, at + c * BLOCK, chunk[o + 156], length, pax, members, reader,
-                    name, size,
+                    name, reader.size,
                 )  # fmt: skip
         if zero:
             break
@@ -148,15 +178,10 @@ def _scan(reader: ReadAhead, name: str, size: int) -> Index:
             o = skip + i * BLOCK
             _check_sums(rows, np.array([i]), at - i * BLOCK, name)
             length = _number(chunk[o + 124 : o + 136], at, name)
-            pax = _member(chunk, o, at, chunk[o + 156], length, pax, members, reader, name, size)
+            pax = _member(
+                chunk, o, at, chunk[o + 156], length, pax, members, reader, name, reader.size
+            )
             at += BLOCK + -(-length // BLOCK) * BLOCK
-    else:  # no end-of-archive blocks: the file stops early
-        path = _last_member(members, runs)
-        last = f"after member {path.decode(errors='replace')!r} " if path is not None else ""
-        raise TarError(
-            f"{name}: truncated: it stops {last}at byte {min(at, size)} of {size}, before the "
-            "tar end-of-archive marker."
-        )
     if not members:  # every member on the fast path: grouped without a loop as well
         if not runs:
             return group([], name)
@@ -261,7 +286,7 @@ def _plain_files(
 def _member(
     buffer: bytes, o: int, at: int, kind: int, length: int,
     pax: tuple[bytes | None, int | None], members: list[tuple[bytes, int, int]],
-    reader: ReadAhead, name: str, size: int,
+    reader: ReadAhead | Inflating, name: str, size: int,
 ) -> tuple[bytes | None, int | None]:  # fmt: skip
     """One header at ``buffer[o]`` (byte ``at`` of the file); returns the pending pax."""
     data = at + BLOCK
@@ -285,6 +310,11 @@ def _member(
         members.append((path, data, length))
         return (None, None)
     if kind in _PAX or kind == _LONG_NAME:
+        if length > MAX_EXTENDED:  # a corrupt size, not a name: never read into memory
+            raise TarError(
+                f"{name}: the tar header at byte {at} is corrupt (an extended header of "
+                f"{length} bytes)."
+            )
         start = o + BLOCK
         records = (
             buffer[start : start + length]
@@ -295,7 +325,7 @@ def _member(
             return (records.rstrip(b"\0"), pax[1])
         if b" path=" not in records and b" size=" not in records:  # only times: nothing to us
             return pax
-        fields = _pax(records)
+        fields = _pax(records, at, name)
         path = fields["path"].encode("utf-8", "surrogateescape") if "path" in fields else pax[0]
         return (path, int(fields["size"]) if "size" in fields else pax[1])
     return pax if kind == _GLOBAL else (None, None)

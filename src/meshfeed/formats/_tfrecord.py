@@ -1,16 +1,17 @@
-"""TFRecord files read by index: ``TFRecordSource``, and ``tf.train.Example`` without TensorFlow.
+r"""TFRecord files read by index: ``TFRecordSource``, and ``tf.train.Example`` without TensorFlow.
 
 A TFRecord file is a sequence of records, each framed as an 8-byte little-endian
 length, a masked CRC32-C of those 8 bytes, the data, and a masked CRC32-C of the data.
 ``scan_tfrecord`` reads the 12-byte headers only, checking each length's CRC, and jumps
 over the data; a record is then a byte range, read with its data CRC and checked (a
-mismatch names the file, the record and its offset). CRC32-C comes from
+mismatch names the file, the record and its offset; so does a record that does not
+decode, or a feature not of the type asked for). A ``.tfrecord.gz`` file is scanned
+and read through its gzip members (``_members``). CRC32-C comes from
 ``google-crc32c`` (the ``formats`` extra); the headers' 8-byte checks fall back to a
 table in Python where it is missing.
 
-``parse_example`` reads a serialised ``tf.train.Example`` -- a protocol buffer of named
-bytes, float and int64 lists -- straight from the wire format, so TFDS and older Google
-data need no TensorFlow to load.
+Records are ``tf.train.Example``\ s read without TensorFlow (``_example``), or bytes, or
+what a function of the bytes makes of them.
 """
 
 from __future__ import annotations
@@ -24,16 +25,16 @@ import numpy as np
 
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._sources import FieldSpec, example_at, fields_text
+from meshfeed.formats._example import FeatureType, parse_example, spec_of, type_of
 from meshfeed.formats._index import INDEX_FORMAT, Index, ReadAhead
 from meshfeed.formats._indexed import FilesSource, IndexedFiles
+from meshfeed.formats._members import Inflating, compression, scan_members
 from meshfeed.storage._blob import Blob
 from meshfeed.storage._cache import CACHE_BYTES
+from meshfeed.storage._file_errors import named
 from meshfeed.storage._remote import RETRY_S
 
 OBJECT = np.dtype(object)
-FeatureType = str
-"""A feature's type with ``decode="example"``: ``"int64"``, ``"float32"``, ``"bytes"`` (one
-value each), or ``"ragged:int64"``, ``"ragged:float32"``, ``"bytes_list"`` (any number)."""
 
 
 class TFRecordError(ValueError):
@@ -76,19 +77,28 @@ def masked(crc: int) -> int:
 
 
 def scan_tfrecord(blob: Blob) -> Index:
-    """The index of one TFRecord file (the module docstring)."""
-    with ReadAhead(blob) as reader:
-        return _scan(reader, blob.path, reader.size)
+    """The index of one TFRecord file, plain or compressed (the module docstring); an
+    error names the file."""
+    kind = compression(blob.path)
+    with named(blob.path, "indexing it"):
+        if kind is not None:
+            return scan_members(blob, kind, _scan, "record")
+        with ReadAhead(blob) as reader:
+            return _scan(reader, blob.path)
 
 
-def _scan(reader: ReadAhead, name: str, size: int) -> Index:
+def _scan(reader: ReadAhead | Inflating, name: str) -> Index:
+    """The frames' headers, from one to the next; ``reader.size`` may be learnt only at
+    the end (a decompressed stream)."""
     buffer, base = b"", 0
     starts, lengths = [], []
     at = 0
-    while at < size:
+    while at < reader.size:
         if not (base <= at and at + 12 <= base + len(buffer)):
             buffer, base = reader.read(at, 12), at
         header = buffer[at - base : at - base + 12]
+        if not header and at >= reader.size:
+            break  # a decompressed stream's end, found by this read
         if len(header) < 12:
             raise TFRecordError(f"{name}: truncated: a partial record header at byte {at}.")
         length, check = struct.unpack("<QI", header)
@@ -97,115 +107,24 @@ def _scan(reader: ReadAhead, name: str, size: int) -> Index:
                 f"{name}: the record header at byte {at} is corrupt (its length's CRC); is it "
                 "a TFRecord file?"
             )
-        if at + 12 + length + 4 > size:
-            raise TFRecordError(
-                f"{name}: truncated: the record at byte {at} holds {length} bytes, the file "
-                f"ends {size - at - 12} bytes after its header."
-            )
+        if at + 12 + length + 4 > reader.size:
+            _truncated(name, at, length, reader.size)
         starts.append(at + 12)
         lengths.append(length)
         at += 12 + length + 4
+    if at > reader.size:  # a decompressed stream's last record runs past its end
+        _truncated(name, starts[-1] - 12, lengths[-1], reader.size)
     meta = {"format": INDEX_FORMAT, "kind": "tfrecord", "samples": len(starts)}
     return Index(
         meta, {"starts": np.asarray(starts, np.int64), "lengths": np.asarray(lengths, np.int64)}
     )
 
 
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, at
-        shift += 7
-
-
-def _fields(data: bytes) -> list[tuple[int, int, Any]]:
-    """(field number, wire type, value) of each field of one message."""
-    out, at = [], 0
-    while at < len(data):
-        key, at = _varint(data, at)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, at = _varint(data, at)
-        elif wire == 2:
-            length, at = _varint(data, at)
-            value, at = data[at : at + length], at + length
-        elif wire == 5:
-            value, at = data[at : at + 4], at + 4
-        elif wire == 1:
-            value, at = data[at : at + 8], at + 8
-        else:
-            raise ValueError(
-                f"a protocol buffer field of wire type {wire}, which Example does not use"
-            )
-        out.append((number, wire, value))
-    return out
-
-
-def parse_example(data: bytes) -> dict[str, Any]:
-    """A serialised ``tf.train.Example``: feature name -> a list of bytes, or a float32 or
-    int64 array, as its ``bytes_list``, ``float_list`` or ``int64_list`` holds it."""
-    out: dict[str, Any] = {}
-    for number, _, features in _fields(data):
-        if number != 1:
-            continue
-        for entry_number, _, entry in _fields(features):
-            if entry_number != 1:
-                continue
-            key, feature = "", b""
-            for n, _, v in _fields(entry):
-                if n == 1:
-                    key = v.decode()
-                elif n == 2:
-                    feature = v
-            out[key] = _feature(feature)
-    return out
-
-
-def _feature(feature: bytes) -> Any:
-    for kind, _, body in _fields(feature):
-        values = _fields(body)
-        if kind == 1:  # bytes_list
-            return [v for n, _, v in values if n == 1]
-        if kind == 2:  # float_list: packed, or one fixed32 each
-            raw = b"".join(v for n, _, v in values if n == 1)
-            return np.frombuffer(raw, "<f4").astype(np.float32)
-        if kind == 3:  # int64_list: packed varints, or one varint each
-            ints = []
-            for n, wire, v in values:
-                if n != 1:
-                    continue
-                if wire == 2:
-                    at = 0
-                    while at < len(v):
-                        x, at = _varint(v, at)
-                        ints.append(x)
-                else:
-                    ints.append(v)
-            return np.asarray(ints, np.uint64).astype(np.int64)
-    return []
-
-
-def _type_of(value: Any) -> FeatureType:
-    if isinstance(value, list):
-        return "bytes" if len(value) == 1 else "bytes_list"
-    kind = "int64" if value.dtype == np.int64 else "float32"
-    return kind if len(value) == 1 else f"ragged:{kind}"
-
-
-def _spec(kind: FeatureType, name: str) -> FieldSpec:
-    table = {
-        "int64": FieldSpec((), np.dtype(np.int64)), "float32": FieldSpec((), np.dtype(np.float32)),
-        "bytes": FieldSpec((), OBJECT), "bytes_list": FieldSpec((), OBJECT),
-        "ragged:int64": FieldSpec((None,), np.dtype(np.int64)),
-        "ragged:float32": FieldSpec((None,), np.dtype(np.float32)),
-    }  # fmt: skip
-    if kind not in table:
-        raise ValueError(f"features: {name!r} has type {kind!r}; pass one of {sorted(table)}.")
-    return table[kind]
+def _truncated(name: str, at: int, length: int, size: int) -> None:
+    raise TFRecordError(
+        f"{name}: truncated: the record at byte {at} holds {length} bytes, the file ends "
+        f"{size - at - 12} bytes after its header."
+    )
 
 
 class TFRecordSource(FilesSource):
@@ -213,7 +132,8 @@ class TFRecordSource(FilesSource):
 
     Args:
       files: paths, globs, brace patterns or URLs of ``.tfrecord`` (``.tfrecords``,
-        ``.tfrec``) files, uncompressed.
+        ``.tfrec``) files, or of ``.tfrecord.gz`` files in gzip members (what
+        ``meshfeed index --seekable`` makes of TensorFlow's ``GZIP`` files).
       decode: ``None``: each record as bytes, the object field ``"record"``;
         ``"example"``: a ``tf.train.Example`` per record, a field per feature (read
         without TensorFlow); or ``fn(bytes) -> dict`` of values.
@@ -254,17 +174,15 @@ class TFRecordSource(FilesSource):
         self._check, self._decode = check_crc, decode
         if decode is None:
             self._types: dict[str, FeatureType] = {"record": "bytes"}
-        elif decode == "example":
-            first = parse_example(self._raw(np.array([0]))[0]) if len(self) else {}
-            self._types = (
-                dict(features)
-                if features is not None
-                else {k: _type_of(v) for k, v in first.items()}
-            )
+        elif features is not None:
+            self._types = dict(features)
+        elif decode == "example":  # typed from the first record
+            first = self._decoded(np.array([0]))[0][0] if len(self) else {}
+            self._types = {k: type_of(v) for k, v in first.items()}
         else:
-            first = decode(self._raw(np.array([0]))[0])
+            first = self._decoded(np.array([0]))[0][0]
             self._types = {k: "bytes" for k in first}  # objects, as a function returns them
-        self._fields = {n: _spec(k, n) for n, k in self._types.items()}
+        self._fields = {n: spec_of(k, n) for n, k in self._types.items()}
 
     @property
     def fields(self) -> Mapping[str, FieldSpec]:
@@ -282,66 +200,75 @@ class TFRecordSource(FilesSource):
             out[f] = (rows, starts, starts + arrays["lengths"][local[rows]] + 4)
         return out
 
-    def _raw(self, ids: np.ndarray) -> list[bytes]:
+    def _raw(self, ids: np.ndarray) -> tuple[list[bytes], list[tuple[str, int]]]:
+        """The records ``ids`` (their CRCs checked), and where each lies: its file and
+        its frame's byte offset (in the decompressed stream, for a compressed file)."""
         file, local = self.files.locate(ids)
         ranges = self._ranges(file, local)
-        data = self.files.read({f: (s, e) for f, (_, s, e) in ranges.items()})
+        data = self.files.read_spans({f: (s, e) for f, (_, s, e) in ranges.items()})
         out: list[bytes] = [b""] * len(file)
+        places: list[tuple[str, int]] = [("", 0)] * len(file)
         for f, (rows, starts, _) in ranges.items():
-            for row, raw, start in zip(rows, data[f], starts, strict=True):
-                record = raw[:-4]
+            path = self.files.paths[f]
+            for row, raw, start in zip(rows.tolist(), data[f], starts.tolist(), strict=True):
+                record, places[row] = raw[:-4], (path, start - 12)
                 if self._check and masked(crc32c(record)) != struct.unpack("<I", raw[-4:])[0]:
                     raise TFRecordError(
-                        f"{self.files.paths[f]}: the record at byte {int(start) - 12} does not "
-                        "match its CRC: the file is corrupt."
+                        f"{path}: the record at byte {start - 12} does not match its CRC: the "
+                        "file is corrupt."
                     )
                 out[row] = record
-        return out
+        return out, places
+
+    def _decoded(self, ids: np.ndarray) -> tuple[list[Mapping[str, Any]], list[tuple[str, int]]]:
+        """``_raw``, each record decoded; a record that does not decode is named."""
+        raws, places = self._raw(ids)
+        decode = parse_example if self._decode == "example" else self._decode
+        assert callable(decode)
+        out = []
+        for raw, (path, at) in zip(raws, places, strict=True):
+            with named(path, f"the record at byte {at}"):
+                out.append(decode(raw))
+        return out, places
 
     def __getitem__(self, ids: np.ndarray | int) -> dict[str, Any]:
         """The records ``ids``: per field an array (or ``Ragged``) with a row per id."""
         if isinstance(ids, int | np.integer):  # source[i]: one example
             return example_at(self, ids)
-        raws = self._raw(ids)
         if self._decode is None:
-            column = np.empty(len(raws), OBJECT)
-            column[:] = raws
-            return {"record": column}
-        decoded = [parse_example(r) if self._decode == "example" else self._decode(r) for r in raws]  # type: ignore[operator]
+            raws, _ = self._raw(ids)
+            return {"record": _objects(raws)}
+        decoded, places = self._decoded(ids)
         out: dict[str, Any] = {}
         for name, spec in self._fields.items():
-            try:
-                values = [d[name] for d in decoded]
-            except KeyError:
-                row = next(i for i, d in enumerate(decoded) if name not in d)
-                raise TFRecordError(
-                    f"record {int(np.asarray(ids)[row])} of {self.files.name} has no feature "
-                    f"{name!r}."
-                ) from None
+            values = []
+            for d, (path, at) in zip(decoded, places, strict=True):
+                if name not in d:
+                    raise TFRecordError(f"{path}, the record at byte {at}: no feature {name!r}.")
+                values.append(d[name])
+            if callable(self._decode):  # a function's values, as it returns them
+                out[name] = _objects(values)
+                continue
             kind = self._types[name]
+            for v, (path, at) in zip(values, places, strict=True):
+                _check_feature(v, kind, name, path, at)
             if spec.ragged:
                 out[name] = Ragged.from_list(
                     [np.asarray(v, spec.dtype) for v in values], dtype=spec.dtype
                 )
-            elif spec.dtype == OBJECT:
-                column = np.empty(len(values), OBJECT)
-                column[:] = [v[0] if kind == "bytes" and isinstance(v, list) else v for v in values]
-                out[name] = column
+            elif kind == "bytes_list":
+                out[name] = _objects(values)
+            elif kind == "bytes":
+                out[name] = _objects([v[0] for v in values])
             else:
-                if any(len(v) != 1 for v in values):
-                    row = next(i for i, v in enumerate(values) if len(v) != 1)
-                    raise TFRecordError(
-                        f"record {int(np.asarray(ids)[row])} of {self.files.name}: feature "
-                        f"{name!r} holds {len(values[row])} values, not one; type it "
-                        f"'ragged:{kind}' in features=."
-                    )
                 out[name] = np.asarray([v[0] for v in values], spec.dtype)
         return out
 
     def fetches(self, ids: np.ndarray) -> tuple[int, int]:
         """The requests and bytes reading ``ids`` asks a store for."""
         file, local = self.files.locate(ids)
-        return self.files.fetches({f: (s, e) for f, (_, s, e) in self._ranges(file, local).items()})
+        ranges = self._ranges(file, local)
+        return self.files.span_fetches({f: (s, e) for f, (_, s, e) in ranges.items()})
 
     @property
     def fingerprint(self) -> dict[str, Any]:
@@ -350,3 +277,29 @@ class TFRecordSource(FilesSource):
 
     def __repr__(self) -> str:
         return f"TFRecordSource({self.name!r}, {len(self)} records; {fields_text(self._fields)})"
+
+
+def _objects(values: list[Any]) -> np.ndarray:
+    """``values`` as an object array, one element each (lists stay lists)."""
+    column = np.empty(len(values), OBJECT)
+    for i, value in enumerate(values):
+        column[i] = value
+    return column
+
+
+def _check_feature(value: Any, kind: FeatureType, name: str, path: str, at: int) -> None:
+    """Refuses a feature whose values are not of its type, or not one where it is typed
+    as one value: a value the record does not hold never reaches a batch."""
+    want = kind.removeprefix("ragged:").removesuffix("_list")
+    held = str(value.dtype) if isinstance(value, np.ndarray) else "bytes" if value else want
+    if held != want:  # (a feature with no list at all holds no values: any type)
+        raise TFRecordError(
+            f"{path}, the record at byte {at}: feature {name!r} holds {held} values, but "
+            f"features= types it {kind!r}."
+        )
+    if kind in ("int64", "float32", "bytes") and len(value) != 1:
+        other = "bytes_list" if kind == "bytes" else f"ragged:{kind}"
+        raise TFRecordError(
+            f"{path}, the record at byte {at}: feature {name!r} holds {len(value)} values, not "
+            f"one; type it {other!r} in features=."
+        )
