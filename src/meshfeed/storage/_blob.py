@@ -185,9 +185,8 @@ class Blob:
 
     def _check_first(self) -> None:
         expected = self._expected
-        if expected is not None and expected.pending:  # not pending: checked, or checking
-            expected.settle(self)  # (its check reads the file: back here, not pending)
-            self._expected = None  # checked: later reads skip this
+        if expected is not None and expected.pending:  # other threads wait for the check;
+            expected.settle(self)  # its own reads come back here and pass
 
     def read_into(self, views: Sequence[memoryview], starts: Sequence[int]) -> None:
         """Fills each view from its offset (local files: straight into the view)."""
@@ -244,9 +243,7 @@ class Blob:
         expected = self._expected
         if expected is None or not expected.pending:
             return None
-        data = first_range(self, expected, start, end)
-        self._expected = None  # checked (first_range raised if the file changed)
-        return data
+        return first_range(self, expected, start, end)  # raises if the file changed
 
     def _open_fd(self) -> int:
         try:

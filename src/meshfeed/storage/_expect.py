@@ -44,7 +44,8 @@ class ChangedError(ValueError):
 
 class Expectation:
     """A file's size (``None``: left to ``check``), ETag and ``check(blob)``, until the
-    first read has checked them (``pending``)."""
+    first read has checked them (``pending``). Every other thread's read waits for the
+    check (it reads nothing a failed check would refuse); the check's own reads pass."""
 
     def __init__(
         self, size: int | None, etag: str | None, check: Callable[[Any], None] | None
@@ -52,9 +53,16 @@ class Expectation:
         self.size, self.etag, self.check = size, etag, check
         self.pending = True
         self.lock = threading.Lock()  # one first-read check at a time
+        self._checker: int | None = None  # the thread running ``check``
+
+    def checking_here(self) -> bool:
+        """Whether this thread is running the check (whose own reads must not wait)."""
+        return self._checker == threading.get_ident()
 
     def settle(self, blob: Blob, answer: tuple[int, str | None] | None = None) -> None:
         """Check ``blob`` (``answer``: the size and ETag its first read's reply gave)."""
+        if self.checking_here():
+            return
         with self.lock:
             if not self.pending:
                 return
@@ -69,16 +77,16 @@ class Expectation:
                     f"{blob.path} has ETag {got_etag}, its catalog says {self.etag}: it was "
                     f"replaced since the catalog was written. {WRITE_AGAIN}"
                 )
-            self.pending = False  # before check: it reads the file itself
             if self.check is not None:
+                self._checker = threading.get_ident()  # it reads the file itself
                 try:
                     self.check(blob)
-                except BaseException:
-                    self.pending = True
-                    raise
+                finally:
+                    self._checker = None
+            self.pending = False
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "lock": None}
+        return {**self.__dict__, "lock": None, "_checker": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -104,6 +112,8 @@ def first_range(blob: Blob, expected: Expectation, start: int, end: int) -> byte
     own headers (one request, the read itself); elsewhere the check asks ``info`` and
     ``None`` lets the read go on as usual."""
     fs, fs_path = blob.filesystem
+    if expected.checking_here():
+        return None  # the check's own read: read on as usual
     if getattr(fs, "_call_s3", None) is None or end <= start:
         expected.settle(blob)
         return None

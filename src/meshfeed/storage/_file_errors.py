@@ -9,8 +9,11 @@ a byte offset), with the library's error as its cause.
 
 The storage's own errors pass through as they are: a ``Blob`` already names its file,
 and an ``OSError`` from it is the store speaking (down, missing, denied), which
-``on_error="skip"`` must not turn into skipped records. A ``BadFileError`` is the data's
-fault, a ``ValueError``, so ``on_error="skip"`` skips the examples it holds.
+``on_error="skip"`` must not turn into skipped records; so does any ``OSError``
+subclass (``FileNotFoundError``, ``PermissionError``, ``TimeoutError``, ...). A plain
+``OSError`` that does not name the file is a parser's (pyarrow raises its own so). A
+``BadFileError`` is the data's fault, a ``ValueError``, so ``on_error="skip"`` skips the
+examples it holds.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ def named(path: str, where: str = "") -> Iterator[None]:
     except (BadFileError, MemoryError):  # named already; the machine's, not the file's
         raise
     except Exception as error:
-        if names_file(error, path):
-            raise
+        if names_file(error, path) or (isinstance(error, OSError) and type(error) is not OSError):
+            raise  # the store's word (missing, denied, timed out), or named already
         place = f", {where}" if where else ""
         text = str(error).strip() or "(no message)"
         raise BadFileError(f"{path}{place}: {type(error).__name__}: {text}") from error
