@@ -9,6 +9,7 @@ import gzip
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 import time
@@ -37,6 +38,9 @@ from formats_fns import (
     write_tfrecord,
     write_tfrecord_gz,
     write_wds,
+)
+from formats_fns import (
+    source as make_source,
 )
 from meshfeed.testing import Proxy, run_in_processes
 from multiprocess_fns import assemble
@@ -452,3 +456,24 @@ def test_a_tfrecord_that_does_not_parse_or_holds_another_type_is_named(tmp_path)
         r"but features= types it 'int64'",
     ):
         typed[np.array([1])]
+
+
+def test_every_format_says_where_an_example_is_and_a_record_transforms_error_says_it(files):
+    byte0 = "the record at byte 0"
+    places = {"tar": r"sample '\w+'", "jsonl": byte0, "tfrecord": byte0}
+    mesh = meshfeed.make_mesh(data=2, devices=jax.devices()[:2])
+
+    def fails(record, rng):
+        raise ValueError("cannot use this one")
+
+    for kind, paths in files.items():
+        source = make_source(kind, paths)
+        assert isinstance(source, meshfeed.sources.Origins)
+        assert re.fullmatch(rf"{re.escape(paths[0])}, {places[kind]}", source.origin(0)), kind
+        loader = meshfeed.Loader(
+            source, global_batch_size=2, shuffle=False, prefetch=0,
+            sharding=meshfeed.batch_sharding(mesh), record_transform=fails,
+        )  # fmt: skip
+        where = re.escape(source.origin(0))
+        with pytest.raises(RuntimeError, match=rf"raised on example 0 \({where}\)"):
+            next(iter(loader))

@@ -252,6 +252,15 @@ class FilesSource:
         """The files, for messages."""
         return self.files.name
 
+    def origin(self, index: int) -> str:
+        """Where example ``index`` is, for messages: ``<file>, <its place there>``."""
+        file, local = self.files.locate(np.asarray([index]))
+        return f"{self.files.paths[int(file[0])]}, {self.place(int(file[0]), int(local[0]))}"
+
+    def place(self, f: int, row: int) -> str:
+        """Where sample ``row`` of file ``f`` is in it (each format says it its way)."""
+        return f"sample {row}"
+
     @property
     def requests(self) -> int:
         """Range requests sent to the store so far."""

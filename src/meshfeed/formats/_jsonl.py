@@ -312,14 +312,12 @@ class JsonlSource(FilesSource):
                 out[valid_name(name)] = valid
         return {name: out[name] for name in self._fields}
 
-    def origin(self, index: int) -> str:
-        """Where example ``index`` is, for messages: ``<file>, the record at byte N``."""
-        file, local = self.files.locate(np.asarray([index]))
-        f, row = int(file[0]), int(local[0])
+    def place(self, f: int, row: int) -> str:
+        """``the record at byte N``: where record ``row`` of file ``f`` starts."""
         offset = int(self.files.index(f).arrays["starts"][row])
         compressed = "members" in self.files.index(f).arrays
         where = "byte (of the decompressed text)" if compressed else "byte"
-        return f"{self.files.paths[f]}, the record at {where} {offset}"
+        return f"the record at {where} {offset}"
 
     def fetches(self, ids: np.ndarray) -> tuple[int, int]:
         """The requests and bytes reading ``ids`` asks a store for."""

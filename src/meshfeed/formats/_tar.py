@@ -154,6 +154,10 @@ class TarSource(FilesSource):
             return int(meta["missing"].get(ext, 0))
         return int((self.files.index(f).arrays["offsets"][:, columns[ext]] < 0).sum())
 
+    def place(self, f: int, row: int) -> str:
+        """``sample '<key>'``: where sample ``row`` of shard ``f`` is, by its key."""
+        return f"sample {self._key_of(f, row)!r}"
+
     def _key_of(self, f: int, row: int) -> str:
         arrays = self.files.index(f).arrays
         a, b = arrays["key_offsets"][row], arrays["key_offsets"][row + 1]

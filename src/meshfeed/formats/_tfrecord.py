@@ -264,6 +264,10 @@ class TFRecordSource(FilesSource):
                 out[name] = np.asarray([v[0] for v in values], spec.dtype)
         return out
 
+    def place(self, f: int, row: int) -> str:
+        """``the record at byte N``: where record ``row`` of file ``f``'s frame starts."""
+        return f"the record at byte {int(self.files.index(f).arrays['starts'][row]) - 12}"
+
     def fetches(self, ids: np.ndarray) -> tuple[int, int]:
         """The requests and bytes reading ``ids`` asks a store for."""
         file, local = self.files.locate(ids)
