@@ -43,6 +43,7 @@ from meshfeed.storage._compressed import (
     compression_of,
     inflate_member,
 )
+from meshfeed.storage._file_errors import named
 
 MAX_MEMBER = 16 << 20
 """The largest decompressed member a read of one sample may decompress (16 MiB)."""
@@ -143,6 +144,17 @@ class Inflating:
     def __exit__(self, *exc: Any) -> None:
         self._pieces.close()
         self._reader.__exit__(*exc)
+
+
+def scan_file(blob: Blob, scan: Callable[[Any, str], Index], what: str) -> Index:
+    """``scan(reader, name)`` over a file, plain or compressed (its members read as they
+    decompress); an error names the file. ``what``: its unit, ``"sample"``."""
+    kind = compression(blob.path)
+    with named(blob.path, "indexing it"):
+        if kind is not None:
+            return scan_members(blob, kind, scan, what)
+        with ReadAhead(blob) as reader:
+            return scan(reader, blob.path)
 
 
 def scan_members(

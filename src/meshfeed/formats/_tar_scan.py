@@ -29,10 +29,9 @@ from __future__ import annotations
 import numpy as np
 
 from meshfeed.formats._index import Index, ReadAhead
-from meshfeed.formats._members import Inflating, compression, scan_members
+from meshfeed.formats._members import Inflating, scan_file
 from meshfeed.formats._tar_keys import TarError, group, group_names
 from meshfeed.storage._blob import Blob
-from meshfeed.storage._file_errors import named
 
 BLOCK = 512
 MAX_EXTENDED = 1 << 20
@@ -118,12 +117,7 @@ def _check_sums(rows: np.ndarray, chain: np.ndarray, base: int, name: str) -> No
 def scan_tar(blob: Blob) -> Index:
     """The index of one tar shard, plain or compressed (the module docstring); an error
     names the shard."""
-    kind = compression(blob.path)
-    with named(blob.path, "indexing it"):
-        if kind is not None:
-            return scan_members(blob, kind, _scan, "sample")
-        with ReadAhead(blob) as reader:
-            return _scan(reader, blob.path)
+    return scan_file(blob, _scan, "sample")
 
 
 def _scan(reader: ReadAhead | Inflating, name: str) -> Index:

@@ -28,7 +28,7 @@ from meshfeed.data._sources import FieldSpec, example_at, fields_text
 from meshfeed.formats._example import FeatureType, parse_example, spec_of, type_of
 from meshfeed.formats._index import INDEX_FORMAT, Index, ReadAhead
 from meshfeed.formats._indexed import FilesSource, IndexedFiles
-from meshfeed.formats._members import Inflating, compression, scan_members
+from meshfeed.formats._members import Inflating, scan_file
 from meshfeed.storage._blob import Blob
 from meshfeed.storage._cache import CACHE_BYTES
 from meshfeed.storage._file_errors import named
@@ -79,12 +79,7 @@ def masked(crc: int) -> int:
 def scan_tfrecord(blob: Blob) -> Index:
     """The index of one TFRecord file, plain or compressed (the module docstring); an
     error names the file."""
-    kind = compression(blob.path)
-    with named(blob.path, "indexing it"):
-        if kind is not None:
-            return scan_members(blob, kind, _scan, "record")
-        with ReadAhead(blob) as reader:
-            return _scan(reader, blob.path)
+    return scan_file(blob, _scan, "record")
 
 
 def _scan(reader: ReadAhead | Inflating, name: str) -> Index:
