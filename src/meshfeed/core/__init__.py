@@ -6,14 +6,17 @@ process holds, so those helpers live here once. The keyed permutation is another
 shared piece: the loader's schedule orders each epoch with it, the packing plan orders
 documents with it, a mixture each pass over a source. Stages are the third: a batch size
 that ramps and mixture weights that change are both a value by step, compared the same
-way on restore. Host memory lent to arrays is the fourth: the record workers' slots and
-the record stage's buffers both reach the devices without a copy and come back only when
-no array points at them. Nothing here reads data, starts a thread or touches a device at import.
+way on restore. The context layout is another: the data layer lays rows out with it and
+the training layer restores outputs with it. Host memory lent to arrays is the last: the
+record workers' slots and the record stage's buffers both reach the devices without a
+copy and come back only when no array points at them. Nothing here reads data, starts a
+thread or touches a device at import.
 
 Modules, lowest first (each imports only modules listed before it)::
 
     _mesh          make_mesh, batch_sharding; which batch rows each device and process holds
     _permutation   Permutation: a keyed bijection on [0, n), evaluated position by position; hash64
+    _context_layout  the context layouts: a row's tokens permuted to balance causal attention
     _stages        Stages: a setting that changes at given steps; BatchSizes: steps <-> positions
     _tally         Tally: counts and seconds that several threads add to
     _held          host memory lent to arrays, given back when no array points at it; HostBuffers

@@ -16,6 +16,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _pmap_step     mode="pmap": the batch reshaped per device, the state gathered and rewrapped
     _steps         make_train_step (jit, shard_map, pmap), with donation
     _attention     segment_mask: attention inside each document of a packed row
+    _context       restore_order: a context layout undone on the devices
     _s3_checkpoints  checkpoints on S3: JAX's array serialization to TensorStore's S3 store
     _checkpoint    checkpoints (Orbax, or S3) with the loader's state beside them; async
     _writers       fit's figures to CLU, tensorboardX or W&B writers; every process's wait
@@ -31,6 +32,7 @@ of your own).
 from meshfeed.cluster._preemption import Preemption as Preemption
 from meshfeed.train._checkpoint import Checkpoints as Checkpoints
 from meshfeed.train._checkpoint import on_preemption as on_preemption
+from meshfeed.train._context import restore_order as restore_order
 from meshfeed.train._fit import EvalFn as EvalFn
 from meshfeed.train._fit import History as History
 from meshfeed.train._fit import StepFn as StepFn
@@ -54,4 +56,5 @@ __all__ = [
     "TrainStep",
     "collective_axes",
     "on_preemption",
+    "restore_order",
 ]
