@@ -230,3 +230,35 @@ def test_alongside_packs_the_named_fields_and_leaves_per_document_ones_out():
     np.testing.assert_array_equal(alone[np.arange(len(alone))]["tokens"], rows["tokens"])
     with pytest.raises(ValueError, match=r"alongside=\['label'\] names \['label'\], not other"):
         meshfeed.pack(source, 8, alongside=["label"])
+
+
+def test_lengths_and_starts_in_static_slots_give_the_segment_ids_back(capsys):
+    rng = np.random.default_rng(3)
+    seq_len, slots = 64, 5
+    lengths = [*rng.integers(1, seq_len + 1, 40), seq_len, seq_len, 3 * seq_len + 5]
+    docs = meshfeed.Ragged.from_list([np.arange(n, dtype=np.int32) % 97 + 1 for n in lengths])
+    packed = meshfeed.pack(
+        meshfeed.ArraySource({"tokens": docs}), seq_len, max_segments=slots, seq_lens=True
+    )
+    rows = packed[np.arange(len(packed))]
+    assert rows["seq_lens"].shape == (len(packed), slots)
+    assert rows["seq_starts"].shape == (len(packed), slots + 1)
+    for ids, lens, starts, positions in zip(
+        rows["segment_ids"], rows["seq_lens"], rows["seq_starts"], rows["positions"], strict=True
+    ):
+        n = int((lens >= 0).sum())
+        assert 1 <= n <= slots and (lens[:n] > 0).all() and (lens[n:] == -1).all()
+        assert (starts[: n + 1] >= 0).all() and (starts[n + 1 :] == -1).all()
+        assert starts[0] == 0 and (np.diff(starts[: n + 1]) == lens[:n]).all()
+        assert starts[n] <= seq_len  # no row holds more than its tokens
+        rebuilt = np.zeros(seq_len, np.int32)  # the runs, 1..n, padding 0 at the tail
+        for k in range(n):
+            rebuilt[starts[k] : starts[k + 1]] = k + 1
+        np.testing.assert_array_equal(rebuilt, ids)
+        np.testing.assert_array_equal(positions[: starts[n]], np.concatenate(
+            [np.arange(length) for length in lens[:n]]))  # fmt: skip
+    with pytest.raises(ValueError, match=r"seq_lens=True .* pass max_segments="):
+        meshfeed.pack(meshfeed.ArraySource({"tokens": docs}), seq_len, seq_lens=True)
+    capsys.readouterr()
+    meshfeed.pack(meshfeed.ArraySource({"tokens": docs}), 4096, plan_dir=False)
+    assert "rows of 4096 tokens hold any number of documents" in capsys.readouterr().err

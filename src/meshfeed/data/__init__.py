@@ -35,6 +35,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _pack_plan     the packing plan: which piece of which document goes in which row
     _pack_build    a kept packing plan built, a shard of windows at a time, on workers too
     _pack_store    the packing plan as data: built once beside the documents, read by range
+    _pack_fields   what a packed row holds: its fields checked; lengths and starts in static slots
     _pack          pack: documents packed into fixed rows, a source served by index
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.

@@ -8,16 +8,24 @@ same lengths, and the loader's state is still a step number. (Grain packs online
 state holds the open bins, so it cannot move to another process count.)
 
 A packed row has ``field`` (``[seq_len]``: the documents' tokens one after another,
-zeros in padding), ``segment_ids`` (1, 2, ... for the documents of the row in order, 0
-for padding) and ``positions`` (0 at each document's start). Other ragged fields of the
-source -- a loss mask, say -- are packed alongside under their own names, and must have
-the same lengths as ``field``. ``meshfeed.segment_mask`` turns segment ids into the
-attention mask that keeps each token inside its own document.
+zeros in padding), ``segment_ids`` (1, 2, ... for the documents of the row in order, in
+runs, 0 only for the padding at its tail) and ``positions`` (0 at each document's start,
+0 in padding): the form splash attention, Transformer Engine and
+``meshfeed.train.packed_attention`` take. With ``max_segments=S`` and ``seq_lens=True`` a
+row also carries ``seq_lens`` ``[S]`` (each document's length) and ``seq_starts``
+``[S+1]`` (each one's start, then the end of the last), ``int32`` and ``-1`` in unused
+slots: the form cuDNN's packed path and Transformer Engine's ``SequenceDescriptor`` take.
+Other ragged fields of the source -- a loss mask, say -- are packed alongside under their
+own names, and must have the same lengths as ``field``.
+
+Kernels that take lengths and starts compile for a static count of documents a row, so
+a long row without ``max_segments`` is said on stderr, once a process.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,6 +33,14 @@ import numpy as np
 
 from meshfeed.cluster._ray_connect import import_ray
 from meshfeed.data._pack_build import EXECUTORS, PlanExecutor
+from meshfeed.data._pack_fields import (
+    POSITIONS,
+    SEGMENT_IDS,
+    SEQ_LENS,
+    SEQ_STARTS,
+    lengths_and_starts,
+    packed_fields,
+)
 from meshfeed.data._pack_plan import (
     ALGORITHMS,
     LONG_DOCS,
@@ -41,11 +57,12 @@ from meshfeed.data._sources import (
     check_ids,
     document_lengths,
     example_at,
-    field_text,
     thread_safe,
 )
 
-SEGMENT_IDS, POSITIONS = "segment_ids", "positions"
+LONG_ROW = 4096
+"""Rows this long or longer without ``max_segments`` are said (the module docstring)."""
+_SAID: set[int] = set()  # row lengths said to have no static count of documents
 LOSS_MASK = "loss_mask"  # what prepare(chat=) writes beside the tokens: long ones truncate
 
 
@@ -70,7 +87,7 @@ class Packed:
 
     def __init__(
         self, source: Source, seq_len: int, packed: list[str], plan: PackPlan | StoredPlan,
-        stats: dict[str, int], settings: dict[str, Any],
+        stats: dict[str, int], settings: dict[str, Any], seq_lens: bool = False,
     ) -> None:  # fmt: skip
         self.source, self.seq_len, self.field = source, seq_len, packed[0]
         self.plan = plan
@@ -80,6 +97,11 @@ class Packed:
         self._fields = {name: FieldSpec((seq_len,), _dtype(source, name)) for name in self._packed}
         self._fields[SEGMENT_IDS] = FieldSpec((seq_len,), np.dtype(np.int32))
         self._fields[POSITIONS] = FieldSpec((seq_len,), np.dtype(np.int32))
+        self._max_segments = settings["max_segments"] if seq_lens else None
+        if self._max_segments is not None:
+            s = self._max_segments
+            self._fields[SEQ_LENS] = FieldSpec((s,), np.dtype(np.int32))
+            self._fields[SEQ_STARTS] = FieldSpec((s + 1,), np.dtype(np.int32))
         self._digest = plan.digest()
 
     @property
@@ -171,6 +193,10 @@ class Packed:
         positions[dest] = np.arange(total) - np.repeat(np.cumsum(length) - length, length)
         out[SEGMENT_IDS] = segment_ids.reshape(n, seq_len)
         out[POSITIONS] = positions.reshape(n, seq_len)
+        if self._max_segments is not None:
+            out[SEQ_LENS], out[SEQ_STARTS] = lengths_and_starts(
+                count, length, column, self._max_segments
+            )
         return out
 
     def __repr__(self) -> str:
@@ -191,6 +217,7 @@ def pack(
     window: int = 16_384,
     long_docs: LongDocs | None = None,
     max_segments: int | None = None,
+    seq_lens: bool = False,
     alongside: Sequence[str] | None = None,
     plan_dir: str | os.PathLike[str] | bool | None = None,
     rebuild_plan: bool = False,
@@ -223,7 +250,12 @@ def pack(
         a piece would train on an answer without its question; TRL truncates too),
         ``"split"`` for others. ``packed.stats()`` counts what was split, truncated or
         dropped.
-      max_segments: at most this many documents (pieces) in a row.
+      max_segments: at most this many documents (pieces) in a row: the static count
+        that kernels taking lengths and starts compile for (Transformer Engine's
+        ``max_segments_per_seq``). Rows of ``4096`` tokens or more without it are said
+        on stderr.
+      seq_lens: with ``max_segments=S``, rows also carry ``seq_lens`` ``[S]`` and
+        ``seq_starts`` ``[S+1]`` (the module docstring).
       alongside: the other fields packed with ``field`` (ragged, one value per token);
         default: every other field of the source. Fields not named are left out -- a
         per-document field such as an id, which a row of several documents has no
@@ -247,7 +279,8 @@ def pack(
 
     Returns:
       A ``Packed`` source: fields ``field`` (and the other packed fields), ``segment_ids``
-      and ``positions``, each ``[seq_len]``; ``packed.stats()`` tells the padding.
+      and ``positions``, each ``[seq_len]`` (and ``seq_lens``, ``seq_starts``);
+      ``packed.stats()`` tells the padding.
     """
     if not isinstance(source, Source):
         raise TypeError(f"pack takes a meshfeed.Source, got {type(source).__name__}.")
@@ -261,6 +294,13 @@ def pack(
         raise ValueError(f"window={window!r} must be an int >= 1 (documents planned together).")
     if max_segments is not None and (not _count(max_segments) or max_segments < 1):
         raise ValueError(f"max_segments={max_segments!r} must be an int >= 1, or None.")
+    if not isinstance(seq_lens, bool):
+        raise TypeError(f"seq_lens={seq_lens!r} must be True or False.")
+    if seq_lens and max_segments is None:
+        raise ValueError(
+            "seq_lens=True gives each row its documents' lengths and starts in a static "
+            "number of slots; pass max_segments= (the most documents a row may hold)."
+        )
     if not _count(seed) or seed < 0:
         raise ValueError(f"seed={seed!r} must be an int >= 0.")
     if not _count(plan_workers) or plan_workers < 1:
@@ -272,7 +312,7 @@ def pack(
         )
     if plan_executor == "ray":
         import_ray("pack(plan_executor='ray')")
-    packed = _packed_fields(source, field, alongside)
+    packed = packed_fields(source, field, alongside)
     if long_docs is None:  # never cut a masked document into a tail without its start
         long_docs = "truncate" if LOSS_MASK in packed else "split"
     if len(source) == 0:
@@ -293,8 +333,16 @@ def pack(
             source, field, seq_len, settings, where, rebuild=rebuild_plan,
             workers=plan_workers, executor=plan_executor,
         )  # fmt: skip
+    if max_segments is None and seq_len >= LONG_ROW and seq_len not in _SAID:
+        _SAID.add(seq_len)
+        sys.stderr.write(
+            f"meshfeed: pack: rows of {seq_len} tokens hold any number of documents; kernels "
+            "that take each row's lengths and starts (cuDNN, Transformer Engine) compile for "
+            "a static count: pass max_segments= (and seq_lens=True) for them.\n"
+        )
     if stored is not None:
-        return Packed(source, seq_len, packed, stored, dict(stored.record["stats"]), settings)
+        stats = dict(stored.record["stats"])
+        return Packed(source, seq_len, packed, stored, stats, settings, seq_lens)
     plan, stats = plan_packing(
         document_lengths(source, field),
         seq_len,
@@ -305,52 +353,4 @@ def pack(
         long_docs=long_docs,
         max_segments=max_segments,
     )
-    return Packed(source, seq_len, packed, plan, stats, settings)
-
-
-def _packed_fields(source: Source, field: str, alongside: Sequence[str] | None) -> list[str]:
-    """``field`` and the fields packed with it, checked."""
-    fields = dict(source.fields)
-    if field not in fields:
-        ragged = [k for k, s in fields.items() if s.ragged]
-        raise ValueError(
-            f"pack(field={field!r}): the source has no such field; its fields are "
-            f"{list(fields)}. Pass field= naming the token field, one of {ragged}."
-        )
-    for name in (SEGMENT_IDS, POSITIONS):
-        if name in fields:
-            raise ValueError(
-                f"the source has a field named {name!r}, which pack adds itself; rename it."
-            )
-    if alongside is None:
-        alongside = [name for name in fields if name != field]
-    elif isinstance(alongside, str) or not all(isinstance(a, str) for a in alongside):
-        raise TypeError(f"alongside={alongside!r} must be a list of field names.")
-    unknown = [a for a in alongside if a not in fields or a == field]
-    if unknown:
-        raise ValueError(
-            f"alongside={list(alongside)} names {unknown}, not other fields of the source "
-            f"({[k for k in fields if k != field]})."
-        )
-    for name in [field, *alongside]:
-        spec = fields[name]
-        documents = spec.ragged or spec.dtype == np.dtype(object)
-        if not documents:
-            raise ValueError(
-                f"pack packs documents of any length, but field {name!r} has a fixed "
-                f"shape ({field_text(spec)}). A packed row holds several documents, so a "
-                f"per-document value has no place in it: give it one value per token (a "
-                f"ragged field aligned with {field!r}), or leave it out: pack(..., "
-                f"alongside=[...]) without {name!r}."
-            )
-        if spec.ragged and len(spec.shape) > 1:
-            out = (
-                ""
-                if name == field
-                else f", or leave it out: pack(..., alongside=[...]) without {name!r}"
-            )
-            raise ValueError(
-                f"pack packs 1-D documents, but field {name!r} has documents of "
-                f"{field_text(spec)} (2-D values); flatten them{out}."
-            )
-    return [field, *alongside]
+    return Packed(source, seq_len, packed, plan, stats, settings, seq_lens)
