@@ -59,7 +59,8 @@ def test_a_null_is_never_read_as_a_number_from_parquet_datasets_or_json_lines(tm
         f.writelines(json.dumps(row) + "\n" for row in table.to_pylist())
     every = np.arange(N)
     ints = [*INTS, "bool"]
-    fill = {name: False if name == "bool" else 7 for name in ints} | {"tokens": -1}
+    fill: dict[str, int | float | bool] = {n: False if n == "bool" else 7 for n in ints}
+    fill["tokens"] = -1
     for name in FLOATS:
         fill[name] = 0.5
     sources = {

@@ -468,12 +468,13 @@ def test_every_format_says_where_an_example_is_and_a_record_transforms_error_say
 
     for kind, paths in files.items():
         source = make_source(kind, paths)
-        assert isinstance(source, meshfeed.sources.Origins)
-        assert re.fullmatch(rf"{re.escape(paths[0])}, {places[kind]}", source.origin(0)), kind
+        origins = source
+        assert isinstance(origins, meshfeed.sources.Origins)
+        assert re.fullmatch(rf"{re.escape(paths[0])}, {places[kind]}", origins.origin(0)), kind
         loader = meshfeed.Loader(
             source, global_batch_size=2, shuffle=False, prefetch=0,
             sharding=meshfeed.batch_sharding(mesh), record_transform=fails,
         )  # fmt: skip
-        where = re.escape(source.origin(0))
+        where = re.escape(origins.origin(0))
         with pytest.raises(RuntimeError, match=rf"raised on example 0 \({where}\)"):
             next(iter(loader))
