@@ -262,3 +262,13 @@ def test_lengths_and_starts_in_static_slots_give_the_segment_ids_back(capsys):
     capsys.readouterr()
     meshfeed.pack(meshfeed.ArraySource({"tokens": docs}), 4096, plan_dir=False)
     assert "rows of 4096 tokens hold any number of documents" in capsys.readouterr().err
+
+
+def test_a_large_segment_mask_points_to_packed_attention(capsys):
+    capsys.readouterr()
+    shape = jax.eval_shape(
+        meshfeed.segment_mask, jax.ShapeDtypeStruct((1, 4096), jnp.int32)
+    )  # traced only: nothing that large is built
+    assert shape.shape == (1, 4096, 4096)
+    err = capsys.readouterr().err
+    assert "[4096, 4096] booleans a row (16 MiB)" in err and "packed_attention" in err
