@@ -5,13 +5,16 @@ The sources most users need are at the top level too (``meshfeed.ArraySource``,
 ``meshfeed.mix``, ``meshfeed.index``, ``meshfeed.Ragged``); this module holds the rest:
 the readers of Parquet, Hugging Face, Grain, PyTorch and ArrayRecord datasets, of
 WebDataset tar shards, JSON Lines and TFRecord files, and the sources that ``mix``,
-``pack`` and ``select`` return.
+``pack`` and ``select`` return, and ``context_layout``: rows laid out for a context
+mesh axis.
 """
 
 from meshfeed.data._adapters import ArrayRecordSource as ArrayRecordSource
 from meshfeed.data._adapters import GrainSource as GrainSource
 from meshfeed.data._adapters import TorchSource as TorchSource
 from meshfeed.data._arrow import HFSource as HFSource
+from meshfeed.data._context_layout import ContextLayout as ContextLayout
+from meshfeed.data._context_layout import context_layout as context_layout
 from meshfeed.data._mix import Mixture as Mixture
 from meshfeed.data._pack import Packed as Packed
 from meshfeed.data._pack_plan import PackPlan as PackPlan
@@ -22,6 +25,7 @@ from meshfeed.data._sharded import ShardedSource as ShardedSource
 from meshfeed.data._sources import Column as Column
 from meshfeed.data._sources import FieldSpec as FieldSpec
 from meshfeed.data._sources import Origins as Origins
+from meshfeed.data._sources import PartialRows as PartialRows
 from meshfeed.formats._build import IndexReport as IndexReport
 from meshfeed.formats._jsonl import JsonlSource as JsonlSource
 from meshfeed.formats._tar import TarSource as TarSource
@@ -34,6 +38,7 @@ __all__ = [
     "ArrayRecordSource",
     "BadFileError",
     "Column",
+    "ContextLayout",
     "FieldSpec",
     "GrainSource",
     "HFSource",
@@ -44,6 +49,7 @@ __all__ = [
     "PackPlan",
     "Packed",
     "ParquetSource",
+    "PartialRows",
     "PrepareStatus",
     "Selection",
     "ShardedSource",
@@ -51,5 +57,6 @@ __all__ = [
     "TFRecordSource",
     "TarSource",
     "TorchSource",
+    "context_layout",
     "parse_example",
 ]

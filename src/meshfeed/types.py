@@ -5,6 +5,7 @@ meshfeed.types.ShardingArg)``); nothing here is needed to call meshfeed.
 """
 
 from meshfeed.cluster._ray_connect import RayOptions as RayOptions
+from meshfeed.core._context_layout import ContextKind as ContextKind
 from meshfeed.core._mesh import AxisTypes as AxisTypes
 from meshfeed.core._stages import BatchSizeArg as BatchSizeArg
 from meshfeed.data._bad_records import OnError as OnError
@@ -37,6 +38,7 @@ __all__ = [
     "Algorithm",
     "AxisTypes",
     "BatchSizeArg",
+    "ContextKind",
     "FeatureType",
     "Fill",
     "JsonlType",

@@ -36,7 +36,9 @@ Modules, lowest first (each imports only modules listed before it)::
     _pack_build    a kept packing plan built, a shard of windows at a time, on workers too
     _pack_store    the packing plan as data: built once beside the documents, read by range
     _pack_fields   what a packed row holds: its fields checked; lengths and starts in static slots
+    _pack_cut      packed rows read in part: only the documents that reach some positions
     _pack          pack: documents packed into fixed rows, a source served by index
+    _context_layout context_layout: every row's tokens laid out for a context mesh axis
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.
 """

@@ -33,6 +33,7 @@ import numpy as np
 
 from meshfeed.cluster._ray_connect import import_ray
 from meshfeed.data._pack_build import EXECUTORS, PlanExecutor
+from meshfeed.data._pack_cut import read_packed_at
 from meshfeed.data._pack_fields import (
     POSITIONS,
     SEGMENT_IDS,
@@ -55,6 +56,7 @@ from meshfeed.data._sources import (
     FieldSpec,
     Source,
     check_ids,
+    check_positions,
     document_lengths,
     example_at,
     thread_safe,
@@ -198,6 +200,27 @@ class Packed:
                 count, length, column, self._max_segments
             )
         return out
+
+    @property
+    def sequence_fields(self) -> tuple[str, ...]:
+        """The ``[seq_len]`` fields ``read_at`` cuts (``seq_lens`` and ``seq_starts``
+        describe the whole row)."""
+        return (*self._packed, SEGMENT_IDS, POSITIONS)
+
+    def read_at(self, ids: np.ndarray, at: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows ``ids``, each ``[seq_len]`` field cut to the positions ``at``
+        (``self[ids][field][:, at]``), reading only the documents those positions reach
+        (``PartialRows``: a device's slice of a row under a context layout)."""
+        ids = check_ids(ids, len(self), "this packed source")
+        at = check_positions(at, self.seq_len, "this packed source")
+        dtypes = {name: self._fields[name].dtype for name in self._packed}
+        cut = read_packed_at(self.source, self.plan, dtypes, self.seq_len, ids, at)
+        out = {**cut.values, SEGMENT_IDS: cut.segment_ids, POSITIONS: cut.positions}
+        if self._max_segments is not None:
+            out[SEQ_LENS], out[SEQ_STARTS] = lengths_and_starts(
+                cut.row_pieces, cut.lengths, cut.columns, self._max_segments
+            )
+        return {name: out[name] for name in self._fields}
 
     def __repr__(self) -> str:
         s = self.stats()

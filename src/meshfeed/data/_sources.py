@@ -101,6 +101,40 @@ class Origins(Protocol):
         ...
 
 
+@runtime_checkable
+class PartialRows(Protocol):
+    """A source of token rows that reads only some positions of each row.
+
+    Its *sequence fields* have shape ``[T, ...]``, dimension 0 the row's tokens (``T``
+    the row length); ``read_at(ids, at)`` reads rows ``ids`` with each of them cut to the
+    positions ``at`` along ``T`` -- ``source[ids][f][:, at]``, the same values -- and
+    every other field whole. With ``strategy="per_device"`` a device whose sharding
+    splits those fields' dimension 1 (a context axis) reads only its own slice of each
+    row through it (``meshfeed.sources.context_layout`` is such a source).
+    """
+
+    @property
+    def sequence_fields(self) -> tuple[str, ...]:
+        """The fields of shape ``[T, ...]`` that ``read_at`` cuts along ``T``."""
+        ...
+
+    def read_at(self, ids: np.ndarray, at: np.ndarray) -> Mapping[str, Column]:
+        """Rows ``ids``, each sequence field cut to positions ``at`` (``[len(ids),
+        len(at), ...]``), the other fields whole."""
+        ...
+
+
+def check_positions(at: object, length: int, name: str) -> np.ndarray:
+    """``at`` as 1-D ``int64``; raises ``IndexError`` unless every position is in
+    ``[0, length)``."""
+    out = np.asarray(at, dtype=np.int64)
+    if out.ndim != 1:
+        raise IndexError(f"positions must be a 1-D array for {name}; got shape {out.shape}.")
+    if len(out) and (out.min() < 0 or out.max() >= length):
+        raise IndexError(f"positions must be in [0, {length}) for {name} (rows of {length}).")
+    return out
+
+
 def document_lengths(source: Source, field: str, *, chunk: int = 65_536) -> np.ndarray:
     """Every document's length in ``field``: ``source.lengths(field)`` where the source
     offers it (from offsets), else the documents read ``chunk`` at a time and measured."""

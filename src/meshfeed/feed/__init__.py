@@ -20,6 +20,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _option        one Loader option defined once: a field with its group, text and check
     _options       LoaderOptions: each option defined once, checked alone and by group
     _source_check  the source checked against the options: its kind, length and fields
+    _source_rows   the source's values of a step's rows: padding, skips, a device's slice, counts
     _reader        one step's host rows: source, padding, records, transform, checks, mask
     _window        what one window of the consumer's steps measured, which _climb judges by
     _store_waits   how long reads wait on a store behind a URL: the depth that hides it

@@ -21,21 +21,22 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed.data._sources import FieldSpec, Source
+from meshfeed.data._sources import FieldSpec, PartialRows, Source
 from meshfeed.feed._options import AUTO_PLACE_THREADS, LoaderOptions
 from meshfeed.feed._pipeline import MAX_DEPTH
 from meshfeed.feed._plan import Fetches, Field, Plan, make_plan
-from meshfeed.feed._reader import (
-    HostStep,
-    Lane,
-    PendingStep,
-    SourceRows,
-    StepReader,
-    make_reader,
-)
+from meshfeed.feed._reader import HostStep, Lane, PendingStep, StepReader, make_reader
 from meshfeed.feed._schedule import RampSchedule, Schedule
-from meshfeed.feed._shardings import FieldShardings, ShardingArg, fit_to_rank, load_shardings
+from meshfeed.feed._shardings import (
+    FieldShardings,
+    SequenceCut,
+    ShardingArg,
+    fit_to_rank,
+    load_shardings,
+    sequence_cut,
+)
 from meshfeed.feed._skips import SkipLog, Skipped
+from meshfeed.feed._source_rows import SourceRows
 from meshfeed.feed._stats import PipelineStats
 from meshfeed.feed._strategies import BUILDERS
 from meshfeed.feed._stream import GlobalBatch, Stream
@@ -227,7 +228,9 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
         builder = builder or BUILDERS[plans[b].strategy]  # type: ignore[index]
         loads = load_shardings(sharding, b) if reshard else sharding
         target = FieldShardings(loads, b)
-        lanes[b] = Lane(b, target, builder.reads(target), loads)
+        cut = _cut(source, fields, options, target) if builder.cuts is not None else None
+        at = builder.cuts(target, cut) if builder.cuts is not None and cut is not None else None
+        lanes[b] = Lane(b, target, builder.reads(target), loads, cut, at)
     assert builder is not None
     place = builder.place
 
@@ -241,7 +244,7 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
         began = time.perf_counter()
         done = reader.finish(host)  # waits for record workers' rows, if any
         collected = time.perf_counter()
-        batch = place(done.rows, lane(step).target)
+        batch = place(done.rows, lane(step).target, lane(step).cut)
         placed = time.perf_counter()
         done.collect_seconds, done.place_seconds = collected - began, placed - collected
         return batch, done
@@ -266,6 +269,19 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
     workers = (options.num_workers, kind)
     stats = PipelineStats(reader, rows.tally, stream, workers)
     return Assembly(schedule, end, lanes, plans, reader, stream, timeline, stats)
+
+
+def _cut(
+    source: Source, fields: Mapping[str, FieldSpec], options: LoaderOptions, target: FieldShardings
+) -> SequenceCut | None:
+    """Where each device reads only its slice of each row: a source that reads part of a
+    row, a sharding that splits its sequence fields' dimension 1, and no transform or
+    record transform (those see whole records)."""
+    if options.transform is not None or options.record_transform is not None:
+        return None
+    if not isinstance(source, PartialRows):
+        return None
+    return sequence_cut(target, fields, source.sequence_fields)
 
 
 def _step_bytes(

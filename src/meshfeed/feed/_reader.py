@@ -1,13 +1,14 @@
 """The host side of one step: the rows this process reads, ready to be placed.
 
 ``StepReader.read(step)`` is everything a step needs before JAX: the schedule's ids for
-each row set the strategy reads, the source's values of those ids (zeros for padding),
-record transforms, the batch ``transform``, a check of the first batch's output, and
-the ``mask`` field with ``last_batch="pad"``. It is numpy work only, so the pipeline
-can run it on a background thread; placing the rows on devices is the strategy's.
-With record workers ``read`` hands the rows to them and returns a ``PendingStep`` at
-once; ``finish`` (on the consumer's thread, when the step is placed) collects them and
-does the rest, so no reader thread sits waiting on the workers. A finished step is a
+each row set the strategy reads, the source's values of those ids (``SourceRows``:
+zeros for padding, a device's slice of each row where it reads only that), record
+transforms, the batch ``transform``, a check of the first batch's output, and the
+``mask`` field with ``last_batch="pad"``. It is numpy work only, so the pipeline can
+run it on a background thread; placing the rows on devices is the strategy's. With
+record workers ``read`` hands the rows to them and returns a ``PendingStep`` at once;
+``finish`` (on the consumer's thread, when the step is placed) collects them and does
+the rest, so no reader thread sits waiting on the workers. A finished step is a
 ``HostStep``: its rows, and the examples read and skipped (``on_error="skip"``), which
 the loader counts when it hands the step out.
 """
@@ -16,22 +17,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from meshfeed.core._held import HostBuffers
 from meshfeed.core._mesh import check_sharding
 from meshfeed.core._tally import Tally
-from meshfeed.data._bad_records import Skip, find_bad, skippable
-from meshfeed.data._ragged import Ragged, empty
-from meshfeed.data._sources import FieldSpec, Source, thread_safe
+from meshfeed.data._bad_records import Skip
+from meshfeed.data._ragged import Ragged
 from meshfeed.feed._options import LoaderOptions, Transform
-from meshfeed.feed._schedule import MASK, RampSchedule, Schedule
-from meshfeed.feed._shardings import FieldShardings, ShardingArg
+from meshfeed.feed._schedule import MASK
+from meshfeed.feed._shardings import FieldShardings, SequenceCut, ShardingArg
+from meshfeed.feed._source_rows import SourceRows
 from meshfeed.workers._records import Pending, RecordStage, Rows
 
 BIG_ROW = 16 << 10
@@ -44,135 +44,18 @@ def _row_bytes(rows: SourceRows) -> int:
     return sum(math.prod(s.shape) * np.dtype(s.dtype).itemsize for s in rows.fields.values())
 
 
-class SourceRows:
-    """The source's values of some rows of a step's batch (zeros for padding).
-
-    With ``skip`` (``on_error="skip"``), a read that fails on a bad record (anything but
-    an ``OSError``: ``_bad_records``) is read again by halves to find the examples that
-    fail on their own; they become padding rows (id -1), listed in ``Rows.skipped``.
-    """
-
-    def __init__(
-        self,
-        source: Source,
-        fields: Mapping[str, FieldSpec],
-        schedule: Schedule | RampSchedule,
-        *,
-        skip: bool = False,
-    ) -> None:
-        self._source, self._fields, self._schedule = source, fields, schedule
-        self._one_at_a_time = None if thread_safe(source) else threading.Lock()
-        self._skip = skip
-        self.tally = Tally("reads", "records", "bytes", "seconds", "skipped")
-        """What this process read from the source (``loader.stats()``)."""
-
-    @property
-    def source(self) -> Source:
-        return self._source
-
-    @property
-    def fields(self) -> Mapping[str, FieldSpec]:
-        """The source's fields."""
-        return self._fields
-
-    def epochs(self, step: int, rows: np.ndarray) -> np.ndarray:
-        """The epoch of each of these batch rows of ``step``."""
-        return self._schedule.epochs(step)[rows]
-
-    def ids(self, step: int, rows: np.ndarray) -> np.ndarray:
-        """The example ids of batch rows ``rows`` of ``step`` (-1: padding)."""
-        batch_ids = self._schedule.ids(step)
-        return batch_ids if len(rows) == len(batch_ids) else batch_ids[rows]
-
-    def read(self, step: int, rows: np.ndarray) -> Rows:
-        """The values of batch rows ``rows`` of ``step``, their example ids, and the
-        examples skipped."""
-        if self._one_at_a_time is None:
-            return self._read(step, rows)
-        with self._one_at_a_time:
-            return self._read(step, rows)
-
-    def can_read_into(self) -> bool:
-        """Whether ``read_into`` may work: a source with ``read_into`` and only fixed-size
-        numeric fields."""
-        return callable(getattr(self._source, "read_into", None)) and all(
-            not spec.ragged and not np.dtype(spec.dtype).hasobject for spec in self._fields.values()
-        )
-
-    def read_into(self, step: int, rows: np.ndarray, out: Mapping[str, np.ndarray]) -> Rows | None:
-        """Rows ``rows`` of ``step`` read straight into ``out`` (one array per field),
-        when every row is an example (no padding) and the read succeeds; else ``None``
-        (nothing counted), and ``read`` is the way."""
-        began = time.perf_counter()
-        ids = self.ids(step, rows)
-        if not (ids >= 0).all():
-            return None
-        try:
-            if self._one_at_a_time is None:
-                self._source.read_into(ids, out)  # type: ignore[attr-defined]
-            else:
-                with self._one_at_a_time:
-                    self._source.read_into(ids, out)  # type: ignore[attr-defined]
-        except Exception:  # read again by ``read``: it raises, or skips, as it should
-            return None
-        return self._counted(Rows(dict(out), ids, []), len(ids), began)
-
-    def _counted(self, read: Rows, records: int, began: float) -> Rows:
-        nbytes = 0
-        for values in read.data.values():
-            nbytes += getattr(values, "nbytes", 0)
-        seconds = time.perf_counter() - began  # reads, records, bytes, seconds, skipped:
-        self.tally.add(1, records, nbytes, seconds, len(read.skipped))
-        return read
-
-    def _read(self, step: int, rows: np.ndarray) -> Rows:
-        began = time.perf_counter()
-        ids = self.ids(step, rows)
-        valid = ids >= 0
-        skipped: list[Skip] = []
-        try:  # no read at all for rows that are all padding
-            real: Mapping[str, Any] = (
-                self._source[ids]
-                if valid.all()
-                else self._source[ids[valid]]
-                if valid.any()
-                else {}
-            )
-        except Exception as error:
-            if not (self._skip and skippable(error)):
-                raise
-            bad = find_bad(self._source.__getitem__, ids[valid], error)
-            at = np.flatnonzero(valid)[[i for i, _ in bad]]
-            skipped = [(int(ids[a]), line) for a, (_, line) in zip(at, bad, strict=True)]
-            ids = ids.copy()
-            ids[at] = -1
-            valid = ids >= 0
-            real = self._source[ids[valid]] if valid.any() else {}
-        if valid.all():
-            return self._counted(Rows(dict(real), ids, skipped), len(ids), began)
-        data: dict[str, Any] = {}
-        for name, spec in self._fields.items():
-            if spec.ragged:  # padding rows are empty documents
-                data[name] = (
-                    Ragged.expand(valid, real[name])
-                    if real
-                    else empty(len(ids), spec.dtype, spec.shape[1:])
-                )  # type: ignore[arg-type]
-            else:
-                data[name] = np.zeros((len(ids), *spec.shape), spec.dtype)
-                if real:
-                    data[name][valid] = real[name]
-        return self._counted(Rows(data, ids, skipped), int(np.count_nonzero(valid)), began)
-
-
 class Lane(NamedTuple):
     """What the steps of one batch size need: where the fields go, the batch rows the
-    strategy reads on this process (one array per set), and the layout they load in."""
+    strategy reads on this process (one array per set), and the layout they load in;
+    where each row set reads only a slice of each row (``per_device``), that ``cut``
+    and each set's slice (``at``: ``None`` reads whole rows)."""
 
     size: int
     target: FieldShardings
     row_sets: list[np.ndarray]
     load_sharding: ShardingArg
+    cut: SequenceCut | None = None
+    at: list[slice | None] | None = None
 
 
 @dataclasses.dataclass
@@ -249,7 +132,11 @@ class StepReader:
         read = self._source_rows.read if self._buffers is None else self._read_into
         if self._records is not None:
             read = self._records
-        parts: list[Rows | Pending] = [read(step, rows) for rows in lane.row_sets]
+        at = lane.at or [None] * len(lane.row_sets)
+        parts: list[Rows | Pending] = [
+            read(step, rows) if a is None else self._source_rows.read(step, rows, a)
+            for rows, a in zip(lane.row_sets, at, strict=True)
+        ]
         if any(isinstance(p, Pending) for p in parts):
             return PendingStep(lane, parts)
         return self._finish(parts, lane)  # type: ignore[arg-type]
@@ -286,13 +173,15 @@ class StepReader:
             data = self._transform(data)
             self.tally.add(1, time.perf_counter() - began)  # calls, seconds
         if lane.size not in self._checked:
-            self._check_output(data, len(ids), lane.target)
+            self._check_output(data, len(ids), lane)
             self._checked.add(lane.size)
         if self._mask:
             data = {**data, MASK: ids >= 0}
         return data
 
-    def _check_output(self, data: object, rows: int, target: FieldShardings) -> None:
+    def _check_output(self, data: object, rows: int, lane: Lane) -> None:
+        target = lane.target
+        whole = {} if lane.cut is None else lane.cut.shapes  # fields perhaps read cut
         who = "transform" if self._transform is not None else "source"
         if not isinstance(data, Mapping) or not data:
             raise TypeError(
@@ -328,7 +217,7 @@ class StepReader:
                 target.of(name, array.ndim),
                 name=name,
                 global_batch_size=target.global_batch_size,
-                shape=array.shape[1:],
+                shape=whole.get(name, array.shape[1:]),
             )
 
     @property

@@ -5,12 +5,14 @@ sharding(s) and the global batch size follow the rows each device holds and the 
 this process must read (each once, replicas deduplicated); ``FieldShardings`` computes
 them once, since they are the same at every step. The ``mask`` field (added with
 ``last_batch="pad"``) takes the batch dimension of the first sharding unless named.
+``sequence_cut`` says, for a source of token rows, which slice of each row each device
+holds where a context axis splits dimension 1, so ``per_device`` reads only that.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -18,6 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from meshfeed.core._mesh import Device, batch_axes, device_rows, process_rows
+from meshfeed.data._sources import FieldSpec
 from meshfeed.feed._plan import load_sharding
 from meshfeed.feed._schedule import MASK
 
@@ -107,3 +110,44 @@ class FieldShardings:
             if (s := rows.get(device)) is not None
         }
         return np.concatenate([np.arange(a, z) for a, z in sorted(blocks)])
+
+
+class SequenceCut(NamedTuple):
+    """Where ``per_device`` reads only a slice of each row: the sequence fields read cut,
+    their whole per-example shapes, and the positions along ``T`` each device reads
+    (devices not named read whole rows)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    at: dict[Device, slice]
+
+
+def sequence_cut(
+    target: FieldShardings, fields: Mapping[str, FieldSpec], sequence_fields: Sequence[str]
+) -> SequenceCut | None:
+    """The slice of dimension 1 each local device holds of ``sequence_fields`` (shape
+    ``[T, ...]``), where that is part of a row and the same for all of them on the device;
+    ``None`` where no device holds part of a row."""
+    shapes = {
+        name: tuple(int(d) for d in fields[name].shape)
+        for name in sequence_fields
+        if name in fields and not fields[name].ragged and len(fields[name].shape) >= 1
+    }
+    b = target.global_batch_size
+    held: dict[Device, set[tuple[int, int]]] = {}
+    for name, shape in shapes.items():
+        sharding = target.of(name, 1 + len(shape))
+        for device, index in sharding.addressable_devices_indices_map((b, *shape)).items():
+            assert index is not None
+            start, stop = index[1].indices(shape[0])[:2]
+            held.setdefault(device, set()).add((start, stop))
+    lengths = {shape[0] for shape in shapes.values()}
+    if len(lengths) != 1:
+        return None
+    at = {}
+    for device, slices in held.items():
+        if len(slices) != 1:
+            continue  # the fields are split differently on this device: whole rows
+        start, stop = next(iter(slices))
+        if (start, stop) != (0, *lengths):
+            at[device] = slice(start, stop)
+    return SequenceCut(shapes, at) if at else None

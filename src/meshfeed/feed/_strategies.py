@@ -10,7 +10,10 @@ bit. They differ in what each process reads and how the arrays are assembled:
     Simple; reads ``process_count`` times more.
 ``per_device``
     one read per local device, of exactly that device's rows; replicas inside a
-    process read the same rows again.
+    process read the same rows again. A source of token rows that reads part of a row
+    (``PartialRows``: ``context_layout``) reads each device only its own slice of them
+    where the sharding splits their dimension 1 over a context axis, and no
+    ``transform`` or ``record_transform`` needs the whole records.
 ``per_process``
     one read per process of the rows its devices need, each once, then each device's
     slice of them. On one process ``make_array_from_process_local_data`` would fall
@@ -38,7 +41,13 @@ from jax.sharding import AxisType, NamedSharding
 
 from meshfeed.feed._plan import Strategy
 from meshfeed.feed._schedule import MASK
-from meshfeed.feed._shardings import FieldShardings, ShardingArg, fit_to_rank, place_host
+from meshfeed.feed._shardings import (
+    FieldShardings,
+    SequenceCut,
+    ShardingArg,
+    fit_to_rank,
+    place_host,
+)
 
 HostRows = list[dict[str, np.ndarray]]  # one dict per row set a builder reads
 
@@ -48,11 +57,14 @@ class Builder(NamedTuple):
 
     Reading (host work: the source, record transforms, ``transform``) and placing (the
     global ``jax.Array``) are separate so the Loader can read ahead on a background
-    thread while it places on the consuming one.
+    thread while it places on the consuming one. ``cuts`` (``per_device`` only) gives
+    each row set its slice of the rows' sequence fields, for a ``SequenceCut``;
+    ``place`` then takes those fields as read, cut already.
     """
 
     reads: Callable[[FieldShardings], list[np.ndarray]]
-    place: Callable[[HostRows, FieldShardings], dict[str, jax.Array]]
+    place: Callable[[HostRows, FieldShardings, SequenceCut | None], dict[str, jax.Array]]
+    cuts: Callable[[FieldShardings, SequenceCut], list[slice | None]] | None = None
 
 
 def _global_shape(array: np.ndarray, global_batch_size: int) -> tuple[int, ...]:
@@ -63,7 +75,9 @@ def _reads_global(target: FieldShardings) -> list[np.ndarray]:
     return [np.arange(target.global_batch_size)]
 
 
-def _place_global(data: HostRows, target: FieldShardings) -> dict[str, jax.Array]:
+def _place_global(
+    data: HostRows, target: FieldShardings, cut: SequenceCut | None
+) -> dict[str, jax.Array]:
     return {name: place_host(a, target.of(name, a.ndim)) for name, a in data[0].items()}
 
 
@@ -71,22 +85,33 @@ def _reads_per_device(target: FieldShardings) -> list[np.ndarray]:
     return [target.device_rows(device) for device in target.devices]
 
 
-def _place_per_device(data: HostRows, target: FieldShardings) -> dict[str, jax.Array]:
+def _cuts_per_device(target: FieldShardings, cut: SequenceCut) -> list[slice | None]:
+    return [cut.at.get(device) for device in target.devices]
+
+
+def _place_per_device(
+    data: HostRows, target: FieldShardings, cut: SequenceCut | None
+) -> dict[str, jax.Array]:
     b = target.global_batch_size
     pieces: dict[str, list[jax.Array]] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     for device, device_data in zip(target.devices, data, strict=True):
         rows = target.device_rows(device)
+        cut_here = {} if cut is None or device not in cut.at else cut.shapes
         for name, array in device_data.items():
             sharding = target.of(name, array.ndim)
             block = target.field_device_rows(name).get(device)
             if block is None:
                 continue
-            shape = shapes.setdefault(name, _global_shape(array, b))
+            whole = (b, *cut_here[name]) if name in cut_here else _global_shape(array, b)
+            shape = shapes.setdefault(name, whole)
             index = sharding.addressable_devices_indices_map(shape)[device]
             assert index is not None
             local = array[np.searchsorted(rows, np.arange(block.start, block.stop))]
-            piece = local[(slice(None), *index[1:])]
+            if name in cut_here:  # read as this device's slice of each row already
+                piece = local[(slice(None), slice(None), *index[2:])]
+            else:
+                piece = local[(slice(None), *index[1:])]
             pieces.setdefault(name, []).append(jax.device_put(piece, device))
     return {
         name: jax.make_array_from_single_device_arrays(
@@ -100,7 +125,9 @@ def _reads_per_process(target: FieldShardings) -> list[np.ndarray]:
     return [target.process_rows]
 
 
-def _place_per_process(data: HostRows, target: FieldShardings) -> dict[str, jax.Array]:
+def _place_per_process(
+    data: HostRows, target: FieldShardings, cut: SequenceCut | None
+) -> dict[str, jax.Array]:
     b = target.global_batch_size
     offsets = target.row_offsets
     out = {}
@@ -119,7 +146,7 @@ def _place_per_process(data: HostRows, target: FieldShardings) -> dict[str, jax.
 
 BUILDERS: dict[Strategy, Builder] = {
     "global": Builder(_reads_global, _place_global),
-    "per_device": Builder(_reads_per_device, _place_per_device),
+    "per_device": Builder(_reads_per_device, _place_per_device, _cuts_per_device),
     "per_process": Builder(_reads_per_process, _place_per_process),
     # On the load shardings; the move happens in `reshard`.
     "reshard": Builder(_reads_per_process, _place_per_process),
