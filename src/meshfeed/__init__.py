@@ -27,6 +27,7 @@ from meshfeed.cluster._initialize import initialize as initialize
 from meshfeed.cluster._initialize import shutdown as shutdown
 from meshfeed.cluster._initialize import watch as watch
 from meshfeed.cluster._launch import launch as launch
+from meshfeed.core._mesh import CONTEXT as CONTEXT
 from meshfeed.core._mesh import DATA as DATA
 from meshfeed.core._mesh import MODEL as MODEL
 from meshfeed.core._mesh import batch_sharding as batch_sharding
@@ -59,6 +60,7 @@ from meshfeed.train._train_state import TrainState as TrainState
 __version__ = "0.1.0"
 
 __all__ = [
+    "CONTEXT",
     "DATA",
     "MODEL",
     "ArraySource",

@@ -27,6 +27,8 @@ DATA = "data"
 use by default."""
 MODEL = "model"
 """The name of the model-parallel mesh axis in meshfeed's examples."""
+CONTEXT = "context"
+"""The name of the context axis (a row's tokens split over it) in meshfeed's examples."""
 
 AxisTypes = Literal["auto", "explicit"]
 """The kind of mesh axes ``make_mesh`` makes: JAX's ``Auto`` (the default here) or

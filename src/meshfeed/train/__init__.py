@@ -16,6 +16,8 @@ Modules, lowest first (each imports only modules listed before it)::
     _pmap_step     mode="pmap": the batch reshaped per device, the state gathered and rewrapped
     _steps         make_train_step (jit, shard_map, pmap), with donation
     _attention     segment_mask: attention inside each document of a packed row
+    _packed_attention_kernel  the blockwise kernel: online softmax, FlashAttention-2 gradient
+    _packed_attention  packed_attention: attention inside documents without a dense mask
     _context       restore_order: a context layout undone on the devices
     _s3_checkpoints  checkpoints on S3: JAX's array serialization to TensorStore's S3 store
     _checkpoint    checkpoints (Orbax, or S3) with the loader's state beside them; async
@@ -36,6 +38,7 @@ from meshfeed.train._context import restore_order as restore_order
 from meshfeed.train._fit import EvalFn as EvalFn
 from meshfeed.train._fit import History as History
 from meshfeed.train._fit import StepFn as StepFn
+from meshfeed.train._packed_attention import packed_attention as packed_attention
 from meshfeed.train._step_parts import MODES as MODES
 from meshfeed.train._step_parts import Batch as Batch
 from meshfeed.train._step_parts import LossFn as LossFn
@@ -56,5 +59,6 @@ __all__ = [
     "TrainStep",
     "collective_axes",
     "on_preemption",
+    "packed_attention",
     "restore_order",
 ]
