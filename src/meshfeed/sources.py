@@ -16,7 +16,7 @@ from meshfeed.data._arrow import HFSource as HFSource
 from meshfeed.data._context_layout import ContextLayout as ContextLayout
 from meshfeed.data._context_layout import context_layout as context_layout
 from meshfeed.data._mix import Mixture as Mixture
-from meshfeed.data._pack import Packed as Packed
+from meshfeed.data._packed import Packed as Packed
 from meshfeed.data._pack_plan import PackPlan as PackPlan
 from meshfeed.data._pack_store import StoredPlan as StoredPlan
 from meshfeed.data._parquet import ParquetSource as ParquetSource

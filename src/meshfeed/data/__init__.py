@@ -32,11 +32,15 @@ Modules, lowest first (each imports only modules listed before it)::
     _selection     Selection: the examples of a source a predicate kept, as a source
     _mix_order     which source and which of its examples fill each position, by stage
     _mix           mix: sources in proportions fixed or by stage, addressed by index
+    _row_cost      a packed row's cost as the attention kernel sees it: pairs, static, or yours
+    _balance       balanced steps: rows of even cost a step, spread over the devices by cost
     _pack_plan     the packing plan: which piece of which document goes in which row
     _pack_build    a kept packing plan built, a shard of windows at a time, on workers too
     _pack_store    the packing plan as data: built once beside the documents, read by range
     _pack_fields   what a packed row holds: its fields checked; lengths and starts in static slots
     _pack_cut      packed rows read in part: only the documents that reach some positions
+    _pack_balance  balanced steps over a plan: which plan row each served row is, kept as data
+    _packed        Packed: a packing plan served as a source, row by row
     _pack          pack: documents packed into fixed rows, a source served by index
     _context_layout context_layout: every row's tokens laid out for a context mesh axis
 

@@ -26,7 +26,7 @@ from typing import Any, cast
 import numpy as np
 
 from meshfeed.core._context_layout import ContextKind, check_layout, order
-from meshfeed.data._pack import SEGMENT_IDS
+from meshfeed.data._pack_fields import SEGMENT_IDS
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._sources import (
     Column,

@@ -26,20 +26,11 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-import numpy as np
+from collections.abc import Sequence
 
 from meshfeed.cluster._ray_connect import import_ray
 from meshfeed.data._pack_build import EXECUTORS, PlanExecutor
-from meshfeed.data._pack_cut import read_packed_at
 from meshfeed.data._pack_fields import (
-    POSITIONS,
-    SEGMENT_IDS,
-    SEQ_LENS,
-    SEQ_STARTS,
-    lengths_and_starts,
     packed_fields,
 )
 from meshfeed.data._pack_plan import (
@@ -47,19 +38,14 @@ from meshfeed.data._pack_plan import (
     LONG_DOCS,
     Algorithm,
     LongDocs,
-    PackPlan,
     plan_packing,
 )
-from meshfeed.data._pack_store import StoredPlan, location, open_plan
-from meshfeed.data._ragged import Ragged
+from meshfeed.data._pack_store import location, open_plan
+from meshfeed.data._packed import Packed
+from meshfeed.data._row_cost import Balance, check_balance
 from meshfeed.data._sources import (
-    FieldSpec,
     Source,
-    check_ids,
-    check_positions,
     document_lengths,
-    example_at,
-    thread_safe,
 )
 
 LONG_ROW = 4096
@@ -70,164 +56,6 @@ LOSS_MASK = "loss_mask"  # what prepare(chat=) writes beside the tokens: long on
 
 def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _dtype(source: Source, name: str) -> np.dtype:
-    """A packed field's dtype: a ragged field's own, or an object field's first document's."""
-    spec = source.fields[name]
-    if spec.ragged:
-        return np.dtype(spec.dtype)
-    return np.asarray(source[np.array([0])][name][0]).dtype
-
-
-def _as_ragged(values: Any) -> Ragged:
-    return values if isinstance(values, Ragged) else Ragged.from_list(list(values))
-
-
-class Packed:
-    """Rows of ``seq_len`` tokens packed from a source's documents; build with ``meshfeed.pack``."""
-
-    def __init__(
-        self, source: Source, seq_len: int, packed: list[str], plan: PackPlan | StoredPlan,
-        stats: dict[str, int], settings: dict[str, Any], seq_lens: bool = False,
-    ) -> None:  # fmt: skip
-        self.source, self.seq_len, self.field = source, seq_len, packed[0]
-        self.plan = plan
-        self._stats = stats
-        self._settings = settings
-        self._packed = packed
-        self._fields = {name: FieldSpec((seq_len,), _dtype(source, name)) for name in self._packed}
-        self._fields[SEGMENT_IDS] = FieldSpec((seq_len,), np.dtype(np.int32))
-        self._fields[POSITIONS] = FieldSpec((seq_len,), np.dtype(np.int32))
-        self._max_segments = settings["max_segments"] if seq_lens else None
-        if self._max_segments is not None:
-            s = self._max_segments
-            self._fields[SEQ_LENS] = FieldSpec((s,), np.dtype(np.int32))
-            self._fields[SEQ_STARTS] = FieldSpec((s + 1,), np.dtype(np.int32))
-        self._digest = plan.digest()
-
-    @property
-    def fields(self) -> Mapping[str, FieldSpec]:
-        """The packed fields, ``[seq_len]`` each (tokens, segment_ids, positions, ...)."""
-        return self._fields
-
-    @property
-    def thread_safe(self) -> bool:
-        """Whether rows may be read on several threads at once (if the documents' source may)."""
-        return thread_safe(self.source)
-
-    @property
-    def ordered(self) -> bool:
-        """Whether the rows must be read in order, as the documents' source must be (a
-        mixture with stages); they are packed in its order, window by window."""
-        return bool(getattr(self.source, "ordered", False))
-
-    def __len__(self) -> int:
-        """The number of packed rows."""
-        return self.plan.rows
-
-    @property
-    def fingerprint(self) -> dict[str, Any]:
-        """What the rows depend on, which the loader's state carries (the settings, the
-        plan's digest, and the packed source's own fingerprint)."""
-        inner = getattr(self.source, "fingerprint", None)
-        return {
-            "pack": {**self._settings, "seq_len": self.seq_len, "plan": self._digest},
-            **({"source": inner} if inner is not None else {}),
-        }
-
-    def stats(self) -> dict[str, float]:
-        """Documents, rows, tokens, padding (and its fraction), split, truncated and
-        dropped documents and tokens."""
-        tokens = self.plan.tokens
-        slots = self.plan.rows * self.seq_len
-        return {
-            **self._stats,
-            "rows": self.plan.rows,
-            "tokens": tokens,
-            "padding": slots - tokens,
-            "padding_fraction": (slots - tokens) / slots,
-        }
-
-    def pieces(self, row: int) -> list[tuple[int, int, int]]:
-        """The pieces of ``row``, in order: (document id, start in it, length)."""
-        _, doc, start, length = self.plan.pieces_of(np.array([row]))
-        return [(int(d), int(s), int(n)) for d, s, n in zip(doc, start, length, strict=True)]
-
-    def __getitem__(self, ids: np.ndarray | int) -> dict[str, np.ndarray]:
-        """The packed rows ``ids``, built from the documents the plan puts in them."""
-        if isinstance(ids, int | np.integer):  # source[i]: one example
-            return example_at(self, ids)
-        ids = check_ids(ids, len(self), "this packed source")
-        seq_len, n = self.seq_len, len(ids)
-        count, piece_doc, piece_start, length = self.plan.pieces_of(ids)
-        piece = np.arange(len(length))
-        row = np.repeat(np.arange(n), count)
-        # Where each piece lands in its row, and its number in the row (1, 2, ...).
-        ends = np.cumsum(length)
-        row_first = np.repeat(np.cumsum(count) - count, count)
-        column = ends - length - (ends - length)[row_first] if len(piece) else length
-        segment = np.arange(len(piece)) - row_first + 1
-        docs, which = np.unique(piece_doc, return_inverse=True)
-        read = self.source[docs]
-        total = int(length.sum())
-        dest = np.repeat(row * seq_len + column - np.cumsum(length) + length, length)
-        dest += np.arange(total)
-        out: dict[str, np.ndarray] = {}
-        lengths = None
-        for name in self._packed:
-            documents = _as_ragged(read[name])
-            if lengths is None:
-                lengths = documents.lengths
-            elif not np.array_equal(documents.lengths, lengths):
-                raise ValueError(
-                    f"field {name!r} has documents of other lengths than {self.field!r}; "
-                    "pack packs fields alongside only when they align token for token."
-                )
-            start = documents.offsets[which.reshape(-1)] + piece_start
-            src = np.repeat(start - np.cumsum(length) + length, length) + np.arange(total)
-            flat = np.zeros(n * seq_len, documents.dtype)
-            flat[dest] = documents.values[src]
-            out[name] = flat.reshape(n, seq_len)
-        segment_ids = np.zeros(n * seq_len, np.int32)
-        segment_ids[dest] = np.repeat(segment, length)
-        positions = np.zeros(n * seq_len, np.int32)
-        positions[dest] = np.arange(total) - np.repeat(np.cumsum(length) - length, length)
-        out[SEGMENT_IDS] = segment_ids.reshape(n, seq_len)
-        out[POSITIONS] = positions.reshape(n, seq_len)
-        if self._max_segments is not None:
-            out[SEQ_LENS], out[SEQ_STARTS] = lengths_and_starts(
-                count, length, column, self._max_segments
-            )
-        return out
-
-    @property
-    def sequence_fields(self) -> tuple[str, ...]:
-        """The ``[seq_len]`` fields ``read_at`` cuts (``seq_lens`` and ``seq_starts``
-        describe the whole row)."""
-        return (*self._packed, SEGMENT_IDS, POSITIONS)
-
-    def read_at(self, ids: np.ndarray, at: np.ndarray) -> dict[str, np.ndarray]:
-        """Rows ``ids``, each ``[seq_len]`` field cut to the positions ``at``
-        (``self[ids][field][:, at]``), reading only the documents those positions reach
-        (``PartialRows``: a device's slice of a row under a context layout)."""
-        ids = check_ids(ids, len(self), "this packed source")
-        at = check_positions(at, self.seq_len, "this packed source")
-        dtypes = {name: self._fields[name].dtype for name in self._packed}
-        cut = read_packed_at(self.source, self.plan, dtypes, self.seq_len, ids, at)
-        out = {**cut.values, SEGMENT_IDS: cut.segment_ids, POSITIONS: cut.positions}
-        if self._max_segments is not None:
-            out[SEQ_LENS], out[SEQ_STARTS] = lengths_and_starts(
-                cut.row_pieces, cut.lengths, cut.columns, self._max_segments
-            )
-        return {name: out[name] for name in self._fields}
-
-    def __repr__(self) -> str:
-        s = self.stats()
-        return (
-            f"Packed({len(self)} rows of {self.seq_len} from {s['documents']} documents, "
-            f"{100 * s['padding_fraction']:.1f}% padding)"
-        )
 
 
 def pack(
@@ -241,6 +69,9 @@ def pack(
     long_docs: LongDocs | None = None,
     max_segments: int | None = None,
     seq_lens: bool = False,
+    balance: Balance | None = None,
+    token_cost: float = 0.0,
+    step_rows: int | None = None,
     alongside: Sequence[str] | None = None,
     plan_dir: str | os.PathLike[str] | bool | None = None,
     rebuild_plan: bool = False,
@@ -279,6 +110,18 @@ def pack(
         on stderr.
       seq_lens: with ``max_segments=S``, rows also carry ``seq_lens`` ``[S]`` and
         ``seq_starts`` ``[S+1]`` (the module docstring).
+      balance: serve the rows in steps of even cost, the cost of a row as the attention
+        kernel sees it: ``"pairs"`` (``Σ L(L+1)/2`` over its documents: kernels that skip
+        work between documents, such as cuDNN, Transformer Engine, tokamax on GPU and
+        ``meshfeed.train.packed_attention``), ``"static"`` (every row the cost of a full
+        one: splash attention on TPU, where balancing reduces to padding), or a function
+        of a row's document lengths. The loader then takes ``step_rows`` rows a step,
+        spread over the data-parallel devices by cost. The rows are the plan's own (the
+        same multiset an epoch): only which rows make a step changes.
+      token_cost: with ``balance``, a cost per token added to each row's (the work that
+        grows with tokens alone; about ``6 * d_model`` in pairs for a transformer).
+      step_rows: with ``balance``, the rows of a step: the loader's
+        ``global_batch_size``. Empty rows make the last step whole.
       alongside: the other fields packed with ``field`` (ragged, one value per token);
         default: every other field of the source. Fields not named are left out -- a
         per-document field such as an id, which a row of several documents has no
@@ -319,6 +162,20 @@ def pack(
         raise ValueError(f"max_segments={max_segments!r} must be an int >= 1, or None.")
     if not isinstance(seq_lens, bool):
         raise TypeError(f"seq_lens={seq_lens!r} must be True or False.")
+    if balance is not None:
+        check_balance(balance, token_cost)
+        if step_rows is None:
+            raise ValueError(
+                "balance= serves the rows in steps of even cost; pass step_rows= (the rows "
+                "of a step: the loader's global_batch_size)."
+            )
+    if step_rows is not None and (not _count(step_rows) or step_rows < 1):
+        raise ValueError(f"step_rows={step_rows!r} must be an int >= 1 (rows a step).")
+    if step_rows is not None and balance is None:
+        raise ValueError(
+            f"step_rows={step_rows} groups rows into steps by their cost; pass balance= "
+            "('pairs', 'static' or a function of a row's document lengths)."
+        )
     if seq_lens and max_segments is None:
         raise ValueError(
             "seq_lens=True gives each row its documents' lengths and starts in a static "
@@ -363,9 +220,16 @@ def pack(
             "that take each row's lengths and starts (cuDNN, Transformer Engine) compile for "
             "a static count: pass max_segments= (and seq_lens=True) for them.\n"
         )
+    balanced = None if balance is None else (balance, float(token_cost), int(step_rows or 1))
+    if balance == "static":
+        sys.stderr.write(
+            "meshfeed: pack: balance='static': every row costs a full one to this kernel, so "
+            "steps are even as they come; what is left to win is padding "
+            "(packed.stats()['padding_fraction']).\n"
+        )
     if stored is not None:
         stats = dict(stored.record["stats"])
-        return Packed(source, seq_len, packed, stored, stats, settings, seq_lens)
+        return Packed(source, seq_len, packed, stored, stats, settings, seq_lens, balanced)
     plan, stats = plan_packing(
         document_lengths(source, field),
         seq_len,
@@ -376,4 +240,4 @@ def pack(
         long_docs=long_docs,
         max_segments=max_segments,
     )
-    return Packed(source, seq_len, packed, plan, stats, settings, seq_lens)
+    return Packed(source, seq_len, packed, plan, stats, settings, seq_lens, balanced)

@@ -124,6 +124,24 @@ class PartialRows(Protocol):
         ...
 
 
+@runtime_checkable
+class BalancedSteps(Protocol):
+    """A source that serves its rows in steps of even cost (``meshfeed.pack(...,
+    balance=, step_rows=G)``): each run of ``step_rows`` rows, from a multiple of it,
+    is one step's. A loader takes a run a step, the runs in a keyed shuffled order, and
+    deals each step's rows to the data-parallel devices by ``row_costs``.
+    """
+
+    @property
+    def step_rows(self) -> int | None:
+        """Rows a step takes (``None``: the rows make no steps)."""
+        ...
+
+    def row_costs(self, ids: np.ndarray) -> np.ndarray:
+        """The cost of rows ``ids`` (``float64``), as the attention kernel sees it."""
+        ...
+
+
 def check_positions(at: object, length: int, name: str) -> np.ndarray:
     """``at`` as 1-D ``int64``; raises ``IndexError`` unless every position is in
     ``[0, length)``."""

@@ -19,6 +19,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _skips         the examples on_error="skip" skipped, and the budget max_skipped sets
     _option        one Loader option defined once: a field with its group, text and check
     _options       LoaderOptions: each option defined once, checked alone and by group
+    _balanced      a balanced source's steps of even cost, dealt to the devices by cost
     _source_check  the source checked against the options: its kind, length and fields
     _source_rows   the source's values of a step's rows: padding, skips, a device's slice, counts
     _reader        one step's host rows: source, padding, records, transform, checks, mask

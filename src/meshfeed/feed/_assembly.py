@@ -20,8 +20,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+from jax.sharding import NamedSharding
 
-from meshfeed.data._sources import FieldSpec, PartialRows, Source
+from meshfeed.core._mesh import num_batch_shards
+from meshfeed.data._sources import BalancedSteps, FieldSpec, PartialRows, Source
+from meshfeed.feed._balanced import BalancedSchedule, step_rows
 from meshfeed.feed._options import AUTO_PLACE_THREADS, LoaderOptions
 from meshfeed.feed._pipeline import MAX_DEPTH
 from meshfeed.feed._plan import Fetches, Field, Plan, make_plan
@@ -216,8 +219,8 @@ class AssemblyViews:
 
 def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOptions) -> Assembly:
     """The parts of a loader over ``source`` with ``options`` (already checked)."""
-    schedule, end = _schedule(len(source), options)
     sharding, reshard = options.sharding, options.strategy == "reshard"
+    schedule, end = _schedule(source, options)
     plans: dict[int, Plan] = {}
     lanes: dict[int, Lane] = {}
     builder = None
@@ -267,7 +270,10 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
     kind = options.worker_type
     kind = (kind if isinstance(kind, str) else "ray") if options.num_workers else "inline"
     workers = (options.num_workers, kind)
-    stats = PipelineStats(reader, rows.tally, stream, workers)
+    stats = PipelineStats(
+        reader, rows.tally, stream, workers,
+        schedule if isinstance(schedule, BalancedSchedule) else None,
+    )  # fmt: skip
     return Assembly(schedule, end, lanes, plans, reader, stream, timeline, stats)
 
 
@@ -306,10 +312,21 @@ def _place_threads(options: LoaderOptions, lanes: Iterable[Lane]) -> int:
     return 0 if all(d.platform == "cpu" for d in devices) else AUTO_PLACE_THREADS
 
 
-def _schedule(n: int, options: LoaderOptions) -> tuple[Schedule | RampSchedule, int | None]:
-    """The schedule of ``n`` examples under ``options``, and the step after the run's last."""
-    epochs, shuffle, seed = options.num_epochs, options.shuffle, options.seed
+def _schedule(source: Source, options: LoaderOptions) -> tuple[Schedule | RampSchedule, int | None]:
+    """The schedule of ``source``'s examples under ``options``, and the step after the
+    run's last."""
+    n, epochs, shuffle, seed = len(source), options.num_epochs, options.shuffle, options.seed
     block, window = options.shuffle_block, options.window
+    rows = step_rows(source, options)
+    if rows is not None:  # a balanced source: its steps, dealt to the devices by cost
+        assert isinstance(source, BalancedSteps)
+        sharding = options.sharding
+        first = sharding if isinstance(sharding, NamedSharding) else next(iter(sharding.values()))
+        balanced = BalancedSchedule(
+            n, rows, shuffle=shuffle, seed=seed, costs=source.row_costs,
+            devices=num_batch_shards(first),
+        )  # fmt: skip
+        return balanced, None if epochs is None else epochs * balanced.steps_per_epoch
     if not options.ramp:
         b = options.batch_sizes.size(0)
         fixed = Schedule(

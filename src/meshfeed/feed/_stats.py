@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from meshfeed.core._tally import Tally, since
+from meshfeed.feed._balanced import BalancedSchedule
 from meshfeed.feed._reader import StepReader
 from meshfeed.feed._stream import Stream
 from meshfeed.storage._handles import HANDLES
@@ -33,9 +34,11 @@ class PipelineStats:
         source: Tally,
         stream: Stream,
         workers: tuple[int, str],
+        balanced: BalancedSchedule | None = None,
     ) -> None:
         self._reader, self._source, self._stream = reader, source, stream
         self._workers = workers
+        self._balanced = balanced
         self._base, self._began = self._raw(), time.perf_counter()
 
     def _raw(self) -> _Raw:
@@ -49,6 +52,8 @@ class PipelineStats:
         }
         if records is not None:
             raw["record_transform"] = records.counts()
+        if self._balanced is not None:
+            raw["balance"] = self._balanced.tally.values()
         return raw
 
     def updates(self) -> int:
@@ -128,4 +133,12 @@ class PipelineStats:
         if self._reader.has_transform:
             calls, spent = d["transform"]["calls"], d["transform"]["seconds"]
             out["transform"] = {"calls": int(calls), "seconds": spent}
+        if self._balanced is not None:  # steps of even cost, dealt to the devices
+            dealt = d["balance"]
+            out["balance"] = {
+                "steps": int(dealt["steps"]),
+                "devices": self._balanced.devices,
+                "imbalance": dealt["imbalance"] / dealt["steps"] if dealt["steps"] else None,
+                "last_imbalance": self._balanced.last_imbalance,
+            }
         return out

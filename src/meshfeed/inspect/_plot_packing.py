@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meshfeed.data._pack import Packed
+from meshfeed.data._packed import Packed
 from meshfeed.inspect._plot import picture_path, require_matplotlib
 
 
