@@ -164,3 +164,12 @@ def test_balanced_steps_under_a_context_layout_deal_rows_over_the_data_axis():
         if loads.min() > 0:
             assert loads.max() / loads.mean() < 1.03
     assert loader.stats()["balance"]["devices"] == 2  # the data axis, not the context one
+
+
+def test_plot_packing_draws_each_steps_imbalance_beside_its_padding(tmp_path):
+    import matplotlib.image
+
+    packed = meshfeed.pack(_documents(600), SEQ_LEN, balance="pairs", step_rows=8)
+    path = meshfeed.inspect.plot_packing(packed, tmp_path / "steps.png", rows=4, dpi=50)
+    image = matplotlib.image.imread(path)
+    assert image.shape[0] > 150 and image[..., :3].std() > 0.05

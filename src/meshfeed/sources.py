@@ -23,6 +23,7 @@ from meshfeed.data._parquet import ParquetSource as ParquetSource
 from meshfeed.data._selection import Selection as Selection
 from meshfeed.data._sharded import ShardedSource as ShardedSource
 from meshfeed.data._sources import Column as Column
+from meshfeed.data._sources import BalancedSteps as BalancedSteps
 from meshfeed.data._sources import FieldSpec as FieldSpec
 from meshfeed.data._sources import Origins as Origins
 from meshfeed.data._sources import PartialRows as PartialRows
@@ -37,6 +38,7 @@ from meshfeed.storage._file_errors import BadFileError as BadFileError
 __all__ = [
     "ArrayRecordSource",
     "BadFileError",
+    "BalancedSteps",
     "Column",
     "ContextLayout",
     "FieldSpec",

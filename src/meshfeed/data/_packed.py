@@ -111,6 +111,18 @@ class Packed:
         balance, token_cost, _ = self._balanced
         return plan_costs(self.plan, balance, token_cost, self._plan_rows(ids))
 
+    def row_tokens(self, ids: np.ndarray) -> np.ndarray:
+        """The tokens rows ``ids`` hold (the rest of each is padding)."""
+        rows = self._plan_rows(ids)
+        out = np.zeros(len(rows), np.int64)
+        real = rows >= 0
+        if real.any():
+            counts, _, _, lengths = self.plan.pieces_of(rows[real])
+            sums = np.concatenate([[0], np.cumsum(lengths)])
+            ends = np.cumsum(counts)
+            out[real] = sums[ends] - sums[ends - counts]
+        return out
+
     def _plan_rows(self, ids: np.ndarray) -> np.ndarray:
         """The plan rows of rows ``ids`` (``-1``: an empty row)."""
         ids = np.asarray(ids, np.int64)

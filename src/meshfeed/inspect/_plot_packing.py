@@ -1,31 +1,46 @@
 """Packed rows as a picture (matplotlib, an optional extra): one bar per row, one colour
-per document, padding left white."""
+per document, padding left white; for rows balanced by cost, each step's imbalance over
+the devices beside its padding."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+
+from meshfeed.data._balance import arrange, imbalance
 from meshfeed.data._packed import Packed
 from meshfeed.inspect._plot import picture_path, require_matplotlib
 
 
-def plot_packing(packed: Packed, path: str | Path, *, rows: int = 8, dpi: int = 100) -> Path:
+def plot_packing(
+    packed: Packed, path: str | Path, *, rows: int = 8, devices: int = 8, dpi: int = 100
+) -> Path:
     """Draws the first ``rows`` rows of ``packed`` to ``path`` (PNG or SVG).
 
     Each document piece is a coloured span labelled with its document id; padding is
-    white. The title gives the padding over all rows.
+    white. The title gives the padding over all rows. For rows balanced by cost
+    (``pack(..., balance=, step_rows=)``) a second panel draws, for each step, its
+    imbalance when dealt to ``devices`` data-parallel devices (the slowest device's cost
+    over the mean) beside its padding.
     """
     path = picture_path(path)
     if not isinstance(packed, Packed):
         raise TypeError(f"plot_packing takes meshfeed.pack's result, got {type(packed).__name__}.")
     matplotlib, Figure, Rectangle = require_matplotlib("plot_packing")
     shown = min(rows, len(packed))
-    figure = Figure(figsize=(10, 0.45 * shown + 1.0), dpi=dpi)
-    axes = figure.add_axes((0.08, 0.12, 0.9, 0.72))
+    steps = packed.step_rows is not None
+    figure = Figure(figsize=(10, 0.45 * shown + (3.2 if steps else 1.0)), dpi=dpi)
+    axes = figure.add_axes((0.08, 0.45, 0.9, 0.45) if steps else (0.08, 0.12, 0.9, 0.72))
+    chosen = list(range(shown))
+    if steps:  # served by cost, cheapest first: rows from cheap to dear
+        _plot_steps(figure.add_axes((0.08, 0.08, 0.9, 0.25)), packed, devices)
+        chosen = np.linspace(0, len(packed) - 1, shown).round().astype(int).tolist()
     colours = matplotlib.colormaps["tab20"]
-    for r in range(shown):
+    for r, row in enumerate(chosen):
         at, top = 0, shown - 1 - r
-        for doc, start, length in packed.pieces(r):
+        for doc, start, length in packed.pieces(row):
             colour = colours(doc % 20)
             axes.add_patch(Rectangle((at, top), length, 0.8, facecolor=colour, edgecolor="black"))
             if length > packed.seq_len / 25:  # room for a label
@@ -35,7 +50,7 @@ def plot_packing(packed: Packed, path: str | Path, *, rows: int = 8, dpi: int = 
     axes.set_xlim(0, packed.seq_len)
     axes.set_ylim(0, shown)
     axes.set_yticks([shown - 0.6 - r for r in range(shown)])
-    axes.set_yticklabels([f"row {r}" for r in range(shown)], fontsize=8)
+    axes.set_yticklabels([f"row {row}" for row in chosen], fontsize=8)
     axes.set_xlabel("token position in the row", fontsize=8)
     stats = packed.stats()
     figure.suptitle(
@@ -46,3 +61,17 @@ def plot_packing(packed: Packed, path: str | Path, *, rows: int = 8, dpi: int = 
     )
     figure.savefig(path, dpi=dpi)
     return path
+
+
+def _plot_steps(axes: Any, packed: Packed, devices: int) -> None:
+    """Each step's imbalance over ``devices`` and its padding (at most 4,000 steps)."""
+    g = int(packed.step_rows or 1)
+    count = min(len(packed) // g, 4000)
+    ids = np.arange(count * g)
+    costs = packed.row_costs(ids).reshape(count, g)
+    fill = packed.row_tokens(ids).reshape(count, g).sum(axis=1) / (g * packed.seq_len)
+    dealt = [imbalance(c[arrange(c, devices)], devices) if c.sum() else 1.0 for c in costs]
+    axes.plot(np.arange(count), dealt, lw=0.8, label=f"imbalance over {devices} devices")
+    axes.plot(np.arange(count), 1 + (1 - fill), lw=0.8, label="1 + padding")
+    axes.set_xlabel("step (in the order served; the loader shuffles the steps)", fontsize=8)
+    axes.legend(fontsize=7)
