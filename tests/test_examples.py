@@ -94,8 +94,27 @@ def test_text_to_a_trained_model_in_three_commands(tmp_path):
     assert last < first
 
 
+@pytest.mark.multiprocess
+def test_long_context_resumes_on_another_number_of_processes(tmp_path):
+    """long_context.py as its docstring runs it: 2 processes x 4 devices save half-way,
+    1 process x 8 devices resumes there; process 0 prints the lines promised."""
+    script = str(EXAMPLES / "long_context.py")
+    launch = [sys.executable, "-m", "meshfeed", "launch", "-n", "2", "--devices-per-process", "4"]
+    runs = [
+        [*launch, "--", sys.executable, script, "--checkpoint", str(tmp_path)],
+        [sys.executable, script, "--resume", str(tmp_path)],
+    ]
+    noise = ("Gloo", "peer ranks")  # gloo's connection notes, interleaved
+    printed = []
+    for command in runs:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=300, env=_env())
+        assert run.returncode == 0, run.stdout + run.stderr
+        printed += [line for line in _printed(run.stdout) if not any(n in line for n in noise)]
+    assert printed == _promised("long_context")
+
+
 def test_every_example_is_tested():
     # train.py is run alone and under launch in test_first_hour.py
     assert sorted(p.stem for p in EXAMPLES.glob("*.py")) == sorted(
-        [*SINGLE, "multi_process", "train", "lm_corpus", "lm_train"]
+        [*SINGLE, "multi_process", "train", "lm_corpus", "lm_train", "long_context"]
     )
