@@ -16,14 +16,14 @@ from meshfeed.data._arrow import HFSource as HFSource
 from meshfeed.data._context_layout import ContextLayout as ContextLayout
 from meshfeed.data._context_layout import context_layout as context_layout
 from meshfeed.data._mix import Mixture as Mixture
-from meshfeed.data._packed import Packed as Packed
 from meshfeed.data._pack_plan import PackPlan as PackPlan
 from meshfeed.data._pack_store import StoredPlan as StoredPlan
+from meshfeed.data._packed import Packed as Packed
 from meshfeed.data._parquet import ParquetSource as ParquetSource
 from meshfeed.data._selection import Selection as Selection
 from meshfeed.data._sharded import ShardedSource as ShardedSource
-from meshfeed.data._sources import Column as Column
 from meshfeed.data._sources import BalancedSteps as BalancedSteps
+from meshfeed.data._sources import Column as Column
 from meshfeed.data._sources import FieldSpec as FieldSpec
 from meshfeed.data._sources import Origins as Origins
 from meshfeed.data._sources import PartialRows as PartialRows

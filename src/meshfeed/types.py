@@ -10,11 +10,11 @@ from meshfeed.core._mesh import AxisTypes as AxisTypes
 from meshfeed.core._stages import BatchSizeArg as BatchSizeArg
 from meshfeed.data._bad_records import OnError as OnError
 from meshfeed.data._mix import WeightsArg as WeightsArg
-from meshfeed.data._row_cost import Balance as Balance
 from meshfeed.data._nulls import Fill as Fill
 from meshfeed.data._pack_build import PlanExecutor as PlanExecutor
 from meshfeed.data._pack_plan import Algorithm as Algorithm
 from meshfeed.data._pack_plan import LongDocs as LongDocs
+from meshfeed.data._row_cost import Balance as Balance
 from meshfeed.data._tokenizer import TokenizerFunction as TokenizerFunction
 from meshfeed.feed._options import LoaderOptions as LoaderOptions
 from meshfeed.feed._options import PlaceThreads as PlaceThreads

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import Any, get_args
+
+from meshfeed.types import Algorithm
 
 EPILOG = """examples:
   meshfeed pack tokens/ --seq-len 2048          (the plan in tokens/meshfeed.pack/)
@@ -30,8 +32,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seq-len", type=int, required=True, help="tokens per packed row")
     p.add_argument("--field", default="tokens", help="the field packed (default: tokens)")
     p.add_argument("--seed", type=int, default=0, help="the order's key (default: 0)")
-    p.add_argument("--algorithm", default="best_fit", choices=["best_fit", "first_fit"])
-    p.add_argument("--window", type=int, default=16_384, help="documents planned together")
+    p.add_argument("--algorithm", default="best_fit", choices=list(get_args(Algorithm)))
+    p.add_argument("--window", type=int, default=None,
+                   help="documents planned together (default: the algorithm's)")  # fmt: skip
     p.add_argument("--long-docs", default=None, choices=["split", "truncate", "drop", "error"])
     p.add_argument("--max-segments", type=int, default=None, help="documents a row at most")
     p.add_argument("--plan-dir", default=None, help="keep the plan here, not beside the data")

@@ -34,6 +34,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _mix           mix: sources in proportions fixed or by stage, addressed by index
     _row_cost      a packed row's cost as the attention kernel sees it: pairs, static, or yours
     _balance       balanced steps: rows of even cost a step, spread over the devices by cost
+    _pack_fill     how a window's pieces fill rows: best fit, first fit, best fit decreasing
     _pack_plan     the packing plan: which piece of which document goes in which row
     _pack_build    a kept packing plan built, a shard of windows at a time, on workers too
     _pack_store    the packing plan as data: built once beside the documents, read by range

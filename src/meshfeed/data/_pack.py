@@ -36,6 +36,7 @@ from meshfeed.data._pack_fields import (
 from meshfeed.data._pack_plan import (
     ALGORITHMS,
     LONG_DOCS,
+    WINDOWS,
     Algorithm,
     LongDocs,
     plan_packing,
@@ -65,7 +66,7 @@ def pack(
     field: str = "tokens",
     seed: int = 0,
     algorithm: Algorithm = "best_fit",
-    window: int = 16_384,
+    window: int | None = None,
     long_docs: LongDocs | None = None,
     max_segments: int | None = None,
     seq_lens: bool = False,
@@ -95,8 +96,19 @@ def pack(
         (``Loader(shuffle=False)``); its stages then fall on the rows about where their
         documents do (within a window). For stages at exact steps, mix packed sources:
         ``mix([pack(a, n), pack(b, n)], weights=stages)``.
-      algorithm: ``"best_fit"`` (less padding) or ``"first_fit"``.
-      window: documents planned together; larger packs tighter and plans no slower.
+      algorithm: ``"best_fit"`` or ``"first_fit"`` (each piece, as it comes, into the
+        fullest or the first row it fits), or ``"best_fit_decreasing"``: each window's
+        pieces longest first, each into the fullest row it fits -- the least padding (on
+        BERT's lengths at a window of 16,384: 0.07% on Wikipedia at 512 and 2.3% on SQuAD
+        at 384, where ``"best_fit"`` pads 0.75% and 5.8%; with a window that holds the
+        whole set, as few rows as Graphcore's LPFHP), at about 0.5 us a document. With
+        ``max_segments`` each window also tries its pieces as they come and keeps the
+        fewer rows (a cap that binds leaves the short pieces, taken last, rows of their
+        own). ``"best_fit"`` stays the default, so plans kept and states saved before
+        go on as they were; pass ``"best_fit_decreasing"`` for new runs.
+      window: documents planned together. Default: 16,384; 1,048,576 for
+        ``"best_fit_decreasing"``, which fills more the more a window holds at no more
+        time a document (``"best_fit"`` takes longer a document as its window grows).
       long_docs: a document longer than ``seq_len``: ``"split"`` into pieces (positions
         restart at 0 in every piece, as if each were a document of its own),
         ``"truncate"`` to its first ``seq_len`` tokens, ``"drop"``, or ``"error"``.
@@ -156,7 +168,9 @@ def pack(
         raise ValueError(f"algorithm={algorithm!r} is unknown; pass one of {list(ALGORITHMS)}.")
     if long_docs is not None and long_docs not in LONG_DOCS:
         raise ValueError(f"long_docs={long_docs!r} is unknown; pass one of {list(LONG_DOCS)}.")
-    if not _count(window) or window < 1:
+    if window is None:
+        window = WINDOWS[algorithm]
+    if not isinstance(window, int) or not _count(window) or window < 1:
         raise ValueError(f"window={window!r} must be an int >= 1 (documents planned together).")
     if max_segments is not None and (not _count(max_segments) or max_segments < 1):
         raise ValueError(f"max_segments={max_segments!r} must be an int >= 1, or None.")

@@ -4,12 +4,16 @@ Planned once, from the documents' lengths alone, so it is the same on every proc
 and needs no data. Documents are taken in a keyed shuffled order (``seed``) -- or in
 their own order, for a source that must be read in order (a mixture with stages) -- and packed
 in windows of ``window`` documents, each window on its own: no global sort, bounded
-work per window, and windows could be planned in parallel. Within a window,
-``"best_fit"`` puts each piece in the open row it fills most tightly (a sorted list of
-the rows' free space, searched with ``bisect``), ``"first_fit"`` in the first open row
-it fits; ``max_segments`` closes a row once it holds that many pieces. A document longer
-than ``seq_len`` is cut into ``seq_len`` pieces (``"split"``), cut to its first
-``seq_len`` tokens (``"truncate"``), skipped (``"drop"``) or refused (``"error"``).
+work per window, and windows could be planned in parallel. Within a window the pieces
+fill rows by ``algorithm`` (``_pack_fill``): ``"best_fit"`` or ``"first_fit"`` as they
+come, or ``"best_fit_decreasing"``, longest first, which pads least (on BERT's lengths
+at a window of 16,384: 0.07% and 2.3%, where ``"best_fit"`` pads 0.75% and 5.8%) and
+fills more the more a window holds, at no more time a document -- hence its own
+default window (``WINDOWS``). Its rows come out longest piece first within a window,
+which only a source read in order (no shuffle) sees. ``max_segments`` closes a row
+once it holds that many pieces. A document longer than ``seq_len`` is cut into
+``seq_len`` pieces (``"split"``), cut to its first ``seq_len`` tokens (``"truncate"``),
+skipped (``"drop"``) or refused (``"error"``).
 
 The plan is four arrays -- per piece its document, start and length, and where each
 row's pieces start -- about 12 bytes a document.
@@ -17,7 +21,6 @@ row's pieces start -- about 12 bytes a document.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import itertools
 from collections.abc import Iterator
@@ -26,15 +29,25 @@ from typing import Literal
 import numpy as np
 
 from meshfeed.core._permutation import Permutation
+from meshfeed.data._pack_fill import best_fit, best_fit_decreasing, first_fit
 
-Algorithm = Literal["best_fit", "first_fit"]
+Algorithm = Literal["best_fit", "first_fit", "best_fit_decreasing"]
 """How ``pack`` fills rows: each piece into the fullest row it fits (``best_fit``), or the
-first (``first_fit``)."""
+first (``first_fit``), as they come; or each window's pieces longest first, each into the
+fullest row it fits (``best_fit_decreasing``)."""
 LongDocs = Literal["split", "truncate", "drop", "error"]
 """What ``pack`` does with a document longer than ``seq_len``: split it into pieces,
 truncate it, drop it, or raise."""
-ALGORITHMS: tuple[Algorithm, ...] = ("best_fit", "first_fit")
+ALGORITHMS: tuple[Algorithm, ...] = ("best_fit", "first_fit", "best_fit_decreasing")
 LONG_DOCS: tuple[LongDocs, ...] = ("split", "truncate", "drop", "error")
+WINDOWS: dict[Algorithm, int] = {
+    "best_fit": 16_384,
+    "first_fit": 16_384,
+    "best_fit_decreasing": 1 << 20,
+}
+"""Each algorithm's default ``window`` (documents planned together). ``best_fit_decreasing``
+fills more the more a window holds, at no more time a document: its window holds a
+fine-tuning set whole, where it makes as few rows as LPFHP (``_pack_fill``)."""
 
 
 class PackPlan:
@@ -148,42 +161,6 @@ def narrowest(largest: int) -> type:
     return np.int64
 
 
-def _best_fit(lengths: list[int], seq_len: int, cap: int | None) -> list[list[int]]:
-    """Bins of piece indices: each piece into the open bin it fills most tightly."""
-    shift = 1 << 32  # (remaining, bin) as one int: remaining * shift + bin, sorted
-    free: list[int] = []
-    bins: list[list[int]] = []
-    for i, n in enumerate(lengths):
-        j = bisect.bisect_left(free, n * shift)
-        if j < len(free):
-            key = free.pop(j)
-            b, remaining = key % shift, key // shift - n
-            bins[b].append(i)
-        else:
-            b, remaining = len(bins), seq_len - n
-            bins.append([i])
-        if remaining > 0 and (cap is None or len(bins[b]) < cap):
-            bisect.insort(free, remaining * shift + b)
-    return bins
-
-
-def _first_fit(lengths: list[int], seq_len: int, cap: int | None) -> list[list[int]]:
-    """Bins of piece indices: each piece into the first open bin it fits."""
-    remaining = np.full(max(1, len(lengths)), -1, np.int64)
-    bins: list[list[int]] = []
-    for i, n in enumerate(lengths):
-        fits = remaining[: len(bins)] >= n
-        b = int(np.argmax(fits)) if len(bins) and fits.any() else len(bins)
-        if b == len(bins):
-            bins.append([])
-            remaining[b] = seq_len
-        bins[b].append(i)
-        remaining[b] -= n
-        if cap is not None and len(bins[b]) >= cap:
-            remaining[b] = -1
-    return bins
-
-
 class Shape:
     """What a plan over ``lengths`` holds before it is made: its pieces, and the narrowest
     type of each of its arrays (the same wherever the same lengths are planned)."""
@@ -223,16 +200,24 @@ def plan_windows(
         0,
     ))  # fmt: skip
     order = (lambda docs: docs) if ordered else Permutation(n, seed=seed, epoch=0)
-    pack = _best_fit if algorithm == "best_fit" else _first_fit
     for w in range(a, b, window):
         docs = order(np.arange(w, min(b, w + window)))
         doc, piece, length = _pieces(
             docs, lengths[docs].astype(np.int64), seq_len, long_docs, stats
         )
-        bins = pack(length.tolist(), seq_len, max_segments)
-        placed = np.fromiter(itertools.chain.from_iterable(bins), np.int64, len(doc))
-        sizes = np.fromiter((len(b) for b in bins), np.int32, len(bins))
+        placed, sizes = _rows(algorithm, length, seq_len, max_segments)
         yield doc[placed], piece[placed], length[placed], sizes
+
+
+def _rows(
+    algorithm: Algorithm, length: np.ndarray, seq_len: int, cap: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """One window's pieces in row order, and each row's piece count."""
+    if algorithm == "best_fit_decreasing":
+        return best_fit_decreasing(length, seq_len, cap)
+    bins = (best_fit if algorithm == "best_fit" else first_fit)(length.tolist(), seq_len, cap)
+    placed = np.fromiter(itertools.chain.from_iterable(bins), np.int64, len(length))
+    return placed, np.fromiter((len(b) for b in bins), np.int32, len(bins))
 
 
 def narrow_lengths(lengths: np.ndarray) -> np.ndarray:
