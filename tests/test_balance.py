@@ -86,8 +86,9 @@ def test_a_state_from_eight_devices_gives_each_later_step_the_same_rows_on_four_
         got = [batch for _, batch in zip(range(4), resumed, strict=False)]
         assert [sorted(_rows(b)) for b in got] == later, devices
         for batch in got:  # each device's share costs about the same as the others'
-            loads = _pairs(np.asarray(batch["segment_ids"])).reshape(devices, -1).sum(axis=1)
-            if loads.min() > 0:
+            costs = _pairs(np.asarray(batch["segment_ids"]))
+            if costs.min() > 0:  # a step holding empty rows (padding) aside
+                loads = costs.reshape(devices, -1).sum(axis=1)
                 assert loads.max() / loads.mean() < 1.03
     assert assert_resumes_identically(lambda: _loader(packed, 4), max_steps=5) == 5
 
@@ -160,8 +161,9 @@ def test_balanced_steps_under_a_context_layout_deal_rows_over_the_data_axis():
     loader = meshfeed.Loader(laid_out, global_batch_size=4, seed=3,
                              sharding=NamedSharding(mesh, P("data", "context")))  # fmt: skip
     for _, batch in zip(range(20), loader, strict=False):
-        loads = _pairs(np.asarray(batch["segment_ids"])).reshape(2, 2).sum(axis=1)
-        if loads.min() > 0:
+        costs = _pairs(np.asarray(batch["segment_ids"]))
+        if costs.min() > 0:  # a step holding empty rows (padding) aside
+            loads = costs.reshape(2, 2).sum(axis=1)
             assert loads.max() / loads.mean() < 1.03
     assert loader.stats()["balance"]["devices"] == 2  # the data axis, not the context one
 
@@ -173,3 +175,19 @@ def test_plot_packing_draws_each_steps_imbalance_beside_its_padding(tmp_path):
     path = meshfeed.inspect.plot_packing(packed, tmp_path / "steps.png", rows=4, dpi=50)
     image = matplotlib.image.imread(path)
     assert image.shape[0] > 150 and image[..., :3].std() > 0.05
+
+
+def test_step_balance_says_what_each_step_asks_of_each_device():
+    packed = meshfeed.pack(_documents(800), SEQ_LEN, balance="pairs", step_rows=8)
+    figures = meshfeed.inspect.step_balance(packed, 4)
+    steps = len(packed) // 8
+    assert figures.loads.shape == (steps, 4) and figures.imbalance.shape == (steps,)
+    total = packed.row_costs(np.arange(len(packed))).sum()
+    np.testing.assert_allclose(figures.loads.sum(), total)
+    assert figures.imbalance.mean() < 1.05 and (figures.imbalance >= 1).all()
+    tokens = packed.row_tokens(np.arange(len(packed))).sum()
+    np.testing.assert_allclose(1 - figures.padding.mean(), tokens / (len(packed) * SEQ_LEN))
+    with pytest.raises(ValueError, match=r"devices=3 must be an int >= 1 dividing the 8 rows"):
+        meshfeed.inspect.step_balance(packed, 3)
+    with pytest.raises(ValueError, match=r"step_balance takes a pack balanced by cost"):
+        meshfeed.inspect.step_balance(meshfeed.pack(_documents(50), SEQ_LEN), 4)

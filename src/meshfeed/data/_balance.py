@@ -4,7 +4,8 @@ The rows of a packing plan stay what they are; only which rows make a step, and 
 device of the step takes which, follow their cost (``_row_cost``):
 
 - ``step_order``: the plan's rows sorted by cost and cut into steps of ``step_rows``, so
-  a step's rows cost about the same (empty rows first, to make whole steps). A step's
+  a step's rows cost about the same (empty rows, to make whole steps, spread over the
+  cheapest). A step's
   place in an epoch is the loader's keyed shuffle of the steps, so no length curriculum
   appears: the mean cost of a step does not trend over the epoch. (The peers that
   re-plan every step -- Karmarkar-Karp over the step's sequences, longest-first onto the
@@ -27,11 +28,19 @@ EMPTY = -1
 
 def step_order(costs: np.ndarray, step_rows: int) -> np.ndarray:
     """Served row -> plan row (``EMPTY`` for an empty one): the plan's rows by cost
-    (ties by row), after the empty rows that make their count a multiple of
-    ``step_rows``."""
+    (ties by row), cut into steps of ``step_rows``, with the empty rows that make their
+    count a multiple of ``step_rows`` spread over the cheapest steps, at most an eighth
+    of a step each (all in one step would leave that step's devices idle: its
+    imbalance ``G / (G - empty)``, which moved the mean over a few hundred steps by
+    tenths; spread, they cost the epoch's time at most 0.04%, ``benchmarks/balance.py``)."""
     order = np.argsort(np.asarray(costs, np.float64), kind="stable").astype(np.int64)
-    pad = (-len(order)) % step_rows
-    return np.concatenate([np.full(pad, EMPTY, np.int64), order])
+    empty = (-len(order)) % step_rows
+    steps = (len(order) + empty) // step_rows
+    per = max(1, step_rows // 8, -(-empty // max(steps, 1)))
+    held = np.clip(empty - per * np.arange(steps), 0, per)  # empty rows in each step
+    out = np.full(steps * step_rows, EMPTY, np.int64)
+    out[np.arange(steps * step_rows) % step_rows >= np.repeat(held, step_rows)] = order
+    return out
 
 
 def arrange(costs: np.ndarray, devices: int) -> np.ndarray:

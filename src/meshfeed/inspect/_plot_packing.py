@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed.data._balance import arrange, imbalance
 from meshfeed.data._packed import Packed
 from meshfeed.inspect._plot import picture_path, require_matplotlib
+from meshfeed.inspect._step_balance import step_balance
 
 
 def plot_packing(
@@ -65,13 +65,9 @@ def plot_packing(
 
 def _plot_steps(axes: Any, packed: Packed, devices: int) -> None:
     """Each step's imbalance over ``devices`` and its padding (at most 4,000 steps)."""
-    g = int(packed.step_rows or 1)
-    count = min(len(packed) // g, 4000)
-    ids = np.arange(count * g)
-    costs = packed.row_costs(ids).reshape(count, g)
-    fill = packed.row_tokens(ids).reshape(count, g).sum(axis=1) / (g * packed.seq_len)
-    dealt = [imbalance(c[arrange(c, devices)], devices) if c.sum() else 1.0 for c in costs]
-    axes.plot(np.arange(count), dealt, lw=0.8, label=f"imbalance over {devices} devices")
-    axes.plot(np.arange(count), 1 + (1 - fill), lw=0.8, label="1 + padding")
+    figures = step_balance(packed, devices, steps=4000)
+    steps = np.arange(len(figures.imbalance))
+    axes.plot(steps, figures.imbalance, lw=0.8, label=f"imbalance over {devices} devices")
+    axes.plot(steps, 1 + figures.padding, lw=0.8, label="1 + padding")
     axes.set_xlabel("step (in the order served; the loader shuffles the steps)", fontsize=8)
     axes.legend(fontsize=7)
