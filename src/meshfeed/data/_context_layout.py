@@ -149,8 +149,8 @@ class ContextLayout:
 
     @property
     def fingerprint(self) -> Any:
-        """The wrapped source's: the rows are the same rows, so a loader's state restores
-        under another ``cp`` or layout."""
+        """The wrapped source's fingerprint, since the rows are the same rows; a loader's
+        state restores under another ``cp`` or layout."""
         return getattr(self._source, "fingerprint", None)
 
     def __len__(self) -> int:
