@@ -317,6 +317,71 @@ def _tail() -> list[str]:
     ]
 
 
+def _attention() -> list[str]:
+    def peak(path: str, tokens: int) -> float:
+        return _one("attention.jsonl", "peak_mb", part="memory", path=path, tokens=tokens,
+                    passes="forward_backward", smoke=False)  # fmt: skip
+
+    time = _one("attention.jsonl", "packed_over_dense", part="time", row="packed_row",
+                tokens=8192, passes="forward_backward", smoke=False)  # fmt: skip
+    growth = _one("attention.jsonl", "peak_over_qkv_per_doubling", part="memory_growth",
+                  path="packed", passes="forward_backward", smoke=False)  # fmt: skip
+    assert growth <= 1.1, f"packed attention's peak grows {growth} per doubling over q, k, v"
+    return [
+        f"{peak('packed', 32768):.0f} MB",
+        f"{peak('dense', 32768) / 1000:.1f} GB",
+        f"{time:.2f}{TIMES} its time at 8k tokens",
+    ]
+
+
+def _context_layout() -> list[str]:
+    def share(cp: int) -> str:
+        return _range(r["device_over_row"] for r in _lines("context_layout.jsonl", part="bytes",
+                                                            cp=cp, smoke=False))  # fmt: skip
+
+    host = _lines("context_layout.jsonl", part="host", smoke=False)
+    return [f"{share(4)}, {share(8)}", _range(r["laid_out_over_packed"] for r in host)]
+
+
+def _balance() -> list[str]:
+    rules = _lines("balance.jsonl", name="rule", devices=64, rows_per_device=1, smoke=False)
+
+    def of(*names: str) -> list[dict[str, Any]]:
+        return [r for r in rules if r["rule"] in names]
+
+    peers = ("tunix", "trl", "torchtitan", "slime")
+    ours = of("meshfeed_balanced")
+    assert ours and all(r["cap_violations"] == 0 for r in ours)
+    caps = [100 * r["cap_violation_fraction"] for r in of("trl", "slime")]
+    return [
+        f"{min(r['imbalance'] for r in ours):.3f}{DASH}{max(r['imbalance'] for r in ours):.3f}",
+        f"{min(r['imbalance'] for r in of('meshfeed_random')):.2f}{DASH}"
+        f"{max(r['imbalance'] for r in of('meshfeed_random')):.1f} for steps as they come",
+        f"{min(r['imbalance'] for r in of(*peers)):.2f}{DASH}"
+        f"{max(r['imbalance'] for r in of(*peers)):.1f} for tunix's",
+        f"in {min(caps):.0f}{DASH}{max(caps):.0f}% of device-steps",
+        f"{max(r['plan_ms_per_step'] for r in ours):.2f} ms a step",
+    ]
+
+
+def _fill() -> list[str]:
+    def fill(histogram: str, algorithm: str, **where: Any) -> list[float]:
+        found = _lines("packing_fill.jsonl", name="fill", histogram=histogram,
+                       algorithm=algorithm, smoke=False, **where)  # fmt: skip
+        return [100 * r["real_token_fraction"] for r in found]
+
+    ours = fill("wikipedia", "best_fit_decreasing", max_segments=None)
+    squad = fill("squad", "lpfhp")[0]
+    assert max(fill("squad", "best_fit_decreasing", max_segments=None)) >= squad
+    return [
+        f"{min(ours):.2f}{DASH}{max(ours):.2f}%",
+        f"LPFHP {fill('wikipedia', 'lpfhp')[0]:.2f}%",
+        f"SPFHP {fill('wikipedia', 'spfhp')[0]:.2f}%",
+        f"`best_fit` {fill('wikipedia', 'best_fit', max_segments=None)[0]:.2f}%",
+        f"LPFHP's {squad:.2f}%",
+    ]
+
+
 Checks = dict[str, Callable[[], list[str]]]
 
 BOTH: Checks = {  # rows both pages show, by a start of the first cell common to both
@@ -353,6 +418,10 @@ CHECKED: dict[Path, Checks] = {
         "a train step's peak memory a device, 100M parameters": _train_memory,
         "ImageNet-size JPEGs to augmented batches": _vision,
         "`fit` with an asynchronous checkpoint every 10 steps": _saves,
+        "attention on a packed row of 32k tokens": _attention,
+        "one device's reads of a row under a context layout": _context_layout,
+        "the slowest of 64 data-parallel devices over the mean": _balance,
+        'real-token fraction, `algorithm="best_fit_decreasing"`': _fill,
     },
 }
 

@@ -44,20 +44,21 @@ def step_order(costs: np.ndarray, step_rows: int) -> np.ndarray:
 
 
 def arrange(costs: np.ndarray, devices: int) -> np.ndarray:
-    """The order of one step's rows in its batch: device ``d`` takes positions
-    ``[d·G/D, (d+1)·G/D)``; rows dealt by cost, dearest first, in a serpentine (ties by
-    position)."""
+    """The order of one step's rows in its batch (of each step's, for ``[steps, G]``
+    costs): device ``d`` takes positions ``[d·G/D, (d+1)·G/D)``; rows dealt by cost,
+    dearest first, in a serpentine (ties by position)."""
     costs = np.asarray(costs, np.float64)
-    rows = len(costs)
+    rows = costs.shape[-1]
+    position = np.broadcast_to(np.arange(rows), costs.shape)
     if devices <= 1 or rows <= devices:
-        return np.arange(rows)
+        return np.array(position, np.int64)
     per = rows // devices
-    dearest = np.lexsort((np.arange(rows), -costs))  # dearest first, ties by position
+    dearest = np.lexsort((position, -costs), axis=-1)  # dearest first, ties by position
     turn, at = np.divmod(np.arange(rows), devices)
     device = np.where(turn % 2 == 0, at, devices - 1 - at)  # 0..D-1, D-1..0, ...
-    slot = device * per + turn  # the turn-th row a device takes
-    out = np.empty(rows, np.int64)
-    out[slot] = dearest
+    slot = np.broadcast_to(device * per + turn, costs.shape)  # the turn-th row a device takes
+    out = np.empty(costs.shape, np.int64)
+    np.put_along_axis(out, slot, dearest, axis=-1)
     return out
 
 

@@ -4,9 +4,10 @@
 ``_balance.step_order`` gives -- by cost, in steps of ``G`` -- so each run of ``G``
 served rows is a step of rows that cost about the same. The order depends on the plan
 and the cost model only, so like the plan it is made once: for a kept plan it is kept
-beside it, ``<plan>/balance-<key>/`` (a meshfeed folder of one ``int64`` field,
-``row``), and a step reads its ``G`` entries by range; on a host's start nothing grows
-with the number of rows. Hosts that make it at once write the same bytes. A cost model
+beside it, ``<plan>/balance-<key>/`` (a meshfeed folder of the fields ``row``, ``int64``,
+and ``cost``, ``float64``), and a step reads its ``G`` entries by range, costs and all:
+dealing a step reads ``G`` numbers, and on a host's start nothing grows with the number
+of rows. Hosts that make it at once write the same bytes. A cost model
 given as a function has no name to key it by, so its order is made in memory.
 """
 
@@ -32,33 +33,28 @@ CHUNK = 1 << 16
 """Plan rows costed at a time while the order is made."""
 
 
-def plan_costs(
-    plan: PackPlan | StoredPlan, balance: Balance, token_cost: float, rows: np.ndarray
-) -> np.ndarray:
-    """The cost of plan rows ``rows`` (``-1``: an empty row, which costs nothing)."""
-    out = np.zeros(len(rows), np.float64)
-    real = rows >= 0
-    if real.any():
-        counts, _, _, lengths = plan.pieces_of(rows[real])
-        out[real] = row_costs(counts, lengths, plan.seq_len, balance, token_cost)
-    return out
-
-
 class ServedRows:
-    """Served row -> plan row (``-1``: empty), in memory or read by range from a kept
-    order."""
+    """Served row -> plan row (``-1``: empty) and its cost, in memory or read by range
+    from a kept order."""
 
-    def __init__(self, order: np.ndarray | Any) -> None:
-        self._order = order
+    def __init__(self, order: np.ndarray | Any, costs: np.ndarray | None = None) -> None:
+        self._order, self._costs = order, costs
 
     def __len__(self) -> int:
         return len(self._order)
 
     def plan_rows(self, ids: np.ndarray) -> np.ndarray:
         """The plan rows of served rows ``ids``."""
-        if isinstance(self._order, np.ndarray):
+        if self._costs is not None:
             return self._order[ids]
         return np.asarray(self._order[np.asarray(ids, np.int64)]["row"], np.int64)
+
+    def costs(self, ids: np.ndarray) -> np.ndarray:
+        """The costs of served rows ``ids`` (0 for an empty row): kept with the order, so
+        a step's dealing reads ``G`` numbers."""
+        if self._costs is not None:
+            return self._costs[ids]
+        return np.asarray(self._order[np.asarray(ids, np.int64)]["cost"], np.float64)
 
 
 def served_rows(
@@ -71,7 +67,7 @@ def served_rows(
     """The served order of ``plan``'s rows under the cost model (module docstring)."""
     kept = isinstance(plan, StoredPlan) and not callable(balance)
     if not kept:
-        return ServedRows(step_order(_all_costs(plan, balance, token_cost), step_rows))
+        return ServedRows(*_ordered(plan, balance, token_cost, step_rows))
     assert isinstance(plan, StoredPlan)
     settings = {"balance": balance, "token_cost": float(token_cost), "step_rows": step_rows}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
@@ -81,18 +77,26 @@ def served_rows(
             f"meshfeed: ordering the {plan.rows:,} rows of {plan.where} by cost into {folder} "
             "(once: later opens, on any host, read it)\n"
         )
-        order = step_order(_all_costs(plan, balance, token_cost), step_rows)
+        order, costs = _ordered(plan, balance, token_cost, step_rows)
         try:
-            write_source(folder, {"row": order}, shard_size=1 << 20, storage_options=options)
+            write_source(
+                folder, {"row": order, "cost": costs}, shard_size=1 << 20,
+                storage_options=options,
+            )  # fmt: skip
         except ValueError:  # another host wrote it first: the same bytes
             if read_json(join(folder, MANIFEST), options) is None:
                 raise
     return ServedRows(open_source(folder, storage_options=options))
 
 
-def _all_costs(plan: PackPlan | StoredPlan, balance: Balance, token_cost: float) -> np.ndarray:
+def _ordered(
+    plan: PackPlan | StoredPlan, balance: Balance, token_cost: float, step_rows: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The served order and each served row's cost."""
     costs = np.empty(plan.rows, np.float64)
     for a in range(0, plan.rows, CHUNK):
         rows = np.arange(a, min(plan.rows, a + CHUNK))
-        costs[a : a + len(rows)] = plan_costs(plan, balance, token_cost, rows)
-    return costs
+        counts, lengths = plan.lengths_of(rows)
+        costs[a : a + len(rows)] = row_costs(counts, lengths, plan.seq_len, balance, token_cost)
+    order = step_order(costs, step_rows)
+    return order, np.where(order >= 0, costs[np.maximum(order, 0)], 0.0)

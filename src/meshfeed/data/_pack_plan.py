@@ -89,6 +89,17 @@ class PackPlan:
         piece = np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())
         return count, self.doc[piece], self.start(piece), self.length[piece].astype(np.int64)
 
+    def lengths_of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """How many pieces each of ``rows`` has, and their lengths, row after row (a run
+        of consecutive rows is a slice: nothing gathered)."""
+        rows = np.asarray(rows, np.int64)
+        first, last = self.row_starts[rows], self.row_starts[rows + 1]
+        count = (last - first).astype(np.int64)
+        if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and (np.diff(rows) == 1).all():
+            return count, self.length[first[0] : last[-1]].astype(np.int64)
+        piece = np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())
+        return count, self.length[piece].astype(np.int64)
+
     @property
     def nbytes(self) -> int:
         """Bytes the plan's arrays hold."""

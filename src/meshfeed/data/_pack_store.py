@@ -67,6 +67,11 @@ class StoredPlan:
         """The plan's digest, as ``PackPlan.digest`` makes it."""
         return str(self.record["digest"])
 
+    def lengths_of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """How many pieces each of ``rows`` has, and their lengths (``PackPlan.lengths_of``)."""
+        length = cast(Ragged, self._rows[np.asarray(rows, dtype=np.int64)]["length"])
+        return length.lengths.astype(np.int64), length.values.astype(np.int64)
+
     def pieces_of(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
         """The pieces of ``rows`` (see ``PackPlan.pieces_of``), read from the folder."""
         got = self._rows[np.asarray(rows, dtype=np.int64)]

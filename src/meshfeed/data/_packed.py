@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed.data._pack_balance import plan_costs, served_rows
+from meshfeed.data._pack_balance import served_rows
 from meshfeed.data._pack_cut import CutRows, read_packed, read_packed_at
 from meshfeed.data._pack_fields import (
     POSITIONS,
@@ -108,8 +108,8 @@ class Packed:
         """With ``balance``: the cost of rows ``ids`` under its cost model."""
         if self._balanced is None:
             raise ValueError("row_costs: this packed source has no balance=; pack with one.")
-        balance, token_cost, _ = self._balanced
-        return plan_costs(self.plan, balance, token_cost, self._plan_rows(ids))
+        assert self._served is not None
+        return self._served.costs(ids)
 
     def row_tokens(self, ids: np.ndarray) -> np.ndarray:
         """The tokens rows ``ids`` hold (the rest of each is padding)."""
@@ -117,10 +117,9 @@ class Packed:
         out = np.zeros(len(rows), np.int64)
         real = rows >= 0
         if real.any():
-            counts, _, _, lengths = self.plan.pieces_of(rows[real])
-            sums = np.concatenate([[0], np.cumsum(lengths)])
-            ends = np.cumsum(counts)
-            out[real] = sums[ends] - sums[ends - counts]
+            counts, lengths = self.plan.lengths_of(rows[real])
+            starts = (np.cumsum(counts) - counts)[counts > 0]
+            out[np.flatnonzero(real)[counts > 0]] = np.add.reduceat(lengths, starts)
         return out
 
     def _plan_rows(self, ids: np.ndarray) -> np.ndarray:

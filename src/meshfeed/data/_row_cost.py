@@ -60,14 +60,14 @@ def row_costs(
     """Each row's cost (``float64``), from its pieces: how many each row has (``counts``)
     and their lengths, row after row (what ``PackPlan.pieces_of`` gives)."""
     counts = np.asarray(counts, np.int64)
-    lengths = np.asarray(lengths, np.int64)
-    tokens = _per_row(lengths.astype(np.float64), counts)
     if balance == "static":
         attention = np.full(len(counts), seq_len * (seq_len + 1) / 2)
         return attention + token_cost * seq_len
     if balance == "pairs":
-        attention = _per_row(lengths * (lengths + 1) / 2, counts)
+        real = np.asarray(lengths, np.float64)
+        attention = _per_row(real * (real + 1), counts) * 0.5
     elif callable(balance):
+        lengths = np.asarray(lengths, np.int64)
         bounds = np.concatenate([[0], np.cumsum(counts)])
         attention = np.fromiter(
             (float(balance(lengths[a:b])) for a, b in itertools.pairwise(bounds)),
@@ -76,11 +76,16 @@ def row_costs(
         )
     else:  # pragma: no cover - check_balance refuses it first
         raise ValueError(f"balance={balance!r} is not a cost model.")
-    return attention + token_cost * tokens
+    if token_cost:
+        attention += token_cost * _per_row(np.asarray(lengths, np.float64), counts)
+    return attention
 
 
 def _per_row(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Sums of ``values`` by row (``counts`` a row, rows of none summing to 0)."""
-    sums = np.concatenate([[0.0], np.cumsum(values, dtype=np.float64)])
-    ends = np.cumsum(counts)
-    return sums[ends] - sums[ends - counts]
+    """Sums of ``values`` by row (``counts`` a row, rows of none summing to 0), each row
+    summed on its own (no running total to lose digits to)."""
+    out = np.zeros(len(counts), np.float64)
+    held = counts > 0
+    if held.any():
+        out[held] = np.add.reduceat(values, (np.cumsum(counts) - counts)[held], dtype=np.float64)
+    return out

@@ -50,7 +50,7 @@ def step_balance(packed: Packed, devices: int, *, steps: int | None = None) -> S
     ids = np.arange(count * rows)
     costs = packed.row_costs(ids).reshape(count, rows)
     tokens = packed.row_tokens(ids).reshape(count, rows)
-    loads = np.stack([c[arrange(c, devices)] for c in costs]) if count else costs
+    loads = np.take_along_axis(costs, arrange(costs, devices), axis=1)
     loads = loads.reshape(count, devices, -1).sum(axis=2)
     means = loads.mean(axis=1)
     imbalance = np.where(means > 0, loads.max(axis=1) / np.where(means > 0, means, 1), 1.0)
