@@ -11,7 +11,7 @@ device's work is one row) everywhere, and ``r = 4`` where ``G`` stays within 512
 An epoch is documents enough for ``--steps`` steps of 512 rows (at most
 ``--max-documents``), the same documents for every rule, given to meshfeed as an
 ``ArraySource`` of ``Ragged`` tokens whose values are a zero-byte view (only the lengths
-are read). meshfeed is used through its public names, except where a part is timed alone:
+are read). meshfeed is used through its public names only:
 
 - ``meshfeed_balanced``: ``meshfeed.pack(source, T, algorithm="best_fit_decreasing",
   balance="pairs", step_rows=G)`` (``window``: ``--window``, by default pack's own for
@@ -52,12 +52,12 @@ sequence alone on a device; ``padding`` -- empty slots over all slots;
 ``plan_ms_per_step`` -- what a rule adds to each step, over its steps: for a peer, our
 Python version of its rule (so only indicative; its sequences come to it packed for
 free); for meshfeed's balanced rule, ``balance_ms_per_step`` -- ordering the plan's rows
-by cost, once an epoch (the private ``served_rows`` that ``pack(balance=)`` calls, timed
-on the plan alone, best of 3) -- plus ``deal_ms_per_step``, what the loader does each
-step (a step's ``G`` costs read, its rows dealt with the private ``arrange``, best of
-3); ``pack_ms_per_step`` -- the plan itself (``pack`` without ``balance``), which
-meshfeed does today whether or not it balances, and ``balanced_pack_ms_per_step`` --
-``pack`` with ``balance``, the two in one call, once; ``cap_violations`` --
+by cost, once (the balanced ``pack``'s own ``stats()["balance_seconds"]``) -- plus
+``deal_ms_per_step``, what the loader does each step (a step's ``G`` costs read with
+``row_costs``, its rows dealt by ``deal`` below, best of 3); ``pack_ms_per_step`` --
+the plan itself (``pack`` without ``balance``), which meshfeed makes whether or not it
+balances, and ``balanced_pack_ms_per_step`` -- ``pack`` with ``balance``, the two in
+one call, once; ``cap_violations`` --
 (step, device) pairs whose rows cannot hold the device's tokens; ``spearman`` --
 Spearman's rho of a step's place in the epoch against its mean segment length as its
 tokens see it, ``sum L^2 / sum L`` over its segments (a length curriculum if far from
@@ -83,8 +83,6 @@ import numpy as np
 from balance_rules import FILL, RULES
 
 import meshfeed
-from meshfeed.data._balance import arrange  # the loader's dealing of one step, timed alone
-from meshfeed.data._pack_balance import served_rows  # the ordering alone, timed on its own
 from meshfeed.inspect import step_balance
 
 LOW, HIGH = 137, 131_072
@@ -239,19 +237,14 @@ def deal(costs: np.ndarray, devices: int) -> np.ndarray:
     return out
 
 
-def _seconds(fn: Callable[..., object], *args: object) -> float:
-    start = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - start
-
-
 def _deal_seconds(packed: meshfeed.Packed, devices: int) -> float:
     """The time of what the loader does each step of a balanced pack, over all steps: a
-    step's ``G`` costs read, its rows dealt to the devices."""
+    step's ``G`` costs read, its rows dealt to the devices (``deal``, as the loader
+    deals them)."""
     step_rows = int(packed.step_rows)
     start = time.perf_counter()
     for first in range(0, len(packed), step_rows):
-        arrange(packed.row_costs(np.arange(first, first + step_rows)), devices)
+        deal(packed.row_costs(np.arange(first, first + step_rows))[None], devices)
     return time.perf_counter() - start
 
 
@@ -453,7 +446,7 @@ def meshfeed_lines(epoch: Epoch, devices: int, per_device: int) -> list[dict]:
 
     batches, loads = meshfeed_balanced(packed, served, devices)
     steps = len(batches)
-    order_s = min(_seconds(served_rows, epoch.plan, "pairs", 0.0, step_rows) for _ in range(3))
+    order_s = float(packed.stats()["balance_seconds"])
     deal_s = min(_deal_seconds(packed, devices) for _ in range(3))
     line = _meshfeed_line("meshfeed_balanced", served, devices, batches, loads)
     line["plan_ms_per_step"] = round(1e3 * (order_s + deal_s) / steps, 4)

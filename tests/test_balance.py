@@ -116,6 +116,10 @@ def test_the_kept_order_is_the_same_bytes_from_any_build_and_the_order_in_memory
     }
     assert rebuilt == built
     assert _rows(again[every]) == _rows(kept[every])
+    # Each row's cost is kept with the order: dealing a step reads G numbers.
+    assert np.array_equal(kept.row_costs(every), memory.row_costs(every))
+    plain = meshfeed.pack(memory.source, SEQ_LEN, plan_dir=False)
+    assert set(kept.stats()) - set(plain.stats()) == {"balance_seconds"}  # how long it took
 
 
 def test_static_and_a_cost_function_and_a_token_cost(capsys):

@@ -7,6 +7,7 @@ making the last step whole. See ``_pack`` for what a row holds.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,7 +65,9 @@ class Packed:
         self.source, self.seq_len, self.field = source, seq_len, packed[0]
         self.plan = plan
         self._balanced = balanced
+        start = time.perf_counter()
         self._served = None if balanced is None else served_rows(plan, *balanced)
+        self._balance_seconds = time.perf_counter() - start
         self._stats = stats
         self._settings = settings
         self._packed = packed
@@ -144,15 +147,18 @@ class Packed:
 
     def stats(self) -> dict[str, float]:
         """Documents, rows, tokens, padding (and its fraction), split, truncated and
-        dropped documents and tokens."""
+        dropped documents and tokens; with ``balance``, ``balance_seconds``: the time this
+        process spent ordering the rows by cost (reading a kept order, if there was one)."""
         tokens = self.plan.tokens
         slots = len(self) * self.seq_len
+        balance = {} if self._balanced is None else {"balance_seconds": self._balance_seconds}
         return {
             **self._stats,
             "rows": len(self),
             "tokens": tokens,
             "padding": slots - tokens,
             "padding_fraction": (slots - tokens) / slots,
+            **balance,
         }
 
     def pieces(self, row: int) -> list[tuple[int, int, int]]:
