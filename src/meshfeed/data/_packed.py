@@ -36,15 +36,6 @@ from meshfeed.data._sources import (
     thread_safe,
 )
 
-LONG_ROW = 4096
-"""Rows this long or longer without ``max_segments`` are said (the module docstring)."""
-_SAID: set[int] = set()  # row lengths said to have no static count of documents
-LOSS_MASK = "loss_mask"  # what prepare(chat=) writes beside the tokens: long ones truncate
-
-
-def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
 
 def _dtype(source: Source, name: str) -> np.dtype:
     """A packed field's dtype: a ragged field's own, or an object field's first document's."""
