@@ -160,3 +160,20 @@ def plan_against_reads() -> list[tuple[str, str, int, int]]:
             read = sum(len(r) for r in source.requests)
             out.append((layout, strategy, said, read))
     return out
+
+
+def meshes_by_topology() -> dict[str, Any]:
+    """Each device's process over meshes with ``dcn=``, and what the plan says crosses."""
+    out: dict[str, Any] = {}
+    for name, mesh in {
+        "data_model": meshfeed.make_mesh(data=4, model=2, dcn="data"),
+        "model_data": meshfeed.make_mesh(model=2, data=4, dcn={"data": 2}),
+        "model_data_plain": meshfeed.make_mesh(model=2, data=4),
+    }.items():
+        plan = meshfeed.inspect.plan(NamedSharding(mesh, P("data")), (16,), np.float32)
+        out[name] = {
+            "processes": np.vectorize(lambda d: d.process_index)(mesh.devices),
+            "across": plan.across_processes,
+            "text": meshfeed.show_plan(plan),
+        }
+    return out

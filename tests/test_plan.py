@@ -20,6 +20,8 @@ def test_single_process_costs():
     assert per_process.host_to_device == {0: 256 * 784}
     assert plan.costs["reshard"].device_to_device == 0  # load layout == target layout
     assert "auto -> per_process" in str(plan)
+    assert plan.across_processes == ()
+    assert "mesh axes across processes: none\n" in meshfeed.show_plan(plan)
 
 
 def test_replicas_across_processes_cost_reads_that_reshard_saves():
@@ -29,6 +31,8 @@ def test_replicas_across_processes_cost_reads_that_reshard_saves():
     assert plan.costs["per_process"].rows_read == {0: 16, 1: 16}
     assert plan.costs["reshard"].rows_read == {0: 8, 1: 8}
     assert plan.costs["reshard"].device_to_device > 0
+    assert plan.across_processes == ("model",)
+    assert "mesh axes across processes: model\n" in meshfeed.show_plan(plan)
     four = meshfeed.inspect.plan(spread, (16, 4, 4), np.uint8, processes=4)
     assert four.costs["per_process"].rows_read == {0: 8, 1: 8, 2: 8, 3: 8}
     assert "read more than once" in four.reason

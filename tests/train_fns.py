@@ -90,11 +90,17 @@ def fit_losses(steps: int = STEPS) -> list[float]:
     return [entry["loss"] for entry in history.train]
 
 
-def train(mode: str, steps: int = STEPS) -> dict[str, np.ndarray]:
+def train(mode: str, steps: int = STEPS, microbatches: int = 1) -> dict[str, np.ndarray]:
     """``steps`` steps in ``mode`` on a data-parallel mesh of every device."""
     mesh = meshfeed.make_mesh(data=jax.device_count())
     state = meshfeed.TrainState.create(init_params(), OPTIMIZER, mesh=mesh)
-    step = meshfeed.make_train_step(loss_fn, OPTIMIZER, mesh=mesh, mode=mode)  # type: ignore[arg-type]
+    step = meshfeed.make_train_step(
+        loss_fn,
+        OPTIMIZER,
+        mesh=mesh,
+        mode=mode,  # type: ignore[arg-type]
+        microbatches=microbatches,
+    )
     for _, batch in zip(range(steps), loader(mesh), strict=False):
         state, _ = step(state, batch)
     return {n: np.asarray(v) for n, v in state.params.items()}

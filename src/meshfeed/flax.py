@@ -24,9 +24,12 @@ functional API does (``nnx.split`` / ``nnx.merge``):
 - ``update_model(model, state)``: writes the trained values into the user's model, in
   their layout (``model(x)``, ``nnx.state(model)`` and Orbax work as usual after).
 
-The user's model object is never changed except by ``update_model``: the state holds
-copies of its values, which the steps donate (each step's new values take the old ones'
-memory). An optional extra:
+The values exist once: ``create_state`` hands the state's arrays to the model's variables
+(the model keeps working, on the mesh), and the steps donate the state (each step's new
+values take the old ones' memory), so after the first step the model's arrays are gone
+until ``update_model`` writes the state back. Pass ``donate=False`` to the step to keep
+the model usable throughout, at the cost of a second copy during each step.
+An optional extra:
 ``pip install 'meshfeed[flax]'``.
 """
 
@@ -44,6 +47,7 @@ except ImportError as error:
     ) from error
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
@@ -70,11 +74,13 @@ class _Parts:
     def __init__(self, model: Any) -> None:
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model is a {type(model).__name__}; pass a flax.nnx.Module.")
-        _, self.params, self.keys, self.rest = nnx.split(model, nnx.Param, nnx.RngKey, ...)
-        for template in (self.params, self.rest):
+        _, params, self.keys, rest = nnx.split(model, nnx.Param, nnx.RngKey, ...)
+        for template in (params, rest):
             pure = jax.tree.leaves(nnx.to_pure_dict(template))
             if any(a is not b for a, b in zip(pure, jax.tree.leaves(template), strict=True)):
                 raise ValueError("this model's state does not flatten like its plain dict.")
+        # Shapes, not buffers: a step that outlives the model's arrays keeps none alive.
+        self.params, self.rest = _shapes(params), _shapes(rest)
 
     def fresh_keys(self, rng: jax.Array | None) -> Any:
         """One key per random stream for this step, or the model's own without ``rng``."""
@@ -83,6 +89,10 @@ class _Parts:
         leaves = jax.tree.leaves(self.keys)
         fresh = [jax.random.fold_in(rng, i) for i in range(len(leaves))]
         return jax.tree.unflatten(jax.tree.structure(self.keys), fresh)
+
+
+def _shapes(state: Any) -> Any:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), state)
 
 
 def _state(template: Any, values: Any, what: str) -> Any:
@@ -122,10 +132,8 @@ def _placed(state: Any, mesh: Mesh) -> Any:
     values = jax.tree.leaves(nnx.to_pure_dict(state))
 
     def one(value: Any, spec: Any) -> Any:
-        sharding = getattr(value, "sharding", None)
-        if isinstance(sharding, NamedSharding):
-            # A copy: the steps donate the state's arrays, and these are the model's.
-            return value.copy()
+        if isinstance(getattr(value, "sharding", None), NamedSharding):
+            return value  # the state takes the model's array itself
         if not isinstance(spec, P) or spec == P():
             return value  # TrainState.create replicates it
         return place_host(np.asarray(value), NamedSharding(mesh, spec))
@@ -144,21 +152,32 @@ def create_state(
 ) -> TrainState:
     """The ``TrainState`` of ``model`` on ``mesh``: parameters, model state and a key.
 
+    The state takes the model's values without copying them, and the model's variables
+    are given the state's arrays (placed on the mesh), so each value is held once. A
+    donating step (the default) deletes them: call ``update_model(model, state)`` to use
+    the model again.
+
     Build the model under ``jax.set_mesh(mesh)`` (or with ``nnx.use_eager_sharding
     (False)``) when its variables carry sharding annotations; they keep those layouts.
     ``seed`` makes ``state.rng``, from which each step's dropout keys are drawn.
     ``param_sharding`` as for ``TrainState.create`` (``"fsdp"``: large parameters and
     their optimizer state split over the data axis too).
     """
-    parts = _Parts(model)
-    return TrainState.create(
-        _placed(parts.params, mesh),
+    _Parts(model)  # refuses what is not an NNX model
+    _, params, _, rest = nnx.split(model, nnx.Param, nnx.RngKey, ...)
+    state = TrainState.create(
+        _placed(params, mesh),
         optimizer,
         mesh=mesh,
-        model_state=_placed(parts.rest, mesh),
+        model_state=_placed(rest, mesh),
         rng=seed,
         param_sharding=param_sharding,
     )
+    del params, rest
+    # The model's variables now hold the state's arrays: the values exist once, and
+    # whatever the model held before (arrays off the mesh) is freed with it.
+    update_model(model, state)
+    return state
 
 
 def make_train_step(
@@ -169,6 +188,8 @@ def make_train_step(
     mesh: Mesh,
     mode: Mode = "jit",
     batch_axes: Sequence[str] = (DATA,),
+    donate: bool = True,
+    microbatches: int = 1,
 ) -> StepFn:
     """``step(state, batch) -> (state, metrics)`` training ``model``'s values in a state.
 
@@ -176,8 +197,12 @@ def make_train_step(
       model: the ``nnx.Module`` the state was made from (only its structure is used).
       loss_fn: ``loss_fn(model, batch) -> (loss, metrics)``: the mean loss over the
         valid rows (``meshfeed.masked_mean``) and a dict of scalar metrics; ``model`` is
-        in training mode.
-      optimizer, mesh, mode, batch_axes: as for ``meshfeed.make_train_step``.
+        in training mode. A loss averaged over tokens returns their number as
+        ``metrics["count"]``, as for ``meshfeed.make_train_step``.
+      optimizer, mesh, mode, batch_axes, donate, microbatches: as for
+        ``meshfeed.make_train_step``. With ``donate=True`` (the default) the first step
+        takes the arrays ``create_state`` shares with ``model``: call ``update_model``
+        before using the model again.
     """
     parts = _Parts(model)
     graph = _graphdef(model, _TRAINING, collective_axes(mode, batch_axes))
@@ -199,7 +224,14 @@ def make_train_step(
         return out[0], (out[1], nnx.to_pure_dict(rest))
 
     return _make_step(
-        stateful_loss, optimizer, mesh=mesh, mode=mode, batch_axes=batch_axes, stateful=True
+        stateful_loss,
+        optimizer,
+        mesh=mesh,
+        mode=mode,
+        batch_axes=batch_axes,
+        stateful=True,
+        donate=donate,
+        microbatches=microbatches,
     )
 
 

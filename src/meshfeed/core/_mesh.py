@@ -6,16 +6,24 @@ replicates it over the others: the devices that share a coordinate on the batch 
 form a *replica group* and hold the same rows. Everything the loader reads follows from
 the ``(batch axes, mesh)`` pair, which is why this module computes rows from the first
 entry of the spec alone.
+
+Where the devices sit matters as much as how many there are. ``make_mesh`` lays them out
+as ``jax.make_mesh`` does for the machine (a TPU's torus, a GPU's device ids), and across
+slices or hosts as ``create_hybrid_device_mesh`` does, with the axes named in ``dcn=`` on
+the slow network between them: a data axis there sends one gradient reduction a step over
+it, a model axis there would send every layer's activations. ``axes_across_processes``
+says which axes a mesh sends between processes, for the plan to show.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeAlias
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -34,15 +42,25 @@ AxisTypes = Literal["auto", "explicit"]
 """The kind of mesh axes ``make_mesh`` makes: JAX's ``Auto`` (the default here) or
 ``Explicit`` (sharding in types)."""
 _AXIS_TYPES: dict[str, AxisType] = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
+_PLURAL = {"slice": "slices", "process": "processes"}  # the granules of ``dcn=``
 
 
 def make_mesh(
     *,
     axis_types: AxisTypes = "auto",
     devices: Sequence[Device] | None = None,
+    dcn: str | Mapping[str, int] | None = None,
     **axis_sizes: int,
 ) -> Mesh:
-    """Builds a mesh with the named axes, in the order given.
+    """Builds a mesh with the named axes, in the order given, laid out by the machine.
+
+    Without ``devices=`` the devices are placed the way ``jax.make_mesh`` places them on
+    this machine (on TPUs by the physical topology, on GPUs by device id, on CPUs in
+    ``jax.devices()`` order). On several slices (TPU multislice) or hosts, ``dcn=`` names
+    the axes that cross the slow network between them: each *granule* (a slice when the
+    devices have distinct ``slice_index``, else a process) holds a contiguous block of the
+    other axes, built with ``jax.experimental.mesh_utils.create_hybrid_device_mesh``.
+    Put the data axis there: its only traffic is the gradient reduction once a step.
 
     The default axis type is **Auto**, unlike ``jax.make_mesh`` (Explicit since jax
     0.9): on Auto axes ``with_sharding_constraint`` reshards and matmuls need no
@@ -51,18 +69,33 @@ def make_mesh(
 
     Args:
       axis_types: ``"auto"`` or ``"explicit"``, for every axis.
-      devices: the devices, in mesh order (row-major over the axes); default
-        ``jax.devices()``. Pass a permutation to put replicas on other processes.
+      devices: the devices, in mesh order (row-major over the axes), kept as given;
+        default: every device, laid out by the topology. Pass a permutation to put
+        replicas on other processes.
+      dcn: the axes that cross slices or processes: an axis name (it takes every
+        granule), or a mapping of axis name to the granules along it (their product
+        is the number of granules, each divides its axis). Sizes stay the full axis
+        sizes. Not with ``devices=``, which keeps its own order.
       **axis_sizes: axis name to size; one size may be ``-1`` for "the rest".
+
+    Raises:
+      ValueError: a size that is not a positive int (or ``-1`` once), sizes whose
+        product is not the device count, devices on several slices without ``dcn=``,
+        or a ``dcn=`` that names an unknown axis, does not divide its axis, does not
+        multiply to the number of granules, or comes with ``devices=``.
+      TypeError: ``dcn=`` neither an axis name nor a mapping.
 
     Example:
       >>> mesh = make_mesh(data=4, model=2)  # doctest: +SKIP
+      >>> # 2 hosts of 4 devices: each host holds 2 data rows x 2 model columns.
+      >>> mesh = make_mesh(data=4, model=2, dcn="data")  # doctest: +SKIP
+      >>> axes_across_processes(mesh)  # doctest: +SKIP
+      ('data',)
     """
     if not axis_sizes:
         raise ValueError("make_mesh needs at least one axis, e.g. make_mesh(data=8).")
     if axis_types not in _AXIS_TYPES:
         raise ValueError(f"axis_types={axis_types!r} is not one of {sorted(_AXIS_TYPES)}.")
-    devices = list(jax.devices() if devices is None else devices)
     sizes = dict(axis_sizes)
     for name, size in sizes.items():
         if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
@@ -70,24 +103,129 @@ def make_mesh(
     free = [name for name, size in sizes.items() if size == -1]
     if len(free) > 1:
         raise ValueError(f"only one mesh axis may be -1, got {free}.")
+    wanted = _check_dcn(dcn, tuple(sizes))
+    if dcn is not None and devices is not None:
+        raise ValueError(
+            "make_mesh takes dcn= or devices=, not both: devices= keeps the order given, "
+            "dcn= lays out every device by slice or process; drop one of them."
+        )
+    listed = list(jax.devices() if devices is None else devices)
     fixed = math.prod(size for size in sizes.values() if size != -1)
     if free:
-        if len(devices) % fixed:
+        if len(listed) % fixed:
             raise ValueError(
-                f"{len(devices)} devices do not split into axes {sizes}; "
-                f"make the fixed sizes divide {len(devices)}."
+                f"{len(listed)} devices do not split into axes {sizes}; "
+                f"make the fixed sizes divide {len(listed)}."
             )
-        sizes[free[0]] = len(devices) // fixed
-    if math.prod(sizes.values()) != len(devices):
+        sizes[free[0]] = len(listed) // fixed
+    if math.prod(sizes.values()) != len(listed):
         raise ValueError(
             f"mesh axes {sizes} hold {math.prod(sizes.values())} devices but there are "
-            f"{len(devices)}; pass sizes whose product is {len(devices)}, or devices=."
+            f"{len(listed)}; pass sizes whose product is {len(listed)}, or devices=."
         )
-    kind = _AXIS_TYPES[axis_types]
-    return Mesh(
-        np.asarray(devices, dtype=object).reshape(tuple(sizes.values())),
-        tuple(sizes),
-        axis_types=(kind,) * len(sizes),
+    shape, names = tuple(sizes.values()), tuple(sizes)
+    kinds = (_AXIS_TYPES[axis_types],) * len(sizes)
+    if devices is not None:
+        return Mesh(np.asarray(listed, dtype=object).reshape(shape), names, axis_types=kinds)
+    granule, groups = device_granules(listed)
+    if wanted is None:
+        if granule == "slice":
+            raise ValueError(
+                f"the devices are on {len(groups)} slices; pass dcn= with the axis that "
+                f"crosses them, e.g. make_mesh(..., dcn={names[0]!r}), or devices=."
+            )
+        return jax.make_mesh(shape, names, axis_types=kinds, devices=listed)
+    dcn_shape = _dcn_shape(wanted, sizes, len(groups), granule)
+    counts = sorted({len(g) for g in groups})
+    if len(counts) > 1:
+        raise ValueError(
+            f"the {len(groups)} {_PLURAL[granule]} hold {counts[0]} to {counts[-1]} devices; dcn= "
+            "needs the same number on each: drop dcn= and pass devices= in mesh order."
+        )
+    ici_shape = tuple(s // d for s, d in zip(shape, dcn_shape, strict=True))
+    # jax.make_mesh splits physical axes on these chips; do the same within a granule.
+    split = listed[0].device_kind in ("TPU v5 lite", "TPU v5e")
+    layout = mesh_utils.create_hybrid_device_mesh(
+        ici_shape,
+        dcn_shape,
+        listed,
+        process_is_granule=granule == "process",
+        allow_split_physical_axes=split,
+    )
+    return Mesh(layout, names, axis_types=kinds)
+
+
+def _check_dcn(dcn: object, names: tuple[str, ...]) -> dict[str, int | None] | None:
+    """``dcn=`` as axis -> granules along it (None: every granule), its names checked."""
+    if dcn is None:
+        return None
+    if isinstance(dcn, str):
+        wanted: dict[str, int | None] = {dcn: None}
+    elif isinstance(dcn, Mapping):
+        wanted = dict(dcn)  # type: ignore[arg-type]
+    else:
+        raise TypeError(
+            f"dcn is a {type(dcn).__name__}; pass an axis name (dcn={names[0]!r}) or a "
+            f"mapping of axis name to granules (dcn={{{names[0]!r}: 2}})."
+        )
+    unknown = [a for a in wanted if a not in names]
+    if unknown:
+        raise ValueError(
+            f"dcn= names {unknown}, not an axis of the mesh {names}; pass axes of the "
+            f"mesh, e.g. dcn={names[0]!r}."
+        )
+    for axis, n in wanted.items():
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise ValueError(f"dcn={{{axis!r}: {n!r}}} must be a positive int of granules.")
+    return wanted
+
+
+def _dcn_shape(
+    wanted: Mapping[str, int | None], sizes: Mapping[str, int], granules: int, granule: str
+) -> tuple[int, ...]:
+    """The granules along each axis, in axis order, checked against sizes and granules."""
+    dcn = {a: granules if n is None else n for a, n in wanted.items()}
+    for axis, n in dcn.items():
+        if sizes[axis] % n:
+            raise ValueError(
+                f"mesh axis {axis!r} of size {sizes[axis]} does not split over {n} "
+                f"{_PLURAL[granule]} (dcn={{{axis!r}: {n}}}); make {axis}= a multiple of {n}, or "
+                "spread the granules over more axes of dcn=."
+            )
+    if math.prod(dcn.values()) != granules:
+        raise ValueError(
+            f"dcn={dcn} spans {math.prod(dcn.values())} {_PLURAL[granule]} but the devices are on "
+            f"{granules}; make the dcn= sizes multiply to {granules}, e.g. "
+            f"dcn={{{next(iter(dcn))!r}: {granules}}}."
+        )
+    return tuple(dcn.get(a, 1) for a in sizes)
+
+
+def device_granules(devices: Sequence[Device]) -> tuple[str, list[list[Device]]]:
+    """The units of the slow network and their devices: ``("slice", ...)`` when the
+    devices carry distinct ``slice_index`` (TPU multislice), else ``("process", ...)``;
+    groups in key order, devices in the order given."""
+    slices = {getattr(d, "slice_index", None) for d in devices}
+    kind = "slice" if None not in slices and len(slices) > 1 else "process"
+    groups: dict[int, list[Device]] = {}
+    for d in devices:
+        groups.setdefault(d.slice_index if kind == "slice" else d.process_index, []).append(d)
+    return kind, [groups[k] for k in sorted(groups)]
+
+
+def axes_across_processes(mesh: Mesh, *, processes: int | None = None) -> tuple[str, ...]:
+    """The mesh axes that cross processes: those along which two devices, the same on
+    every other axis, belong to different processes (their collectives leave the host).
+
+    Args:
+      mesh: the mesh.
+      processes: as if the devices were split, in order, over this many processes
+        (``process_map``); default: the processes running here.
+    """
+    owner = process_map(list(mesh.devices.flat), processes)
+    grid = np.vectorize(owner.__getitem__, otypes=[np.int64])(mesh.devices)
+    return tuple(
+        name for axis, name in enumerate(mesh.axis_names) if np.any(np.diff(grid, axis=axis) != 0)
     )
 
 

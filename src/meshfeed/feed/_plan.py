@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshfeed.core._mesh import process_map
+from meshfeed.core._mesh import axes_across_processes, process_map
 from meshfeed.data._sources import FieldSpec, field_text
 from meshfeed.feed._timeline import Span
 
@@ -136,6 +136,9 @@ class Plan:
     schedule: tuple[Span, ...] = ()
     """The spans of steps ahead of a loader with stages (a batch size that ramps, a
     mixture's weights), and what holds in each."""
+    across_processes: tuple[str, ...] = ()
+    """The mesh axes that cross processes (their collectives leave the host), for the
+    processes planned for."""
 
     @property
     def strategy(self) -> str:
@@ -263,6 +266,7 @@ def make_plan(
     processes: int | None = None,
 ) -> Plan:
     table, needed = costs(fields, global_batch_size, processes=processes)
+    mesh = next(iter(fields.values()))[0].mesh
     choice, reason = choose(needed, global_batch_size)
     return Plan(
         costs=table,
@@ -272,4 +276,7 @@ def make_plan(
         global_batch_size=global_batch_size,
         processes=len(needed),
         fields={n: field_text(FieldSpec(s, d)) for n, (_, s, d) in fields.items()},
+        across_processes=(
+            axes_across_processes(mesh, processes=processes) if isinstance(mesh, Mesh) else ()
+        ),
     )

@@ -69,9 +69,11 @@ def show_plan(plan: Plan) -> str:
     ahead = ""
     if plan.schedule:
         ahead = "schedule ahead:\n" + "".join(f"  {_span(s)}\n" for s in plan.schedule)
+    across = ", ".join(plan.across_processes) or "none"
     return (
         f"plan for global_batch_size={plan.global_batch_size} on {plan.processes} "
-        f"process(es); fields: {fields}\nper step and per process ('x each': the same on every "
+        f"process(es); fields: {fields}\nmesh axes across processes: {across}\n"
+        "per step and per process ('x each': the same on every "
         "process; 'x/y': process 0/process 1); device<->device: all devices together\n"
         f"{out.getvalue().rstrip()}\n{plan.summary}\n{fetched}{pod}{ahead}"
     )

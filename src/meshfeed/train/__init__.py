@@ -12,7 +12,8 @@ Modules, lowest first (each imports only modules listed before it)::
 
     _param_sharding  parameters and optimizer state laid out: as placed, FSDP, or a rule
     _train_state   TrainState: parameters, optimizer state, model state, a key; placed on a mesh
-    _step_parts    what every mode computes: gradient, valid-row weights, keys; masked_mean
+    _step_parts    what every mode computes: gradient, valid rows, keys; masked_mean
+    _microbatches  a step's parts (devices, microbatches) weighted by what the loss counts
     _pmap_step     mode="pmap": the batch reshaped per device, the state gathered and rewrapped
     _steps         make_train_step (jit, shard_map, pmap), with donation
     _attention     segment_mask: attention inside each document of a packed row

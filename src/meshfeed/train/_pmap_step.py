@@ -20,11 +20,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from meshfeed.core._mesh import Device
+from meshfeed.train._microbatches import local_step
 from meshfeed.train._step_parts import (
     PMAP_AXIS,
     Batch,
     check_batch_specs,
-    local_step,
     shardings_of,
 )
 from meshfeed.train._train_state import TrainState
@@ -36,8 +36,9 @@ def pmap_step(
     mesh: Mesh,
     axes: tuple[str, ...],
     donate: bool,
+    microbatches: int = 1,
 ) -> Any:
-    local = local_step(grads, apply, (PMAP_AXIS,))
+    local = local_step(grads, apply, (PMAP_AXIS,), microbatches)
     devices = _batch_device_order(mesh, axes)
     pmap_mesh = Mesh(np.asarray(devices, dtype=object), (PMAP_AXIS,))
     per_device = NamedSharding(pmap_mesh, P(PMAP_AXIS))

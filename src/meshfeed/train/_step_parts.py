@@ -1,11 +1,12 @@
 """What every mode of a train step computes: the loss's gradient, keys, valid rows.
 
 The loss is the mean over the *valid* rows of the global batch (``mask == True`` rows,
-when the loader pads). ``loss_fn`` returns the mean over the valid rows of the batch it
-is given -- ``masked_mean`` does that -- and the manual modes (``shard_map``, ``pmap``)
-run ``local_step`` on each device, which weights each device's mean by its number of
-valid rows, so a device holding only padding counts for nothing and the result equals
-the global mean exactly. Auxiliary metrics are treated as means over valid rows too.
+when the loader pads), or over what ``loss_fn`` says it counts (``metrics["count"]``,
+e.g. its loss tokens). ``loss_fn`` returns the mean over the batch it is given --
+``masked_mean`` does that for rows -- and ``_microbatches`` weights each part of a step
+(a device's rows in the manual modes, a microbatch) by that count, so a device holding
+only padding counts for nothing and the result equals the global mean exactly.
+Auxiliary metrics are treated as means over the same count.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ Batch = Mapping[str, jax.Array]
 """One step's batch: field name -> global ``jax.Array`` (as a ``Loader`` yields it)."""
 PMAP_AXIS = "devices"
 """The name of the one axis of ``mode="pmap"``'s devices."""
+COUNT = "count"
+"""The metric by which ``loss_fn`` says how many terms its mean is over (loss tokens):
+the parts of a step (devices, microbatches) are then weighted by it."""
 
 
 def masked_mean(values: ArrayLike, batch: Mapping[str, ArrayLike]) -> jax.Array:
@@ -126,10 +130,6 @@ def check_batch_specs(batch: Batch, mesh: Mesh, axes: tuple[str, ...], mode: str
     return specs
 
 
-def weighted(tree: Any, count: jax.Array, total: jax.Array, axes: tuple[str, ...]) -> Any:
-    return jax.tree.map(lambda v: jax.lax.psum(v * count, axes) / total, tree)
-
-
 def averaged(model_state: Any, count: jax.Array, total: jax.Array, axes: Any) -> Any:
     """Floating leaves averaged over the devices, weighted by valid rows; others kept."""
 
@@ -139,26 +139,6 @@ def averaged(model_state: Any, count: jax.Array, total: jax.Array, axes: Any) ->
         return (jax.lax.psum(v * count, axes) / total).astype(v.dtype)
 
     return jax.tree.map(one, model_state)
-
-
-def local_step(
-    grads: Callable[..., Any], apply: Callable[..., Any], axes: tuple[str, ...]
-) -> Callable[..., Any]:
-    """The per-device step shared by shard_map and pmap: exact valid-row weighting."""
-
-    def local(
-        step: jax.Array, params: Any, opt_state: Any, model_state: Any, rng: Any, batch: Batch
-    ) -> Any:
-        loss, aux, model_state, g = grads(params, batch, model_state, step_key(rng, step, axes))
-        count = valid_rows(batch)
-        total = jnp.maximum(jax.lax.psum(count, axes), 1.0)
-        g = weighted(g, count, total, axes)
-        metrics = weighted({"loss": loss, **aux}, count, total, axes)
-        model_state = averaged(model_state, count, total, axes)
-        params, opt_state = apply(params, opt_state, g)
-        return step + 1, params, opt_state, model_state, metrics
-
-    return local
 
 
 def shardings_of(tree: Any) -> Any:

@@ -31,7 +31,15 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshfeed.core._mesh import DATA
+from meshfeed.core._mesh import DATA, num_batch_shards
+from meshfeed.train._microbatches import (
+    check_microbatches,
+    dtypes_of,
+    local_step,
+    means,
+    split_rows,
+    weighted_sums,
+)
 from meshfeed.train._pmap_step import pmap_step
 from meshfeed.train._step_parts import (
     MODES,
@@ -40,7 +48,6 @@ from meshfeed.train._step_parts import (
     Mode,
     check_batch_specs,
     gradient,
-    local_step,
     shardings_of,
     step_key,
 )
@@ -56,6 +63,7 @@ def make_train_step(
     batch_axes: Sequence[str] = (DATA,),
     stateful: bool = False,
     donate: bool = True,
+    microbatches: int = 1,
 ) -> TrainStep:
     """Builds ``step(state, batch) -> (state, metrics)`` for one of three modes.
 
@@ -80,6 +88,22 @@ def make_train_step(
         state, not two, and after it the old state's arrays are deleted (reading one
         raises). Keep a state you still need with ``jax.tree.map(jnp.copy, state)``
         before the step, or pass ``donate=False``.
+
+      microbatches: cut each device's rows of a step into this many microbatches, run
+        one after another inside the step (``lax.scan``), their gradients summed: the
+        activations of one microbatch are held at a time, the update is the one big
+        step's. Each device's rows must divide by it. With a loss averaged over tokens,
+        return ``metrics["count"]`` (below) so the parts add up to the step's mean.
+
+    What the loss counts: ``loss_fn`` returns a mean. When that mean is over something
+    other than the valid rows -- the loss tokens of packed rows or of a ``loss_mask`` --
+    put their number in the metrics, ``(loss, {"count": tokens, ...})``: then each part
+    of a step (a device's rows under ``shard_map`` and ``pmap``, a microbatch) is weighted
+    by its count, and every mode and every ``microbatches`` gives the update of the mean
+    over all the step's tokens, as ``jit`` computes it on the global batch. Without a
+    count the parts are weighted by their valid rows (a warning says so when the batch
+    has ``loss_mask`` or ``segment_ids``). ``metrics["count"]`` comes back as the step's
+    total.
 
     Returns:
       The step, a ``TrainStep``; ``metrics`` holds ``"loss"`` and the aux entries,
@@ -112,13 +136,14 @@ def make_train_step(
 
     if not isinstance(donate, bool):
         raise TypeError(f"donate={donate!r} must be True or False.")
+    microbatches = check_microbatches(microbatches)
     lower = None
     if mode == "jit":
-        built, lower = _jit_step(grads, apply, mesh, donate)
+        built, lower = _jit_step(grads, apply, mesh, donate, microbatches)
     elif mode == "shard_map":
-        built = _shard_map_step(grads, apply, mesh, axes, donate)
+        built = _shard_map_step(grads, apply, mesh, axes, donate, microbatches)
     else:
-        built = pmap_step(grads, apply, mesh, axes, donate)
+        built = pmap_step(grads, apply, mesh, axes, donate, microbatches)
     return TrainStep(built, lower, mode, stateful)
 
 
@@ -168,36 +193,84 @@ def _donated(state: Any) -> bool:
 
 
 def _jit_step(
-    grads: Callable[..., Any], apply: Callable[..., Any], mesh: Mesh, donate: bool
+    grads: Callable[..., Any],
+    apply: Callable[..., Any],
+    mesh: Mesh,
+    donate: bool,
+    microbatches: int,
 ) -> tuple[Any, Any]:
-    def step_fn(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+    def whole(state: TrainState, batch: Batch) -> tuple[Any, Any, Any, Any]:
         key = step_key(state.rng, state.step)
-        loss, aux, model_state, g = grads(state.params, batch, state.model_state, key)
+        return grads(state.params, batch, state.model_state, key)
+
+    def step_fn(
+        state: TrainState, batch: Batch, split: Any = None
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        if split is None:
+            loss, aux, model_state, g = whole(state, batch)
+        else:
+            key = step_key(state.rng, state.step)
+            total, sums, model_state = split(state.params, batch, state.model_state, key)
+            loss, aux, g = means(total, sums, dtypes_of(state.params))
         params, opt_state = apply(state.params, state.opt_state, g)
         new = TrainState(state.step + 1, params, opt_state, model_state, state.rng)
         return new, {"loss": loss, **aux}
 
-    compiled: dict[str, Any] = {}
+    compiled: dict[Any, Any] = {}
     replicated = NamedSharding(mesh, P())
 
-    def jitted(state: Any) -> Any:
+    def jitted(state: Any, batch: Any) -> Any:
+        split = None if microbatches == 1 else _jit_microbatches(grads, microbatches, batch)
         # Pin the state's layout so every step's output feeds the next without a new
         # compilation (XLA would otherwise be free to pick another layout).
         return jax.jit(
-            step_fn,
+            lambda s, b: step_fn(s, b, split),
             out_shardings=(shardings_of(state), replicated),
             donate_argnums=(0,) if donate else (),
         )
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
-        if "fn" not in compiled:
-            compiled["fn"] = jitted(state)
-        return compiled["fn"](state, batch)
+        key = _layout_key(batch) if microbatches > 1 else None
+        if key not in compiled:
+            compiled[key] = jitted(state, batch)
+        return compiled[key](state, batch)
 
     def lower(state: Any, batch: Any) -> Any:
-        return jitted(state).lower(state, batch)
+        return jitted(state, batch).lower(state, batch)
 
     return step, lower
+
+
+def _layout_key(batch: Batch) -> tuple[Any, ...]:
+    return tuple((name, getattr(x, "sharding", None)) for name, x in sorted(batch.items()))
+
+
+def _jit_microbatches(grads: Callable[..., Any], microbatches: int, batch: Batch) -> Any:
+    """``weighted_sums`` over the global batch: microbatch ``m`` is the ``m``-th part of
+    every device's rows, held in the field's own layout, so no row moves."""
+    shardings = {name: getattr(x, "sharding", None) for name, x in batch.items()}
+
+    def split(b: Batch) -> dict[str, jax.Array]:
+        out = {}
+        for name, x in b.items():
+            sharding = shardings[name]
+            if not isinstance(sharding, NamedSharding):
+                out[name] = split_rows({name: x}, microbatches)[name]
+                continue
+            parts = split_rows({name: x}, microbatches, num_batch_shards(sharding))[name]
+            stacked = NamedSharding(sharding.mesh, P(None, *sharding.spec))
+            out[name] = jax.lax.with_sharding_constraint(parts, stacked)
+        return out
+
+    def pick(part: Batch) -> dict[str, jax.Array]:
+        return {
+            name: x
+            if not isinstance(shardings[name], NamedSharding)
+            else jax.lax.with_sharding_constraint(x, shardings[name])
+            for name, x in part.items()
+        }
+
+    return weighted_sums(grads, microbatches, split, warn_rows=True, pick=pick)
 
 
 def _shard_map_step(
@@ -206,8 +279,9 @@ def _shard_map_step(
     mesh: Mesh,
     axes: tuple[str, ...],
     donate: bool,
+    microbatches: int,
 ) -> Any:
-    local = local_step(grads, apply, axes)
+    local = local_step(grads, apply, axes, microbatches)
     compiled: dict[Any, Any] = {}
     replicated = NamedSharding(mesh, P())
 
