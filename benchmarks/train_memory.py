@@ -10,6 +10,18 @@ temporaries, and their sum less the reuse: the step's peak). Three ways: replica
 without donation (what a step cost before), replicated and donated, FSDP
 (``param_sharding="fsdp"``) and donated.
 
+Part ``microbatches``: a model whose activations dominate (rows of 512 tokens through
+2 residual MLP blocks of 256 -> 2048 -> 256: 2.4M parameters, 27 MB of state and
+~500 MB of temporaries a device at 16 rows a device), its jit step with
+``microbatches`` 1, 2 and 4, lowered and compiled as above: the step's peak a device
+and its temporaries, and their ratio to the unsplit step's (the same update:
+``tests/test_microbatches.py``).
+
+Part ``flax``: a Flax NNX model of 8.4M parameters built off the mesh, ``create_state``
+(Adam) and one donated step on 8 devices; then every live array's bytes
+(``jax.live_arrays()``) against the state's own (parameters + optimizer state): 1.00
+when the values are held once, ~1.33 with Adam when the model keeps a second copy.
+
 Part ``saves``: ``fit`` on 8 devices with a checkpoint every 10 steps (asynchronous, to a
 local folder; ``--s3``: to the local S3 server too) against ``fit`` without checkpoints:
 steps/s in rotating rounds, and the median of the per-round ratios (goal >= 0.95), for a
@@ -121,6 +133,100 @@ def memory(blocks: int, width: int, hidden: int, batch: int, smoke: bool) -> Non
         }), flush=True)  # fmt: skip
 
 
+def token_loss(params: Any, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Per-token regression through residual MLP blocks; the mean over counted tokens."""
+    x = params["embed"][batch["tokens"]]
+    blocks = sum(1 for name in params if name.startswith("down"))
+    for b in range(blocks):
+        x = x + jax.nn.gelu(x @ params[f"up{b}"] + params[f"up_bias{b}"]) @ params[f"down{b}"]
+    counted = batch["loss_mask"]
+    per_token = jnp.where(counted, ((x - params["embed"][batch["targets"]]) ** 2).mean(-1), 0)
+    count = jnp.sum(counted)
+    return jnp.sum(per_token) / jnp.maximum(count, 1), {"count": count}
+
+
+def microbatches(width: int, hidden: int, rows: int, tokens: int, smoke: bool) -> None:
+    mesh = meshfeed.make_mesh(data=8)
+    params = {"embed": np.zeros((1024, width), np.float32), **init_params(2, width, hidden)}
+    count = sum(v.size for v in params.values())
+    state = _abstract(
+        meshfeed.TrainState.create(params, OPTIMIZER, mesh=mesh), NamedSharding(mesh, P())
+    )
+    sharding = NamedSharding(mesh, P("data"))
+    batch = {
+        name: jax.ShapeDtypeStruct((rows, tokens), dtype, sharding=sharding)
+        for name, dtype in [("tokens", jnp.int32), ("targets", jnp.int32),
+                            ("loss_mask", jnp.bool_)]
+    }  # fmt: skip
+    first = None
+    for m in (1, 2, 4):
+        step = meshfeed.make_train_step(token_loss, OPTIMIZER, mesh=mesh, microbatches=m)
+        stats = step.lower(state, batch).compile().memory_analysis()
+        peak = (
+            stats.argument_size_in_bytes
+            + stats.output_size_in_bytes
+            - stats.alias_size_in_bytes
+            + stats.temp_size_in_bytes
+        )
+        first = first or (peak, stats.temp_size_in_bytes)
+        print(json.dumps({
+            "benchmark": "train_memory", "part": "microbatches", "microbatches": m,
+            "parameters": int(count), "devices": 8, "rows_per_device": rows // 8,
+            "tokens": tokens, "state_mb_per_device": round(_device_bytes(state) / MB, 1),
+            "temporaries_mb": round(stats.temp_size_in_bytes / MB, 1),
+            "peak_mb": round(peak / MB, 1),
+            "peak_over_unsplit": round(peak / first[0], 3),
+            "temporaries_over_unsplit": round(stats.temp_size_in_bytes / first[1], 3),
+            "smoke": smoke,
+        }), flush=True)  # fmt: skip
+
+
+def flax_bytes(width: int, layers: int, smoke: bool) -> None:
+    import gc
+
+    from flax import nnx
+
+    import meshfeed.flax
+
+    class Stack(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.layers = nnx.List([nnx.Linear(width, width, rngs=rngs) for _ in range(layers)])
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for layer in self.layers:
+                x = x + jnp.tanh(layer(x))
+            return x
+
+    def loss(model: Any, batch: Any) -> Any:
+        return jnp.mean((model(batch["x"]) - batch["x"]) ** 2), {}
+
+    gc.collect()
+    before = {id(a) for a in jax.live_arrays()}
+    mesh = meshfeed.make_mesh(data=8)
+    with nnx.use_eager_sharding(False):
+        model = Stack(nnx.Rngs(0))
+    optimizer = optax.adam(1e-3)
+    state = meshfeed.flax.create_state(model, optimizer, mesh=mesh)
+    step = meshfeed.flax.make_train_step(model, loss, optimizer, mesh=mesh)
+    x = jax.device_put(np.ones((64, width), np.float32), meshfeed.batch_sharding(mesh))
+    state, metrics = step(state, {"x": x})
+    jax.block_until_ready((state, metrics))
+    del metrics
+    gc.collect()
+    held = sum(
+        a.nbytes for a in jax.live_arrays()
+        if id(a) not in before and a is not x and not a.is_deleted()
+    )  # fmt: skip
+    own = sum(a.nbytes for a in jax.tree.leaves((state.params, state.opt_state)))
+    params = sum(a.nbytes for a in jax.tree.leaves(state.params))
+    print(json.dumps({
+        "benchmark": "train_memory", "part": "flax", "parameters": params // 4,
+        "params_mb": round(params / MB, 1), "state_mb": round(own / MB, 1),
+        "held_mb": round(held / MB, 1), "held_over_state": round(held / own, 3),
+        "smoke": smoke,
+    }), flush=True)  # fmt: skip
+
+
 def _run(steps: int, params: dict[str, np.ndarray], width: int, where: str | None,
          options: Any) -> float:  # fmt: skip
     """Steps/s of ``fit`` over ``steps`` steps, saving every 10 to ``where`` (or not)."""
@@ -189,14 +295,25 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="small sizes, one round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--s3", action="store_true", help="save to the local S3 server too")
+    parser.add_argument("--parts", default="memory,microbatches,flax,saves",
+                        help="which parts to run, comma-separated")  # fmt: skip
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     if args.smoke:
         memory(1, 256, 1024, 64, smoke=True)
+        microbatches(64, 256, 32, 64, smoke=True)
+        flax_bytes(128, 2, smoke=True)
         saves(128, 512, 20, 1, args.s3, smoke=True)
         return
-    memory(3, 2048, 8192, 64, smoke=False)
-    saves(512, 2048, 120, args.rounds, args.s3, smoke=False)
-    saves(256, 1024, 120, args.rounds, args.s3, smoke=False)
+    if "memory" in parts:
+        memory(3, 2048, 8192, 64, smoke=False)
+    if "microbatches" in parts:
+        microbatches(256, 2048, 128, 512, smoke=False)
+    if "flax" in parts:
+        flax_bytes(1024, 8, smoke=False)
+    if "saves" in parts:
+        saves(512, 2048, 120, args.rounds, args.s3, smoke=False)
+        saves(256, 1024, 120, args.rounds, args.s3, smoke=False)
 
 
 if __name__ == "__main__":

@@ -135,6 +135,17 @@ def _train_memory() -> list[str]:
     ]
 
 
+def _microbatches() -> list[str]:
+    def peak(m: int) -> float:
+        return _one("train_memory.jsonl", "peak_mb", part="microbatches", microbatches=m)
+
+    return [
+        f"| {peak(4) / peak(1):.3f}{TIMES} |",
+        f"({peak(4):.0f} MB against {peak(1):.0f})",
+        f"`microbatches=2` {peak(2) / peak(1):.3f}{TIMES}",
+    ]
+
+
 def _saves() -> list[str]:
     slow, fast = (_lines("train_memory.jsonl", part="saves", parameters=n)[0]
                   for n in (2_099_200, 525_312))  # fmt: skip
@@ -416,6 +427,7 @@ CHECKED: dict[Path, Checks] = {
         "requests per epoch from object storage, `shuffle_block`": _requests,
         "`fit` writing to a tensorboardX `SummaryWriter`": partial(_writers, clu=True),
         "a train step's peak memory a device, 100M parameters": _train_memory,
+        "a train step's peak memory a device, activations first": _microbatches,
         "ImageNet-size JPEGs to augmented batches": _vision,
         "`fit` with an asynchronous checkpoint every 10 steps": _saves,
         "attention on a packed row of 32k tokens": _attention,
