@@ -1,6 +1,11 @@
 """Eight CPU devices for every test, set before JAX initialises its backend."""
 
+import atexit
 import os
+import shutil
+import tempfile
+
+import pytest
 
 os.environ["XLA_FLAGS"] = " ".join(
     [
@@ -15,8 +20,14 @@ os.environ["XLA_FLAGS"] = " ".join(
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
-
-import pytest
+# One compilation cache for the session, shared with the processes the tests start: a
+# program another test (or process) compiled already is read back, not compiled again.
+# Fresh each session, so nothing carries over from another version of the code.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="meshfeed-tests-xla-")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 @pytest.fixture(scope="session")
