@@ -62,10 +62,12 @@ def check_rows(rows: dict[str, np.ndarray]) -> list[tuple[int, int]]:
 
 
 def epoch(num_steps: int | None = None, state: dict[str, Any] | None = None) -> dict[str, Any]:
-    """This process's shards of one padded epoch of the packed rows (from ``state``)."""
+    """This process's shards of one padded epoch of the packed rows (from ``state``), and
+    the digest of the plan this process made of them."""
     mesh = meshfeed.make_mesh(data=jax.device_count())
+    rows = packed()
     loader = meshfeed.Loader(
-        packed(),
+        rows,
         global_batch_size=8,
         sharding=NamedSharding(mesh, P("data", None)),
         last_batch="pad",
@@ -78,7 +80,13 @@ def epoch(num_steps: int | None = None, state: dict[str, Any] | None = None) -> 
         batches.append({k: (v.shape, local_shards(v)) for k, v in batch.items()})
         if num_steps is not None and len(batches) == num_steps:
             break
-    return {"batches": batches, "state": loader.state(), "process": jax.process_index()}
+    plan = rows.fingerprint["pack"]["plan"]
+    return {
+        "batches": batches,
+        "state": loader.state(),
+        "process": jax.process_index(),
+        "plan": plan,
+    }
 
 
 def plan_digest() -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +34,14 @@ def stream(source: Any, **kwargs: Any) -> list[dict[str, Any]]:
 
 
 def stream_from(
-    url: str, storage_options: Mapping[str, Any], order: Mapping[str, Any]
-) -> list[dict[str, Any]]:
-    """``stream`` of the meshfeed folder at ``url`` (on the test's S3 server), with the
-    loader arguments ``order``."""
-    return stream(meshfeed.open_source(url, storage_options=storage_options), **order)
+    url: str, storage_options: Mapping[str, Any], orders: Sequence[Mapping[str, Any]]
+) -> list[list[dict[str, Any]]]:
+    """``stream`` of the meshfeed folder at ``url`` (on the test's S3 server), once with
+    each of ``orders`` (loader arguments), each from a source opened anew."""
+    return [
+        stream(meshfeed.open_source(url, storage_options=storage_options), **order)
+        for order in orders
+    ]
 
 
 def read_until_gone(

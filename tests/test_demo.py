@@ -31,7 +31,7 @@ def test_cli_help_lists_the_demo(capsys):
 @pytest.mark.multiprocess
 def test_lm_demo_packs_trains_and_resumes_exactly():
     run = subprocess.run(
-        [sys.executable, "-m", "meshfeed", "demo", "--lm", "--steps", "90"],  # 300 by default
+        [sys.executable, "-m", "meshfeed", "demo", "--lm", "--steps", "20"],  # 300 by default
         capture_output=True,
         text=True,
         timeout=600,
@@ -42,5 +42,5 @@ def test_lm_demo_packs_trains_and_resumes_exactly():
     padding = float(re.findall(r"rows of 256: ([\d.]+)% padding", out)[0])
     assert padding < 2.0, out
     bits = float(re.findall(r"final loss ([\d.]+) bits per byte", out)[0])
-    assert bits <= 3.8, out  # from 8 (uniform bytes); 3.4 at 90 steps, 3.0 at 300
+    assert bits <= 4.5, out  # from 8 (uniform bytes); 4.1 at 20 steps, 3.4 at 90, 3.0 at 300
     assert "the next batch is the uninterrupted stream's: True" in out, out

@@ -220,7 +220,7 @@ def test_manual_modes_refuse_a_set_model_parallel_distribution():
 
 @pytest.mark.multiprocess
 def test_keras_demo_reaches_95_percent(capsys):
-    assert main(["demo", "--keras", "--epochs", "4"]) == 0  # 8 by default; ~99% at 4
+    assert main(["demo", "--keras", "--epochs", "2"]) == 0  # 8 by default; ~98% at 2, 69% at 1
     out = capsys.readouterr().out
     accuracy = float(re.findall(r"test accuracy ([\d.]+)%", out)[0])
     assert accuracy >= 95.0, out
