@@ -8,6 +8,7 @@ moves (here on 1 process; ``meshfeed plan`` shows other process counts).
 Run: ``python examples/four_strategies.py``. Prints::
 
     plan for global_batch_size=64 on 1 process(es); fields: image uint8[28, 28], label int64[]
+    mesh axes across processes: none
     per step and per process ('x each': the same on every process; 'x/y': process 0/process 1); device<->device: all devices together
 
       strategy          rows read      bytes read    host->device   device<->device
