@@ -96,6 +96,17 @@ def _device_bytes(tree: Any) -> int:
     )
 
 
+def _peak(stats: Any) -> int:
+    """A compiled step's peak on one device: its arguments and outputs, less what the
+    donation reuses, and its temporaries."""
+    return (
+        stats.argument_size_in_bytes
+        + stats.output_size_in_bytes
+        - stats.alias_size_in_bytes
+        + stats.temp_size_in_bytes
+    )
+
+
 def memory(blocks: int, width: int, hidden: int, batch: int, smoke: bool) -> None:
     mesh = meshfeed.make_mesh(data=8)
     params = init_params(blocks, width, hidden)
@@ -115,12 +126,7 @@ def memory(blocks: int, width: int, hidden: int, batch: int, smoke: bool) -> Non
     for name, (state, donate) in ways.items():
         step = meshfeed.make_train_step(loss_fn, OPTIMIZER, mesh=mesh, donate=donate)
         stats = step.lower(state, batch_abstract).compile().memory_analysis()
-        peak = (
-            stats.argument_size_in_bytes
-            + stats.output_size_in_bytes
-            - stats.alias_size_in_bytes
-            + stats.temp_size_in_bytes
-        )
+        peak = _peak(stats)
         print(json.dumps({
             "benchmark": "train_memory", "part": "memory", "way": name,
             "parameters": int(count), "devices": 8,
@@ -162,12 +168,7 @@ def microbatches(width: int, hidden: int, rows: int, tokens: int, smoke: bool) -
     for m in (1, 2, 4):
         step = meshfeed.make_train_step(token_loss, OPTIMIZER, mesh=mesh, microbatches=m)
         stats = step.lower(state, batch).compile().memory_analysis()
-        peak = (
-            stats.argument_size_in_bytes
-            + stats.output_size_in_bytes
-            - stats.alias_size_in_bytes
-            + stats.temp_size_in_bytes
-        )
+        peak = _peak(stats)
         first = first or (peak, stats.temp_size_in_bytes)
         print(json.dumps({
             "benchmark": "train_memory", "part": "microbatches", "microbatches": m,
