@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 _ROUNDS = 6
+_FEW = 16  # values left walking that go on one at a time (``_Feistel._walk``)
 M64 = (1 << 64) - 1
 """Python ints are masked to 64 bits with this."""
 
@@ -64,14 +65,34 @@ class _Feistel:
         return (left << self._shift) | right
 
     def _walk(self, x: np.ndarray, keys: np.ndarray, forward: bool) -> np.ndarray:
-        """``x`` through the network until each value lands in ``[0, n)``."""
+        """``x`` through the network until each value lands in ``[0, n)``. The last few
+        values left outside walk on as Python ints: a round of numpy calls costs ~50 us
+        whatever the size, and the longest walk of a batch takes tens of rounds."""
         step = self._encrypt if forward else self._decrypt
         out = step(np.asarray(x, dtype=np.uint64), keys)
         outside = np.flatnonzero(out >= self.n)
-        while outside.size:
+        while outside.size > _FEW:
             out[outside] = step(out[outside], keys if keys.ndim == 1 else keys[:, outside])
             outside = outside[out[outside] >= self.n]
+        for at in outside.tolist():
+            own = keys if keys.ndim == 1 else keys[:, at]
+            out[at] = self._walk_one(int(out[at]), [int(k) for k in own], forward)
         return out.astype(np.int64)
+
+    def _walk_one(self, value: int, keys: list[int], forward: bool) -> int:
+        """One value through the network until it lands in ``[0, n)`` (Python ints,
+        the same bits as the arrays' rounds)."""
+        half, mask = self._half, (1 << self._half) - 1
+        while value >= self.n:
+            left, right = value >> half, value & mask
+            if forward:
+                for key in keys:
+                    left, right = right, left ^ (hash64(right ^ key) & mask)
+            else:
+                for key in reversed(keys):
+                    left, right = right ^ (hash64(left ^ key) & mask), left
+            value = (left << half) | right
+        return value
 
 
 class Permutation(_Feistel):

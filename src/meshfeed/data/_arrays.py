@@ -136,6 +136,23 @@ class ArraySource:
             for at, example in enumerate(ids.tolist()):  # a memcpy a row, no gather buffer
                 rows[at] = array[example]
 
+    def memory_arrays(self) -> dict[str, np.ndarray] | None:
+        """Every field's array, where each is a numeric array in this process's memory
+        (no memmap, no ``Ragged``): what record worker processes may read from a copy in
+        shared memory, made once when they start (they then see the arrays as they
+        were). ``None`` otherwise."""
+        arrays = {}
+        for name in self._fields:
+            array = self._arrays.get(name)
+            if (
+                type(array) is not np.ndarray
+                or array.dtype.hasobject
+                or isinstance(array.base, mmap.mmap)
+            ):
+                return None
+            arrays[name] = array
+        return arrays
+
     def lengths(self, field: str) -> np.ndarray:
         """Every document's length in the ragged ``field``."""
         if field not in self._ragged:

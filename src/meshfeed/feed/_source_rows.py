@@ -11,6 +11,7 @@ those positions only, so the bytes counted are the device's slice of the rows.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -99,6 +100,20 @@ class SourceRows:
         except Exception:  # read again by ``read``: it raises, or skips, as it should
             return None
         return self._counted(Rows(dict(out), ids, []), len(ids), began)
+
+    def read_elsewhere(self, step: int, rows: np.ndarray) -> np.ndarray | None:
+        """The example ids of rows ``rows`` of ``step``, counted as read (the record
+        workers read them out of the source's copy in shared memory), when every row is
+        an example; else ``None`` (nothing counted), and ``read`` is the way."""
+        began = time.perf_counter()
+        ids = self.ids(step, rows)
+        if not (ids >= 0).all():
+            return None
+        nbytes = len(ids) * sum(
+            math.prod(spec.shape) * np.dtype(spec.dtype).itemsize for spec in self._fields.values()
+        )
+        self.tally.add(1, len(ids), nbytes, time.perf_counter() - began, 0)
+        return ids
 
     def _counted(self, read: Rows, records: int, began: float) -> Rows:
         nbytes = 0

@@ -18,6 +18,8 @@ Modules, lowest first (each imports only modules listed before it)::
 
     _bare            python -c processes that import meshfeed bare: no JAX, no user script
     _blocks          where shared blocks live: /dev/shm, reserved, or files when it is too small
+    _shared_rows     an in-memory source copied into shared memory once, rows gathered there
+    _layouts         a chunk's rows in a shared block: written, staged, read back, gathered
     _shm             shared memory: output slots, input blocks, a worker's maps of them
     _record_errors   a record's failure named the same from every worker: id, file, error
     _record_rng      each record's generator, keyed by (seed, epoch, example id)

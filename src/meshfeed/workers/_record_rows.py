@@ -213,14 +213,19 @@ def probe_spec(
 ) -> dict[str, FieldSpec] | None:
     """The output fields of ``fn``, from its result on the first real row of ``batch``
     (with ``skip``, the first real row it does not raise on); ``None`` when ``fn``
-    dropped every one of them (returned ``None``)."""
+    dropped every one of them (returned ``None``). ``fn`` gets a copy of the row, which
+    it may write to: the row is transformed again, as read."""
     first: Exception | None = None
     dropped = False
     for i, example_id in enumerate(ids.tolist()):
         if example_id < 0:
             continue
         try:
-            got = fn(_record(batch, i), record_rng(seed, epoch, example_id))
+            record = {
+                k: v.copy() if isinstance(v, np.ndarray) else v
+                for k, v in _record(batch, i).items()
+            }
+            got = fn(record, record_rng(seed, epoch, example_id))  # a copy: the row is read again
             if got is None:  # dropped: nothing to learn from
                 dropped = True
                 continue
@@ -259,3 +264,26 @@ def chunks(rows: int, count: int) -> list[tuple[int, int]]:
     count = min(rows, count)
     bounds = [rows * k // count for k in range(count + 1)] if count else [0]
     return [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
+
+
+def probe_source(
+    fn: RecordFn, source: Any, seed: int, epoch: int, skip: bool = False
+) -> dict[str, FieldSpec]:
+    """The output fields of ``fn``, learnt from the source's first example it keeps (read
+    from the start, 256 at a time; with ``skip``, reads that fail are passed over)."""
+    n = len(source)
+    for lo in range(0, n, 256):
+        ids = np.arange(lo, min(n, lo + 256))
+        try:
+            data = source[ids]
+        except Exception:
+            if skip:
+                continue  # bad records: the next ones
+            raise
+        spec = probe_spec(fn, data, ids, seed, epoch, skip=skip)
+        if spec is not None:
+            return spec
+    raise ValueError(
+        f"record_transform returned None for every one of the source's {n} examples "
+        "(None drops an example), so no batch has a row to show; keep some."
+    )

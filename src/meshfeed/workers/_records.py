@@ -27,7 +27,14 @@ from meshfeed.data._bad_records import Skip
 from meshfeed.data._sources import FieldSpec
 from meshfeed.workers._ray_workers import RayWorkers
 from meshfeed.workers._record_errors import ExampleNames, RecordFailed, raise_failure
-from meshfeed.workers._record_rows import Dropped, RecordFn, dropped, probe_spec, transform_rows
+from meshfeed.workers._record_rows import (
+    Dropped,
+    RecordFn,
+    dropped,
+    probe_source,
+    probe_spec,
+    transform_rows,
+)
 from meshfeed.workers._shm import Spec
 from meshfeed.workers._thread_workers import ThreadWorkers
 from meshfeed.workers._workers import WorkerPool
@@ -80,6 +87,10 @@ class StepRows(Protocol):
 
     def read_into(self, step: int, rows: np.ndarray, out: Mapping[str, np.ndarray]) -> Rows | None:
         """These rows read straight into ``out``, or ``None`` (then ``read``)."""
+        ...
+
+    def read_elsewhere(self, step: int, rows: np.ndarray) -> np.ndarray | None:
+        """These rows' ids, counted as read by the workers; ``None`` if some are padding."""
         ...
 
 
@@ -227,7 +238,8 @@ class RecordStage:
         pool = self._pool
         if isinstance(pool, RayWorkers) and self.spec is not None:  # only ids go out
             return self._hand_ids(pool, Rows({}, self._rows.ids(step, rows), []), epoch)
-        if isinstance(pool, WorkerPool) and self.spec is not None and self._read_into:
+        staged = isinstance(pool, WorkerPool) and (self._read_into or pool.shared is not None)
+        if isinstance(pool, WorkerPool) and self.spec is not None and staged:
             handed = self._hand_staged(pool, step, rows, epoch)
             if handed is not None:
                 return handed
@@ -239,8 +251,6 @@ class RecordStage:
                 if not real.any():
                     return read  # only padding so far: nothing to learn the output from
                 self.spec = self._probe(data, ids, epoch)
-                if self.spec is None:  # every example so far dropped (returned None)
-                    self.spec = self._probe_source(epoch)
             spec = self.spec
             if self.num_workers and self._pool is None:
                 self._pool = self._start_pool()
@@ -264,36 +274,22 @@ class RecordStage:
             return _skipping(out, read, dropped(skipped, filtered))
         if isinstance(pool, RayWorkers):  # the first rows, read here to learn the output
             return self._hand_ids(pool, Rows({}, ids, read.skipped), epoch)
-        ticket = pool.submit(data, ids, spec, self.seed, epoch)
+        if isinstance(pool, WorkerPool) and pool.shared is not None and real.all():
+            ticket = pool.submit_staged(None, ids, spec, self.seed, epoch)  # rows there too
+        else:
+            ticket = pool.submit(data, ids, spec, self.seed, epoch)
         nbytes, records = len(ids) * self._row_bytes(), int(np.count_nonzero(real))
         return _Handed(pool, ticket, read, nbytes, self.tally, records)
 
-    def _probe_source(self, epoch: int) -> dict[str, FieldSpec]:
-        """The output fields, learnt from the source's first example the record
-        transform keeps (read from the start, 256 at a time)."""
-        source, n = self._rows.source, len(self._rows.source)
-        for lo in range(0, n, 256):
-            ids = np.arange(lo, min(n, lo + 256))
-            try:
-                data = source[ids]
-            except Exception:
-                if self.skip:
-                    continue  # bad records: the next ones
-                raise
-            spec = self._probe(data, ids, epoch)
-            if spec is not None:
-                return spec
-        raise ValueError(
-            f"record_transform returned None for every one of the source's {n} examples "
-            "(None drops an example), so no batch has a row to show; keep some."
-        )
-
-    def _probe(
-        self, data: Mapping[str, Any], ids: np.ndarray, epoch: int
-    ) -> dict[str, FieldSpec] | None:
-        """``probe_spec`` here, in the loading process, its error named as any other."""
+    def _probe(self, data: Mapping[str, Any], ids: np.ndarray, epoch: int) -> dict[str, FieldSpec]:
+        """``probe_spec`` here, in the loading process, its error named as any other;
+        where ``fn`` dropped every row, ``probe_source``."""
+        fn, seed, skip = self.fn, self.seed, self.skip
         try:
-            return probe_spec(self.fn, data, ids, self.seed, epoch, skip=self.skip)
+            got = probe_spec(fn, data, ids, seed, epoch, skip=skip)
+            return (
+                got if got is not None else probe_source(fn, self._rows.source, seed, epoch, skip)
+            )
         except RecordFailed as error:
             raise_failure(error, ids, "in the loading process", self._names)
 
@@ -301,8 +297,15 @@ class RecordStage:
         self, pool: WorkerPool, step: int, rows: np.ndarray, epoch: int
     ) -> _Handed | None:
         """The rows read straight into the workers' input block (one copy, not two), or
-        ``None`` where the source could not (padding, a failed read: ``read`` then)."""
+        only their ids where the workers read the source's copy in shared memory; ``None``
+        where the source could not (padding, a failed read: ``read`` then)."""
         assert self.spec is not None
+        if pool.shared is not None:
+            if (ids := self._rows.read_elsewhere(step, rows)) is None:
+                return None
+            ticket = pool.submit_staged(None, ids, self.spec, self.seed, epoch)
+            nbytes = len(rows) * self._row_bytes()
+            return _Handed(pool, ticket, Rows({}, ids, []), nbytes, self.tally, len(rows))
         staged = pool.stage(self._rows.fields, len(rows))
         read = self._rows.read_into(step, rows, staged.rows)
         if read is None:
@@ -336,7 +339,10 @@ class RecordStage:
                 fn, count, self._rows.source, options=options, buffers=self._buffers,
                 skip=skip, names=names,
             )  # fmt: skip
-        return WorkerPool(fn, count, read_ahead=self._read_ahead, skip=skip, names=names)
+        memory = getattr(self._rows.source, "memory_arrays", lambda: None)
+        return WorkerPool(
+            fn, count, read_ahead=self._read_ahead, skip=skip, names=names, source_arrays=memory()
+        )
 
     def steps_ahead(self) -> int | None:
         """The most steps the workers' shared memory lets the read-ahead hold (``None``:

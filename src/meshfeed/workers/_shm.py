@@ -2,14 +2,12 @@
 
 ``Slots`` hold batches' output rows: a slot holds one batch's rows of every field, each
 field's block 64-byte aligned. ``Inputs`` hold the rows the workers read, in blocks
-reused by size, written by ``put_rows`` and read by ``get_rows`` without pickle where it
-can be helped: numeric fields as their bytes, fields of ``bytes`` (encoded images,
-records) as one run of bytes plus their lengths, anything else pickled. The main process
+reused by size (laid out by ``_layouts``), and ``PoolBlocks.share`` an in-memory
+source's copy the workers read themselves (``_shared_rows``). The main process
 creates every block (where ``_blocks`` says: /dev/shm, or files), hands their names to
 the workers, lends finished rows out of their slot (``Slots.lend``: the arrays handed to
 JAX are the slot's memory, and the slot is reused only once no array points at it), and
-unlinks every block on close, on error and at exit. ``stage`` gives arrays over an input
-block for a source to read a step's rows straight into. Workers map a block by name
+unlinks every block on close, on error and at exit. Workers map a block by name
 without registering it for cleanup (``Attached``), so only the process that created it
 ever unlinks it; if that process is killed, Python's resource tracker unlinks its
 /dev/shm blocks and the workers its files.
@@ -19,10 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
-import math
 import os
-import pickle
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,11 +25,19 @@ from typing import Any
 import numpy as np
 
 from meshfeed.core._held import layout, lend
-from meshfeed.data._sources import FieldSpec
-from meshfeed.workers._blocks import Block, MappedBlock, Transport, attach, is_file_block
+from meshfeed.workers._blocks import (
+    Block,
+    MappedBlock,
+    Transport,
+    attach,
+    is_file_block,
+    shm_block,
+    shm_free,
+)
+from meshfeed.workers._layouts import IDS, Layout, Spec, Staged, stage, staged_spec
+from meshfeed.workers._shared_rows import SharedRows, fits
+from meshfeed.workers._shared_rows import size as shared_size
 
-Spec = Mapping[str, FieldSpec]
-IDS = "__meshfeed_ids__"  # a chunk's example ids, beside its fields in the input block
 MOST_LENT = 4
 """Slots whose rows may be out at once: the batch in the loop, those the devices still
 read (a training loop dispatches a step or two ahead), and one spare."""
@@ -202,6 +205,20 @@ class PoolBlocks:
         self.slots, self.inputs = Slots(self.transport.create), Inputs(self.transport.create)
         self.steps_ahead: int | None = None
         self._read_ahead: tuple[int, int] | None = read_ahead
+        self.shared: SharedRows | None = None
+
+    def share(self, arrays: Mapping[str, np.ndarray]) -> SharedRows | None:
+        """The source's ``arrays`` copied into a /dev/shm block for the workers to read
+        (``_shared_rows``), where they fit; else ``None`` (input blocks, as before)."""
+        nbytes = shared_size(arrays)
+        if self.transport.kind != "shm" or not fits(nbytes, shm_free()):
+            return None
+        try:
+            block = shm_block(nbytes)
+        except OSError:  # another process took the room meanwhile: input blocks
+            return None
+        self.shared = SharedRows(block, arrays)
+        return self.shared
 
     def plan(self, spec: Spec, rows: int, input_bytes: int) -> None:
         """Plans for steps of ``rows`` output rows and ``input_bytes`` of input (once)."""
@@ -214,6 +231,37 @@ class PoolBlocks:
         step_bytes = out + input_block_bytes(input_bytes)
         self.steps_ahead, self.slots.most_lent = self.transport.plan(step_bytes, wanted, MOST_LENT)
 
+    def stage(self, fields: Spec, rows: int) -> Staged:
+        """An input block for ``rows`` rows of ``fields``, as arrays to read into."""
+        block = self.inputs.take(layout(staged_spec(fields), rows)[1])
+        return stage(self.inputs.buffer(block), block, fields, rows)
+
+    def input_name(self, block: int | None) -> str:
+        """The name of input block ``block`` (``None``: the shared source's copy)."""
+        if block is None:
+            assert self.shared is not None
+            return self.shared.name
+        return self.inputs.name(block)
+
+    def input_bytes(self, staged: Staged | None) -> int:
+        """The size of a staged block (``None``: the shared source's rows, none)."""
+        return 0 if staged is None else self.inputs.blocks[staged.block].size
+
+    def chunk(self, staged: Staged | None, ids: np.ndarray, lo: int, hi: int) -> Layout:
+        """The layout of rows ``[lo, hi)``: in ``staged``, or (``None``) in the shared copy."""
+        if staged is not None:
+            return staged.chunk(lo, hi)
+        assert self.shared is not None
+        return self.shared.chunk(ids[lo:hi], IDS)
+
+    def give_back(self, slot: int | None, spec: Spec, rows: int, block: int | None) -> None:
+        """Gives back a batch's output ``slot`` (``None``: lent, back by itself) and
+        input ``block`` (``None``: it had none)."""
+        if slot is not None:
+            self.slots.give_back(slot, spec, rows)
+        if block is not None:
+            self.inputs.give_back(block)
+
     def example_in_hand(self, worker: int, stride: int) -> int:
         """The example a worker's status cell names (-1: none, or the blocks are closed)."""
         buffer = self.status.buf
@@ -223,7 +271,8 @@ class PoolBlocks:
 
     def close(self) -> None:
         """Unlinks every block and removes the files' folder, if any."""
-        for blocks in (self.slots.blocks, self.inputs.blocks, [self.status]):
+        shared = [] if self.shared is None else [self.shared.block]
+        for blocks in (self.slots.blocks, self.inputs.blocks, [self.status], shared):
             unlink_all(blocks)
         self.transport.close()
 
@@ -257,111 +306,3 @@ class Attached:
 
     def close(self) -> None:
         self._maps.clear()
-
-
-Layout = list[tuple[Any, ...]]  # how put_rows laid out a chunk's fields in a block
-Prepared = list[tuple[str, str, Any]]  # (field, kind, what to write)
-
-
-def prepare_rows(part: Mapping[str, Any]) -> tuple[Prepared, int]:
-    """What ``put_rows`` writes for ``part``, and the bytes it takes (alignment included)."""
-    prepared: Prepared = []
-    size = 0
-    for name, column in part.items():
-        if isinstance(column, np.ndarray) and column.dtype != object:
-            column = np.ascontiguousarray(column)
-            prepared.append((name, "array", column))
-            size += column.nbytes
-        elif isinstance(column, np.ndarray) and set(map(type, column)) <= {bytes}:
-            lengths = np.fromiter(map(len, column), np.int64, len(column))
-            data = b"".join(column)
-            prepared.append((name, "bytes", (lengths, data)))
-            size += lengths.nbytes + len(data)
-        else:  # a Ragged, objects of other kinds
-            blob = pickle.dumps(column, protocol=5)
-            prepared.append((name, "pickle", blob))
-            size += len(blob)
-        size += 64
-    return prepared, size
-
-
-def _aligned(at: int) -> int:
-    return -(-at // 64) * 64
-
-
-def put_rows(buffer: Any, at: int, prepared: Prepared) -> tuple[Layout, int]:
-    """Writes prepared fields into ``buffer`` from ``at``; returns the layout and the end."""
-    layout: Layout = []
-    for name, kind, value in prepared:
-        at = _aligned(at)
-        if kind == "array":
-            np.ndarray(value.shape, value.dtype, buffer=buffer, offset=at)[...] = value
-            layout.append((kind, name, value.dtype.str, value.shape, at))
-            at += value.nbytes
-        elif kind == "bytes":
-            lengths, data = value
-            np.ndarray(lengths.shape, np.int64, buffer=buffer, offset=at)[...] = lengths
-            start = at + lengths.nbytes
-            buffer[start : start + len(data)] = data
-            layout.append((kind, name, len(lengths), at))
-            at = start + len(data)
-        else:
-            buffer[at : at + len(value)] = value
-            layout.append((kind, name, len(value), at))
-            at += len(value)
-    return layout, at
-
-
-def get_rows(buffer: Any, layout: Layout) -> dict[str, np.ndarray]:
-    """The fields ``put_rows`` wrote (numeric ones as views of ``buffer``)."""
-    out: dict[str, np.ndarray] = {}
-    for kind, name, *rest in layout:
-        if kind == "array":
-            dtype, shape, at = rest
-            out[name] = np.ndarray(shape, np.dtype(dtype), buffer=buffer, offset=at)
-        elif kind == "bytes":
-            count, at = rest
-            ends = np.ndarray((count,), np.int64, buffer=buffer, offset=at).cumsum().tolist()
-            start = at + 8 * count
-            data = bytes(buffer[start : start + (ends[-1] if count else 0)])
-            column = np.empty(count, object)
-            column[:] = [data[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
-            out[name] = column
-        else:
-            size, at = rest
-            out[name] = pickle.loads(buffer[at : at + size])
-    return out
-
-
-@dataclasses.dataclass
-class Staged:
-    """An input block a step's rows are read straight into (``stage``): each field's
-    rows as arrays over it, the ids' place, and where each field starts."""
-
-    block: int
-    rows: dict[str, np.ndarray]
-    ids: np.ndarray
-    starts: list[tuple[str, np.dtype, tuple[int, ...], int]]  # name, dtype, row shape, at
-
-    def chunk(self, lo: int, hi: int) -> Layout:
-        """The layout of rows ``[lo, hi)`` in the block (``get_rows`` reads it)."""
-        rows = hi - lo
-        return [
-            ("array", name, dtype.str, (rows, *shape), at + lo * math.prod(shape) * dtype.itemsize)
-            for name, dtype, shape, at in self.starts
-        ]
-
-
-def staged_spec(fields: Spec) -> dict[str, FieldSpec]:
-    """The fields of a staged block: the source's, and the ids."""
-    return {**fields, IDS: FieldSpec((), np.dtype(np.int64))}
-
-
-def stage(buffer: Any, block: int, fields: Spec, rows: int) -> Staged:
-    """Arrays over ``buffer`` (input block ``block``) for ``rows`` rows of ``fields`` and
-    their ids. They hold the block's mapping (``core._held.lend``): a pool closed while
-    a read into them is under way leaves the memory to them instead of unmapping it."""
-    at, _ = layout(staged_spec(fields), rows)
-    arrays = lend(buffer, at, lambda: None)
-    ids = arrays.pop(IDS)
-    return Staged(block, arrays, ids, [(name, dtype, shape[1:], o) for name, shape, dtype, o in at])

@@ -28,9 +28,10 @@ import numpy as np
 
 from meshfeed.workers._bare import load_on_use
 from meshfeed.workers._blocks import attach, remove_folder
+from meshfeed.workers._layouts import IDS, get_rows
 from meshfeed.workers._record_errors import failure_of
 from meshfeed.workers._record_rows import dropped, transform_rows
-from meshfeed.workers._shm import IDS, Attached, get_rows, views
+from meshfeed.workers._shm import Attached, views
 
 STATUS_STRIDE = 64  # bytes between two workers' cells: a cache line, not shared between cores
 

@@ -5,7 +5,9 @@ user's script run again, no process running JAX forked, ``fn`` sent by value).
 ``submit`` cuts a batch's rows into chunks, writes their rows into a shared-memory input
 block (``put_rows``) and sends each chunk's small task to the worker with the fewest in
 hand; it returns at once. ``stage`` and ``submit_staged`` do the same for rows a source
-reads straight into the input block (``ArraySource.read_into``: one copy, not two).
+reads straight into the input block (``ArraySource.read_into``: one copy, not two), and
+``submit_staged(None, ...)`` sends only the ids of rows the workers read themselves, out
+of an in-memory source copied into shared memory once (``_shared_rows``: no copy a step).
 ``collect`` waits for one batch and lends its rows out of their slot (``Slots.lend``:
 the slot is reused once no array points at them; past a few lent, a copy);
 ``release`` drops a batch never to be collected (its slot is reused once its chunks are
@@ -32,7 +34,14 @@ from typing import Any
 
 import numpy as np
 
-from meshfeed.core._held import layout
+from meshfeed.workers._layouts import (
+    IDS,
+    Layout,
+    Spec,
+    Staged,
+    prepare_rows,
+    put_rows,
+)
 from meshfeed.workers._processes import (
     Crew,
     WorkerProcess,
@@ -41,17 +50,7 @@ from meshfeed.workers._processes import (
 )
 from meshfeed.workers._record_errors import ExampleNames
 from meshfeed.workers._record_rows import Dropped, RecordFn, chunks
-from meshfeed.workers._shm import (
-    IDS,
-    Layout,
-    PoolBlocks,
-    Spec,
-    Staged,
-    prepare_rows,
-    put_rows,
-    stage,
-    staged_spec,
-)
+from meshfeed.workers._shm import PoolBlocks
 from meshfeed.workers._worker_loop import STATUS_STRIDE
 
 _POLL_S = 0.05
@@ -62,7 +61,7 @@ class Ticket:
     """One submitted batch: its output slot, its input block and its chunks in flight."""
 
     slot: int
-    block: int
+    block: int | None  # its input block (None: the rows are the shared source's)
     rows: int
     spec: dict[str, Any]
     chunks: list[int]  # tokens
@@ -70,7 +69,9 @@ class Ticket:
 
 class WorkerPool:
     """W worker processes that run ``fn`` on chunks of rows into shared-memory slots
-    (``read_ahead``: the most steps and bytes the loader's read-ahead holds; ``PoolBlocks``)."""
+    (``read_ahead``: the most steps and bytes the loader's read-ahead holds; ``PoolBlocks``).
+    ``shared``: ``source_arrays`` copied into shared memory, for the workers to read
+    (``submit_staged(None, ...)``), or ``None`` where they are not given or do not fit."""
 
     def __init__(
         self,
@@ -81,22 +82,22 @@ class WorkerPool:
         skip: bool = False,
         timeout_s: float = 600.0,
         names: ExampleNames | None = None,
+        source_arrays: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         payload = pickle.dumps((list(sys.path), send_by_value(fn), skip))
         self.num_workers, self.timeout_s = num_workers, timeout_s
         self._blocks = PoolBlocks(STATUS_STRIDE * num_workers, read_ahead)
         self._slots, self._inputs = self._blocks.slots, self._blocks.inputs
+        self.shared = None if source_arrays is None else self._blocks.share(source_arrays)
         in_hand = functools.partial(self._blocks.example_in_hand, stride=STATUS_STRIDE)
         self._crew = Crew(num_workers, self._blocks.status.name, payload, names, in_hand)
-        # Also at exit (weakref.finalize runs then); no atexit hook, which would keep the
-        # pool alive after its loader is gone.
+        # Also at exit (finalize runs then); an atexit hook would keep the pool alive.
         self._finalizer = weakref.finalize(self, _shutdown, self._crew.workers, self._blocks)
         self._cond = threading.Condition()
         self._done: dict[int, Dropped] = {}  # token -> records skipped or filtered
         self._released: list[Ticket] = []  # dropped, their chunks not all done yet
         self._failure: str | None = None
-        self._receiving = False
-        self._heard = time.monotonic()
+        self._receiving, self._heard = False, time.monotonic()
         self._token, self.busy_s = 0, 0.0  # busy_s: seconds on chunks, as replies say
         self.starved = False  # rows were waited for while a worker had none in hand
 
@@ -123,14 +124,15 @@ class WorkerPool:
             return self._queue(block, layouts, bounds, ids, spec, seed, epoch)
 
     def _queue(
-        self, block: int, layouts: list[Layout], bounds: list[tuple[int, int]], ids: np.ndarray,
-        spec: Spec, seed: int, epoch: int,
+        self, block: int | None, layouts: list[Layout], bounds: list[tuple[int, int]],
+        ids: np.ndarray, spec: Spec, seed: int, epoch: int,
     ) -> Ticket:  # fmt: skip
-        """A ticket for rows laid out in input block ``block``, a chunk ``[lo, hi)`` for
-        each layout, each sent to the worker with the fewest in hand (under the lock)."""
+        """A ticket for rows laid out in input block ``block`` (``None``: ``shared``), a
+        chunk ``[lo, hi)`` for each layout, each sent to the worker with the fewest in
+        hand (under the lock)."""
         rows, spec = len(ids), dict(spec)
         ticket = Ticket(self._slots.take(spec, rows), block, rows, spec, [])
-        inputs, slot = self._inputs.name(block), self._slots.name(ticket.slot)
+        inputs, slot = self._blocks.input_name(block), self._slots.name(ticket.slot)
         for chunk, (lo, hi) in zip(layouts, bounds, strict=True):
             self._token += 1
             task = (self._token, inputs, chunk, slot, rows, spec, lo, seed, epoch)
@@ -143,11 +145,10 @@ class WorkerPool:
 
     def stage(self, fields: Spec, rows: int) -> Staged:
         """An input block for ``rows`` rows of ``fields`` (fixed-size, numeric), as
-        arrays to read into (``_shm.stage``); then ``submit_staged``, or ``unstage``."""
+        arrays to read into (``_layouts.stage``); then ``submit_staged``, or ``unstage``."""
         with self._cond:
             self._raise_if_failed()
-            block = self._inputs.take(layout(staged_spec(fields), rows)[1])
-            return stage(self._inputs.buffer(block), block, fields, rows)
+            return self._blocks.stage(fields, rows)
 
     def unstage(self, staged: Staged) -> None:
         """Gives back a staged block that was not submitted."""
@@ -155,17 +156,19 @@ class WorkerPool:
             self._inputs.give_back(staged.block)
 
     def submit_staged(
-        self, staged: Staged, ids: np.ndarray, spec: Spec, seed: int, epoch: int
+        self, staged: Staged | None, ids: np.ndarray, spec: Spec, seed: int, epoch: int
     ) -> Ticket:
-        """Queues the rows read into ``staged`` (example ids ``ids``); returns at once."""
-        staged.ids[...] = ids
-        staged.rows.clear()  # the block is the workers' now
+        """Queues the rows read into ``staged`` (example ids ``ids``), or with ``None``
+        the rows ``ids`` the workers read out of ``shared`` themselves; returns at once."""
         bounds = chunks(len(ids), self.num_workers)
+        if staged is not None:
+            staged.hand_over(ids)
         with self._cond:
             self._raise_if_failed()
-            self._blocks.plan(spec, len(ids), self._inputs.blocks[staged.block].size)
-            layouts = [staged.chunk(lo, hi) for lo, hi in bounds]
-            return self._queue(staged.block, layouts, bounds, ids, spec, seed, epoch)
+            self._blocks.plan(spec, len(ids), self._blocks.input_bytes(staged))
+            layouts = [self._blocks.chunk(staged, ids, lo, hi) for lo, hi in bounds]
+            block = staged.block if staged is not None else None
+            return self._queue(block, layouts, bounds, ids, spec, seed, epoch)
 
     def collect(self, ticket: Ticket) -> tuple[dict[str, np.ndarray], Dropped]:
         """Waits for ``ticket``'s rows; returns them, and the records skipped.
@@ -177,12 +180,9 @@ class WorkerPool:
         slot, spec, rows = ticket.slot, ticket.spec, ticket.rows
         with self._cond:
             lent = self._slots.may_lend(slot)
-        hand_out = self._slots.lend if lent else self._slots.copy_out
-        out = hand_out(slot, spec, rows)
+        out = (self._slots.lend if lent else self._slots.copy_out)(slot, spec, rows)
         with self._cond:
-            if not lent:
-                self._slots.give_back(slot, spec, rows)
-            self._inputs.give_back(ticket.block)
+            self._blocks.give_back(None if lent else slot, spec, rows, ticket.block)
         return out, skipped
 
     def release(self, ticket: Ticket) -> None:
@@ -198,8 +198,7 @@ class WorkerPool:
                 for token in ticket.chunks:
                     del self._done[token]
                 self._released.remove(ticket)
-                self._slots.give_back(ticket.slot, ticket.spec, ticket.rows)
-                self._inputs.give_back(ticket.block)
+                self._blocks.give_back(ticket.slot, ticket.spec, ticket.rows, ticket.block)
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
