@@ -91,6 +91,7 @@ class RayWorkers:
         """Seconds the workers spent on the chunks collected (reads and transforms)."""
         self._crew = Crew(ray, ray_class, init, options)
         self._token = 0
+        self.starved = False  # rows were waited for while a worker had none in hand
         say_if_too_small(ray, options, num_workers)
         for _ in range(num_workers):
             self._crew.start()
@@ -149,7 +150,9 @@ class RayWorkers:
         usual case), else one by one, each sent again as often as its worker is lost."""
         refs = [c.ref for c in chunks]
         with contextlib.suppress(Exception):  # a failure: the slow path says what
-            if len(self._ray.wait(refs, num_returns=len(refs), timeout=_POLL_S)[0]) == len(refs):
+            if not self.starved and not self._all_in(refs, 0):
+                self.starved = self._some_idle()  # waited while a worker had nothing to do
+            if self._all_in(refs, _POLL_S):
                 replies = self._ray.get(refs)
                 with self._lock:
                     for chunk in chunks:
@@ -157,6 +160,18 @@ class RayWorkers:
                             chunk.actor.in_hand.pop(chunk.token, None)
                 return replies
         return [self._result(chunk) for chunk in chunks]
+
+    def _some_idle(self) -> bool:
+        """Whether some live worker has every chunk in its hands done (or none)."""
+        with self._lock:
+            live = [list(a.in_hand.values()) for a in self._crew.actors if not a.lost]
+        refs = [c.ref for chunks in live for c in chunks if c.ref is not None]
+        done = set(self._ray.wait(refs, num_returns=len(refs), timeout=0)[0]) if refs else set()
+        return any(all(c.ref is None or c.ref in done for c in chunks) for chunks in live)
+
+    def _all_in(self, refs: list[Any], timeout_s: float) -> bool:
+        """Whether every one of ``refs`` is ready within ``timeout_s``."""
+        return len(self._ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0]) == len(refs)
 
     def _result(self, chunk: Chunk) -> Reply:
         """The reply to ``chunk``, sent again as often as its worker is lost."""
