@@ -84,6 +84,7 @@ class RecordServer:
         self.fn: RecordFn = pickle.loads(fn)
         self.source = ray.get(source[0])  # a list, so Ray hands over the ref, not the value
         self.skip = skip
+        self.spec: Mapping[str, FieldSpec] = {}  # the output fields, sent with the first call
 
     def where(self) -> tuple[int, str]:
         """This worker's pid and Ray node id (the loader names them if it is lost)."""
@@ -91,9 +92,18 @@ class RecordServer:
 
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
-    def run(self, ids: np.ndarray, spec: Mapping[str, FieldSpec], seed: int, epoch: int) -> Reply:
-        """One chunk (``read_and_transform``); an error comes back as a value."""
+    def run(
+        self, ids: bytes | np.ndarray, spec: Mapping[str, FieldSpec] | None, seed: int, epoch: int
+    ) -> Reply:
+        """One chunk (``read_and_transform``) of the examples ``ids`` (int64 bytes, or an
+        array) into ``spec``'s fields (``None``: those of the call before); an error comes
+        back as a value."""
         began = time.perf_counter()
+        if isinstance(ids, bytes):
+            ids = np.frombuffer(ids, np.int64)
+        if spec is not None:
+            self.spec = spec
+        spec = self.spec
         try:
             out, skipped = read_and_transform(
                 self.fn, self.source, ids, spec, seed, epoch, self.skip

@@ -52,6 +52,7 @@ class Actor:
     lost: bool = False
     said: bool = False  # that it has not started
     alive_at: float = 0.0
+    spec: dict[str, Any] | None = None  # the output fields it was last sent (it keeps them)
 
     def name(self, ray: Any) -> str:
         if not self.alive:

@@ -118,7 +118,12 @@ class RayWorkers:
         again = self._crew.check_started()  # chunks of workers that died starting
         actor = self._crew.pick()
         chunk.actor = actor
-        chunk.ref = actor.handle.run.remote(chunk.ids, chunk.spec, chunk.seed, chunk.epoch)
+        # The ids as bytes and the fields only when they change: a call's arguments
+        # are serialised on this thread, a numpy array and the specs ~0.3 ms of 0.74.
+        spec = None if actor.spec == chunk.spec else chunk.spec
+        actor.spec = chunk.spec
+        ids = chunk.ids.astype(np.int64, copy=False).tobytes()
+        chunk.ref = actor.handle.run.remote(ids, spec, chunk.seed, chunk.epoch)
         actor.in_hand[chunk.token] = chunk
         for lost in again:
             self._send(lost)
@@ -150,9 +155,11 @@ class RayWorkers:
         usual case), else one by one, each sent again as often as its worker is lost."""
         refs = [c.ref for c in chunks]
         with contextlib.suppress(Exception):  # a failure: the slow path says what
-            if not self.starved and not self._all_in(refs, 0):
-                self.starved = self._some_idle()  # waited while a worker had nothing to do
-            if self._all_in(refs, _POLL_S):
+            ready = self._all_in(refs, 0)
+            if not ready:
+                self.starved = self.starved or self._some_idle()  # a worker had nothing to do
+                ready = self._all_in(refs, _POLL_S)
+            if ready:
                 replies = self._ray.get(refs)
                 with self._lock:
                     for chunk in chunks:
