@@ -329,3 +329,23 @@ def test_select_on_ray_gives_the_selection_of_this_process(cluster, tmp_path, mo
     here = meshfeed.select(source, filter_fns.high, workers=0, cache_dir=tmp_path / "h")
     assert on_ray.key == here.key and len(on_ray) == 400
     np.testing.assert_array_equal(on_ray.kept, here.kept)
+
+
+def test_cheap_steps_go_whole_to_a_worker_and_slow_ones_to_both(cluster):
+    """A Ray call costs the loading process ~1 ms: with the read-ahead full, a step of
+    cheap records is one call; a step of slow ones is cut so both workers share it."""
+
+    def workers_a_step(fn: Any) -> list[int]:
+        feed = fns.loader(fn, num_workers=2, worker_type=fns.ON_WORKER_NODES,
+                          global_batch_size=64, prefetch=4, num_epochs=4)  # fmt: skip
+        try:
+            batches = _batches(feed)
+        finally:
+            feed.close()
+        labels = np.concatenate([b["label"][b["mask"]] for b in batches])
+        assert sorted(labels.tolist()) == sorted(list(range(fns.N)) * 4)
+        return [len(np.unique(b["pid"][b["mask"]])) for b in batches[4:]]
+
+    cheap, slow = workers_a_step(fns.whose), workers_a_step(fns.slow_whose)
+    assert cheap.count(1) >= 0.75 * len(cheap), cheap
+    assert slow.count(2) >= 0.75 * len(slow), slow

@@ -3,9 +3,12 @@
 ``RayWorkers(fn, W, source)`` starts W actors (``_ray_actor.actor_class``) on the
 cluster ``_ray_connect.connect`` reaches. Actors, not tasks: each unpickles the
 transform and opens the source once and keeps them, and each runs its calls in order,
-so the loader keeps every worker's queue full with the steps it reads ahead (one chunk
-per worker a step, of at least 32 rows) without flooding Ray's scheduler; what each
-reserves (CPUs, a custom resource) is placed once.
+so the loader keeps every worker's queue full with the steps it reads ahead without
+flooding Ray's scheduler; what each reserves (CPUs, a custom resource) is placed once.
+A step is cut into as few chunks as keep every worker busy over the steps in flight,
+each of at least 32 rows and, once the records are timed, ~0.1 s of work: with the
+read-ahead full, a step of cheap records is one call (a call costs this process ~1 ms
+of CPU), and a step of slow ones is shared by the workers.
 
 Work is keyed by ``(step, chunk)``: a step's ids are cut into chunks, each chunk a
 token, and only ids go out (the actor reads the source itself); finished rows come back
@@ -43,6 +46,7 @@ from meshfeed.workers._shm import Spec
 
 _POLL_S = 0.2
 _MIN_ROWS = 32  # a chunk's least rows: a call costs ~1 ms of CPU either side
+_CHUNK_S = 0.1  # a chunk's least work, once timed (``RayWorkers._chunk_count``)
 
 
 @dataclasses.dataclass(eq=False)
@@ -52,6 +56,7 @@ class RayTicket:
     rows: int
     spec: dict[str, Any]
     chunks: list[Chunk]
+    open: bool = True  # neither collected nor dropped yet
 
 
 class RayWorkers:
@@ -91,6 +96,8 @@ class RayWorkers:
         """Seconds the workers spent on the chunks collected (reads and transforms)."""
         self._crew = Crew(ray, ray_class, init, options)
         self._token = 0
+        self._steps = 0  # steps handed over, not yet collected or dropped
+        self._records = 0  # the rows of the chunks in busy_s
         self.starved = False  # rows were waited for while a worker had none in hand
         say_if_too_small(ray, options, num_workers)
         for _ in range(num_workers):
@@ -101,7 +108,8 @@ class RayWorkers:
         """Hands the examples ``ids`` (-1: padding) to the workers; returns at once."""
         ticket = RayTicket(len(ids), dict(spec), [])
         with self._lock:
-            count = min(self.num_workers, max(1, len(ids) // _MIN_ROWS))
+            self._steps += 1
+            count = self._chunk_count(len(ids))
             for lo, hi in chunks(len(ids), count):
                 part = ids[lo:hi]
                 if not (part >= 0).any():
@@ -112,6 +120,18 @@ class RayWorkers:
                 self._send(chunk)
                 ticket.chunks.append(chunk)
         return ticket
+
+    def _chunk_count(self, rows: int) -> int:
+        """How many chunks a step of ``rows`` is cut into: enough to keep every worker
+        busy over the steps in flight, and each of at least ``_CHUNK_S`` of work once
+        the records have been timed, but no more. A Ray call costs the loading process
+        ~1 ms of CPU either side: cheap records, the read-ahead full, go a step to a
+        call rather than W; a slow worker holds up at most a chunk of a step."""
+        enough = -(-self.num_workers // self._steps)  # this step's among them
+        work = self.num_workers
+        if self._records:
+            work = int(rows * self.busy_s / self._records / _CHUNK_S) + 1
+        return min(self.num_workers, max(1, rows // _MIN_ROWS), max(enough, work))
 
     def _send(self, chunk: Chunk) -> None:
         """Sends ``chunk`` to the live worker with the least in hand (started ones first)."""
@@ -130,6 +150,7 @@ class RayWorkers:
 
     def collect(self, ticket: RayTicket) -> tuple[dict[str, np.ndarray], Dropped]:
         """Waits for ``ticket``'s rows; returns them, and the records skipped."""
+        self._close(ticket)
         out = self._buffers.take(ticket.spec, ticket.rows)
         done = np.zeros(ticket.rows, bool)
         skipped: Dropped = []
@@ -137,6 +158,7 @@ class RayWorkers:
             data, chunk_skipped, error, seconds = reply
             with self._lock:
                 self.busy_s += seconds
+                self._records += len(chunk.ids)
             if error is not None:
                 raise RuntimeError(error.message("in a Ray record worker", self._names))
             assert data is not None
@@ -227,11 +249,19 @@ class RayWorkers:
 
     def release(self, ticket: RayTicket) -> None:
         """Drops a step never to be collected (its calls run; their replies are dropped)."""
+        self._close(ticket)
         with self._lock:
             for chunk in ticket.chunks:
                 if chunk.actor is not None:
                     chunk.actor.in_hand.pop(chunk.token, None)
                 chunk.ref = None
+
+    def _close(self, ticket: RayTicket) -> None:
+        """Counts ``ticket``'s step out of those in flight (once)."""
+        with self._lock:
+            if ticket.open:
+                ticket.open = False
+                self._steps -= 1
 
     def close(self) -> None:
         """Stops the workers. Safe to call twice."""
