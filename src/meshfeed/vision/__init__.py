@@ -12,13 +12,15 @@ and its resume see the same crops)::
 On a GPU host the JPEG decode can move to the GPU's decoders, a chunk of records at a
 time, each decoded in its crop only: ``RandomResizedCrop(224, decoder="auto")`` (the
 ``gpu-decode`` extra), with the same crops. The output is ``uint8`` ``[size, size,
-3]``; normalise on the device. Pillow is the ``vision`` extra.
+3]``; normalise on the device, in the step: ``normalize``, and MixUp and CutMix
+(``mixup_or_cutmix``) on the global batch as it is sharded. Pillow is the ``vision`` extra.
 
 Modules, lowest first (each imports only modules listed before it)::
 
     _crop          where an image is cut: torchvision's RandomResizedCrop, Resize, CenterCrop
     _nvimgcodec    crops of a chunk of images decoded at once on nvImageCodec (GPU or CPU)
     _augment       RandomResizedCrop and CenterCrop as record transforms (Pillow, nvImageCodec)
+    _mix           the batch's augmentations on the devices: normalize, MixUp, CutMix
 """
 
 from meshfeed.vision._augment import CenterCrop as CenterCrop
@@ -30,15 +32,33 @@ from meshfeed.vision._crop import Box as Box
 from meshfeed.vision._crop import center_crop as center_crop
 from meshfeed.vision._crop import random_resized_crop as random_resized_crop
 from meshfeed.vision._crop import resize_shorter as resize_shorter
+from meshfeed.vision._mix import IMAGENET_MEAN as IMAGENET_MEAN
+from meshfeed.vision._mix import IMAGENET_STD as IMAGENET_STD
+from meshfeed.vision._mix import MixParams as MixParams
+from meshfeed.vision._mix import cutmix as cutmix
+from meshfeed.vision._mix import mix_batch as mix_batch
+from meshfeed.vision._mix import mix_params as mix_params
+from meshfeed.vision._mix import mixup as mixup
+from meshfeed.vision._mix import mixup_or_cutmix as mixup_or_cutmix
+from meshfeed.vision._mix import normalize as normalize
 
 __all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "Box",
     "CenterCrop",
     "Decoder",
+    "MixParams",
     "RandomResizedCrop",
     "center_crop",
+    "cutmix",
     "decode",
     "image_size",
+    "mix_batch",
+    "mix_params",
+    "mixup",
+    "mixup_or_cutmix",
+    "normalize",
     "random_resized_crop",
     "resize_shorter",
 ]

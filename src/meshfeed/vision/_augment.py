@@ -104,8 +104,10 @@ class RandomResizedCrop:
         ``gpu-decode`` extra), else Pillow. Every decoder cuts the same crops.
 
     Example:
+      >>> mesh = meshfeed.make_mesh(data=jax.device_count())  # doctest: +SKIP
       >>> loader = meshfeed.Loader(  # doctest: +SKIP
       ...     meshfeed.ImageFolderSource("train/"), global_batch_size=256,
+      ...     sharding=meshfeed.batch_sharding(mesh),
       ...     record_transform=meshfeed.vision.RandomResizedCrop(224), num_workers=8)
     """
 

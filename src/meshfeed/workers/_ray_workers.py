@@ -46,7 +46,18 @@ from meshfeed.workers._shm import Spec
 
 _POLL_S = 0.2
 _MIN_ROWS = 32  # a chunk's least rows: a call costs ~1 ms of CPU either side
-_CHUNK_S = 0.1  # a chunk's least work, once timed (``RayWorkers._chunk_count``)
+_CHUNK_S = 0.1  # a chunk's least work, once timed (``chunk_count``)
+
+
+def chunk_count(rows: int, workers: int, steps: int, busy_s: float, records: int) -> int:
+    """How many chunks a step of ``rows`` is cut into: enough to keep ``workers`` busy
+    over the ``steps`` in flight (this one among them), and each of at least
+    ``_CHUNK_S`` of work once ``records`` took ``busy_s``, but no more. A Ray call costs
+    the loading process ~1 ms of CPU either side: cheap records, the read-ahead full, go
+    a step to a call rather than W; a slow worker holds up at most a chunk of a step."""
+    enough = -(-workers // steps)
+    work = int(rows * busy_s / records / _CHUNK_S) + 1 if records else workers
+    return min(workers, max(1, rows // _MIN_ROWS), max(enough, work))
 
 
 @dataclasses.dataclass(eq=False)
@@ -109,7 +120,7 @@ class RayWorkers:
         ticket = RayTicket(len(ids), dict(spec), [])
         with self._lock:
             self._steps += 1
-            count = self._chunk_count(len(ids))
+            count = chunk_count(len(ids), self.num_workers, self._steps, self.busy_s, self._records)
             for lo, hi in chunks(len(ids), count):
                 part = ids[lo:hi]
                 if not (part >= 0).any():
@@ -120,18 +131,6 @@ class RayWorkers:
                 self._send(chunk)
                 ticket.chunks.append(chunk)
         return ticket
-
-    def _chunk_count(self, rows: int) -> int:
-        """How many chunks a step of ``rows`` is cut into: enough to keep every worker
-        busy over the steps in flight, and each of at least ``_CHUNK_S`` of work once
-        the records have been timed, but no more. A Ray call costs the loading process
-        ~1 ms of CPU either side: cheap records, the read-ahead full, go a step to a
-        call rather than W; a slow worker holds up at most a chunk of a step."""
-        enough = -(-self.num_workers // self._steps)  # this step's among them
-        work = self.num_workers
-        if self._records:
-            work = int(rows * self.busy_s / self._records / _CHUNK_S) + 1
-        return min(self.num_workers, max(1, rows // _MIN_ROWS), max(enough, work))
 
     def _send(self, chunk: Chunk) -> None:
         """Sends ``chunk`` to the live worker with the least in hand (started ones first)."""
