@@ -5,8 +5,9 @@ same on any mesh.
 
 torchvision cannot be installed beside the CPU torch the tests use, so its code for
 these (``ToDtype``, ``Normalize``, ``MixUp._mixup_label``, ``CutMix._get_params`` and
-``_transform``, torchvision 0.2x) is written out below in numpy, float32 where torch
-computes in float32, as a reference that is torchvision's rule, not ours.
+``_transform``, ``RandomErasing.make_params`` and ``erase``, torchvision 0.2x) is written
+out below, in numpy (float32 where torch computes in float32) or with torch's own
+generator, as a reference that is torchvision's rule, not ours.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from scipy import stats
 import meshfeed
 import meshfeed.vision as vision
 
+torch = pytest.importorskip("torch", reason="RandomErasing's draws are checked against torch's")
 CLASSES = 10
 
 
@@ -150,3 +152,59 @@ def test_bad_input_is_named(batch):
         vision.mixup(jax.random.key(0), placed[0], placed_labels, CLASSES)
     with pytest.raises(ValueError, match="one class index an image"):
         vision.cutmix(jax.random.key(0), placed, placed_labels[:4], CLASSES)
+
+
+def _tv_erasing_params(generator, img_h, img_w, p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3)):
+    """torchvision v2's RandomErasing draws (``_RandomApplyTransform.forward``'s p check,
+    then ``make_params``), written out with torch's own generator."""
+    if torch.rand(1, generator=generator) >= p:
+        return None
+    area = img_h * img_w
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        erase_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
+        aspect_ratio = torch.exp(
+            torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=generator)  # type: ignore[arg-type]
+        ).item()
+        h = round(math.sqrt(erase_area * aspect_ratio))  # int(round(...)) there
+        w = round(math.sqrt(erase_area / aspect_ratio))
+        if not (h < img_h and w < img_w):
+            continue
+        i = torch.randint(0, img_h - h + 1, size=(1,), generator=generator).item()
+        j = torch.randint(0, img_w - w + 1, size=(1,), generator=generator).item()
+        return i, j, h, w
+    return None
+
+
+def test_random_erasing_is_torchvisions_on_8_devices(batch):
+    _, _, placed, _ = batch
+    x = vision.normalize(placed)
+    erase = jax.jit(lambda k, x: vision.random_erasing(k, x, p=0.9, value=(0.5, -1.0, 2.0)))
+    boxes = jax.jit(lambda k: vision.erasing_params(jax.random.split(k)[0], 16, 12, 20, p=0.9))
+    for seed in range(3):
+        out = erase(jax.random.key(seed), x)
+        assert out.sharding.is_equivalent_to(x.sharding, 4)
+        want = np.array(x)
+        top, left, h, w = (np.asarray(v) for v in boxes(jax.random.key(seed)))
+        for n in range(16):  # erase_image: image[..., i : i + h, j : j + w] = v
+            want[n, top[n] : top[n] + h[n], left[n] : left[n] + w[n]] = (0.5, -1.0, 2.0)
+        np.testing.assert_array_equal(np.asarray(out), want)
+    noisy = vision.random_erasing(jax.random.key(0), x, p=1.0, value="random")
+    assert (np.asarray(noisy) != np.asarray(x)).any()
+
+
+def test_random_erasing_draws_as_torchvision_does():
+    """Two samples of 3000 boxes on 24x32 images, torchvision's draws with torch's
+    generator and ours, agree in law (a seeded check that tells p=0.5 from p=0.4)."""
+    generator = torch.Generator().manual_seed(0)
+    theirs = [_tv_erasing_params(generator, 24, 32) for _ in range(3000)]
+    ours = jax.jit(lambda k: vision.erasing_params(k, 3000, 24, 32))(jax.random.key(0))
+    erased = np.asarray(ours.height) > 0
+    assert stats.binomtest(int(erased.sum()), 3000, 0.5).pvalue > 1e-3
+    assert stats.binomtest(int(erased.sum()), 3000, 0.4).pvalue < 1e-6
+    kept = [b for b in theirs if b is not None]
+    for field, at in (("top", 0), ("left", 1), ("height", 2), ("width", 3)):
+        mine = np.asarray(getattr(ours, field))[erased]
+        assert stats.ks_2samp(mine, [b[at] for b in kept]).pvalue > 1e-3, field
+    with pytest.raises(ValueError, match="p=2"):
+        vision.erasing_params(jax.random.key(0), 2, 8, 8, p=2)

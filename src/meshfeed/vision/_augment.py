@@ -23,10 +23,12 @@ again a record at a time, so the error names the record's example and file, and
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 
+from meshfeed.vision._auto_augment import Augment, ColorJitter, Ops, TrivialAugmentWide
 from meshfeed.vision._crop import Box, center_crop, random_resized_crop, resize_shorter
 from meshfeed.vision._nvimgcodec import NvImageCodec, installed
 
@@ -97,6 +99,9 @@ class RandomResizedCrop:
       ratio: its aspect ratio (width / height), drawn log-uniformly in this range.
       flip: flip left-right half the time.
       field: the field holding the encoded image; its pixels replace it.
+      augment: per-image augmentations after the crop and the flip, in order
+        (``TrivialAugmentWide()``, ``RandAugment()``, ``ColorJitter(...)``), their
+        parameters drawn from the record's generator after the crop's.
       decoder: ``"pillow"``, ``"nvimgcodec-gpu"`` (the GPU's JPEG engines, a chunk of
         records at once: give it no or few workers, it runs where the loader reads),
         ``"nvimgcodec-cpu"`` (nvImageCodec's CPU codecs, a chunk at once), or
@@ -119,9 +124,17 @@ class RandomResizedCrop:
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         flip: bool = True,
         field: str = "image",
+        augment: Sequence[Augment] = (),
         decoder: Decoder = "pillow",
     ) -> None:
         self.size = _check_size(size)
+        self.augment = tuple(augment)
+        for a in self.augment:
+            if not isinstance(a, TrivialAugmentWide | ColorJitter):
+                raise TypeError(
+                    f"augment holds a {type(a).__name__}; give meshfeed.vision's "
+                    "TrivialAugmentWide, RandAugment or ColorJitter."
+                )
         for name, pair in (("scale", scale), ("ratio", ratio)):
             if len(tuple(pair)) != 2 or not 0 < pair[0] <= pair[1]:
                 raise ValueError(f"{name}={pair!r} must be (low, high) with 0 < low <= high.")
@@ -147,12 +160,16 @@ class RandomResizedCrop:
         """``record`` with its image cut, resized and maybe flipped."""
         return self.batch([record], [self.prepare(record, rng)])[0]
 
-    def prepare(self, record: dict[str, Any], rng: np.random.Generator) -> tuple[Box, bool]:
-        """The record's crop and flip, drawn from its generator (the header read)."""
-        return self.params(*image_size(record[self.field]), rng)
+    def prepare(
+        self, record: dict[str, Any], rng: np.random.Generator
+    ) -> tuple[Box, bool, list[Ops]]:
+        """The record's crop, flip and augmentations, drawn from its generator in that
+        order (the header read)."""
+        box, flip = self.params(*image_size(record[self.field]), rng)
+        return box, flip, [a.params(self.size, self.size, rng) for a in self.augment]
 
     def batch(
-        self, records: list[dict[str, Any]], prepared: list[tuple[Box, bool]]
+        self, records: list[dict[str, Any]], prepared: list[tuple[Box, bool, list[Ops]]]
     ) -> list[dict[str, Any]]:
         """The records cut, resized and flipped as ``prepare`` drew, decoded together."""
         image = _pil()
@@ -161,14 +178,20 @@ class RandomResizedCrop:
             cut = [image.fromarray(c) for c in crops]
         else:
             cut = []
-            for record, ((top, left, h, w), _) in zip(records, prepared, strict=True):
+            for record, ((top, left, h, w), *_) in zip(records, prepared, strict=True):
                 with _open(record[self.field]) as opened:
                     cut.append(opened.convert("RGB").crop((left, top, left + w, top + h)))
         out = []
-        for record, crop, (_, flip) in zip(records, cut, prepared, strict=True):
-            pixels = np.asarray(crop.resize((self.size, self.size), image.BILINEAR))
-            if flip:
-                pixels = pixels[:, ::-1]
+        for record, crop, (_, flip, ops) in zip(records, cut, prepared, strict=True):
+            resized = crop.resize((self.size, self.size), image.BILINEAR)
+            if self.augment:  # on the Pillow image, as torchvision's pipeline runs
+                if flip:
+                    resized = resized.transpose(image.Transpose.FLIP_LEFT_RIGHT)
+                for augment, drawn in zip(self.augment, ops, strict=True):
+                    resized = augment.apply(resized, drawn)
+                pixels = np.asarray(resized)
+            else:
+                pixels = np.asarray(resized)[:, ::-1] if flip else np.asarray(resized)
             out.append({**record, self.field: np.ascontiguousarray(pixels)})
         return out
 
