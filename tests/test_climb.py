@@ -418,3 +418,21 @@ def test_reads_that_sleep_keep_their_floor_as_a_store_does():
     assert any(
         m["why"].startswith("up to the reads' floor: they sleep 2.0 ms") for m in climb.moves
     )
+
+
+def test_a_trial_up_that_clearly_paid_stays_however_noisy_its_windows():
+    """Issue 75: back from a shallower trial, a waiting source refills in the windows
+    before a trial up, which then spread; the trial's windows all ran faster and waited
+    a 300th as long, yet it went back as too noisy to judge."""
+    from meshfeed.feed._trial import NOISY, Trial
+
+    clear = Trial(16, 32, [(120.0, 0.5), (230.0, 0.2)])
+    clear.windows = [(280.0, 0.002), (314.0, 0.001)]
+    assert clear.measured()[1] > NOISY
+    assert clear.verdict(None)[:2] == (True, "paid")
+    mixed = Trial(16, 32, [(120.0, 0.5), (230.0, 0.2)])  # one window no faster: no verdict
+    mixed.windows = [(200.0, 0.002), (314.0, 0.001)]
+    assert mixed.verdict(None)[:2] == (False, "too noisy to judge")
+    down = Trial(32, 16, [(280.0, 0.002), (314.0, 0.001)])  # down: noise still vetoes
+    down.windows = [(400.0, 0.0), (600.0, 0.0)]
+    assert down.verdict(None)[:2] == (False, "too noisy to judge")

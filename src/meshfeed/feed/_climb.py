@@ -32,7 +32,8 @@ The rules now:
   with the windows just before it at the old depth, with the noise of both as margin:
   twice the larger relative spread of their rates, between ``MIN_GAIN`` and
   ``MAX_MARGIN``; windows that spread more than ``NOISY`` (another process taking the
-  cores, say) judge nothing, and the depth goes back.
+  cores, say) judge nothing, and the depth goes back -- unless the trial was up and
+  each of its windows ran faster than every one before, with the wait more than halved.
 - Up, when the consumer waited ``WAIT_SHARE`` of a window on readers that wait: twice
   the depth (the first time, up to four times, toward twice a read's time over the
   consumer's own time a step). It stays if its rate beat the old one by the margin, or
