@@ -12,8 +12,15 @@ global batches of 64 on 8 CPU devices:
 - ``meshfeed-nvimgcodec-cpu:2``: the same with ``decoder="nvimgcodec-cpu"``: each
   worker's chunk decoded at once by nvImageCodec's CPU codecs, each image in its crop
   only (the path a GPU host takes with ``"nvimgcodec-gpu"``);
-- ``torch:2``: the PyTorch ``DataLoader(num_workers=2)`` over a map-style dataset that
-  reads, decodes and augments the same way, numpy collate, then the global arrays.
+- ``torch:2``: the PyTorch ``DataLoader(num_workers=2, pin_memory=True)`` over a
+  map-style dataset that reads, decodes and augments the same way, numpy collate, then
+  the global arrays.
+
+``--augment trivial`` adds torchvision's ``TrivialAugmentWide`` after the crop and the
+flip in every contender (meshfeed's ``augment=[vision.TrivialAugmentWide()]``; the
+loops and the DataLoader's dataset make the same Pillow calls, which are torchvision's
+PIL path without its dispatch). Goals: meshfeed >= 0.9x the loops, >= 1.2x the
+DataLoader.
 
 Rounds rotate the order; the lines report the median over rounds of images/s and of each
 entry's ratio to ``loops x2`` in its round. ``--smoke`` for CI.
@@ -92,12 +99,28 @@ while time.perf_counter() - start < {seconds}:
             top, left, h, w = vision.random_resized_crop(im.height, im.width, rng)
             flip = rng.random() < 0.5
             crop = im.convert("RGB").crop((left, top, left + w, top + h))
-        pixels = np.asarray(crop.resize(({size}, {size}), Image.BILINEAR))
-        if flip:
-            pixels = np.ascontiguousarray(pixels[:, ::-1])
+        resized = crop.resize(({size}, {size}), Image.BILINEAR)
+        if {augment}:
+            if flip:
+                resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            trivial = vision.TrivialAugmentWide()
+            pixels = np.asarray(trivial.apply(resized, trivial.params({size}, {size}, rng)))
+        else:
+            pixels = np.asarray(resized)
+            if flip:
+                pixels = np.ascontiguousarray(pixels[:, ::-1])
     done += len(paths)
 print(done / (time.perf_counter() - start), flush=True)
 """
+
+
+def _crop(decoder: str = "pillow") -> vision.RandomResizedCrop:
+    """The crop every contender runs, with TrivialAugmentWide after it under --augment."""
+    augment = [vision.TrivialAugmentWide()] if AUGMENT else []
+    return vision.RandomResizedCrop(SIZE, decoder=decoder, augment=augment)  # type: ignore[arg-type]
+
+
+AUGMENT = False  # --augment trivial
 
 
 def _meshfeed(root: Path, workers: int, decoder: str) -> Callable[[], Iterator[Any]]:
@@ -107,7 +130,7 @@ def _meshfeed(root: Path, workers: int, decoder: str) -> Callable[[], Iterator[A
     def run() -> Iterator[Any]:
         loader = meshfeed.Loader(
             source, global_batch_size=BATCH, sharding=sharding, num_epochs=None,
-            record_transform=vision.RandomResizedCrop(SIZE, decoder=decoder),  # type: ignore[arg-type]
+            record_transform=_crop(decoder),
             num_workers=workers,
         )  # fmt: skip
         try:
@@ -123,7 +146,7 @@ class _TorchImages:
 
     def __init__(self, paths: list[str], labels: np.ndarray) -> None:
         self.paths, self.labels = paths, labels
-        self.crop = vision.RandomResizedCrop(SIZE)
+        self.crop = _crop()
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -151,7 +174,7 @@ def _torch(root: Path, workers: int) -> Callable[[], Iterator[Any]] | str:
     def run() -> Iterator[Any]:
         loader = torch.utils.data.DataLoader(
             dataset, batch_size=BATCH, shuffle=True, num_workers=workers, collate_fn=_collate,
-            drop_last=True, persistent_workers=True, prefetch_factor=4,
+            drop_last=True, persistent_workers=True, prefetch_factor=4, pin_memory=True,
         )  # fmt: skip
         while True:
             yield from to_global(iter(loader), BATCH)
@@ -168,7 +191,13 @@ def main() -> None:
     parser.add_argument(
         "--noise", type=float, default=18.0, help="the images' noise: 18 ~97 KB, 10 ~69 KB"
     )
+    parser.add_argument(
+        "--augment", choices=["none", "trivial"], default="none",
+        help="trivial: TrivialAugmentWide after the crop and flip, in every contender",
+    )  # fmt: skip
     args = parser.parse_args()
+    global AUGMENT
+    AUGMENT = args.augment == "trivial"
     images, rounds, seconds = (
         (64, 1, 0.3) if args.smoke else (args.images, args.rounds, args.seconds)
     )
@@ -179,7 +208,7 @@ def main() -> None:
         paths = [source.path(i) for i in range(len(source))]
         kb = statistics.mean(os.path.getsize(p) for p in paths) / 1e3
         loop = _LOOP.format(here=str(Path(__file__).parent), paths=paths, seconds=seconds,
-                            size=SIZE)  # fmt: skip
+                            size=SIZE, augment=AUGMENT)  # fmt: skip
         entries: dict[str, Callable[[], Iterator[Any]] | str] = {
             "meshfeed:2": _meshfeed(root, 2, "pillow"),
             "torch:2": _torch(root, 2),
@@ -204,6 +233,7 @@ def main() -> None:
             line: dict[str, Any] = {
                 "benchmark": "vision", "workload": "I", "entry": name, "images": images,
                 "kb": round(kb, 1), "rounds": rounds, "smoke": args.smoke,
+                "augment": args.augment,
             }  # fmt: skip
             if isinstance(entries.get(name), str):
                 line["skipped"] = entries[name]
