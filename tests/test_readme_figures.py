@@ -182,9 +182,20 @@ def _indexing() -> list[str]:
 
 
 def _ray() -> list[str]:
-    ratio = _one("ray_workers.jsonl", "ratio_to_processes", workload="C", name="ray:2")
+    """C: the median of every round of the runs after issue 75's change (and before it),
+    pooled: single rounds swing more than the runs' medians differ."""
+
+    def pooled(build: str) -> float:
+        rows = _lines("ray_workers_chunks.jsonl", workload="C", name="ray:2", build=build)
+        assert len(rows) >= 4, f"ray_workers_chunks.jsonl: {len(rows)} runs of {build!r}"
+        return statistics.median(r for row in rows for r in row["ratio_by_round"])
+
     speedup = _one("ray_workers.jsonl", "speedup", workload="S", name="ray:16")
-    return [f"{ratio:.2f}{TIMES}", f"16 sleeping Ray workers {speedup:.1f}{TIMES} one"]
+    return [
+        f"{pooled('after'):.2f}{TIMES}",
+        f"{pooled('before (ff18ff9)'):.2f}{TIMES} before",
+        f"16 sleeping Ray workers {speedup:.1f}{TIMES} one",
+    ]
 
 
 def _packing() -> list[str]:
