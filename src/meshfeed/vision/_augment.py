@@ -32,6 +32,9 @@ from meshfeed.vision._auto_augment import Augment, ColorJitter, Ops, TrivialAugm
 from meshfeed.vision._crop import Box, center_crop, random_resized_crop, resize_shorter
 from meshfeed.vision._nvimgcodec import NvImageCodec, installed
 
+Prepared = tuple[Box, bool] | tuple[Box, bool, list[Ops]]
+"""A record's draws (``RandomResizedCrop.prepare``): its crop, its flip, and the
+operations of each augmentation."""
 Decoder = Literal["pillow", "nvimgcodec-gpu", "nvimgcodec-cpu", "auto"]
 """What decodes ``RandomResizedCrop``'s images (see there)."""
 DECODERS = ("pillow", "nvimgcodec-gpu", "nvimgcodec-cpu", "auto")
@@ -169,9 +172,10 @@ class RandomResizedCrop:
         return box, flip, [a.params(self.size, self.size, rng) for a in self.augment]
 
     def batch(
-        self, records: list[dict[str, Any]], prepared: list[tuple[Box, bool, list[Ops]]]
+        self, records: list[dict[str, Any]], prepared: Sequence[Prepared]
     ) -> list[dict[str, Any]]:
-        """The records cut, resized and flipped as ``prepare`` drew, decoded together."""
+        """The records cut, resized, flipped and augmented as ``prepare`` drew (a
+        ``(box, flip)`` pair: no augmentations), decoded together."""
         image = _pil()
         if self._codec is not None:
             crops = self._codec.regions([r[self.field] for r in records], [p[0] for p in prepared])
@@ -182,7 +186,8 @@ class RandomResizedCrop:
                 with _open(record[self.field]) as opened:
                     cut.append(opened.convert("RGB").crop((left, top, left + w, top + h)))
         out = []
-        for record, crop, (_, flip, ops) in zip(records, cut, prepared, strict=True):
+        for record, crop, drew in zip(records, cut, prepared, strict=True):
+            flip, ops = drew[1], drew[2] if len(drew) > 2 else []
             resized = crop.resize((self.size, self.size), image.BILINEAR)
             if self.augment:  # on the Pillow image, as torchvision's pipeline runs
                 if flip:
