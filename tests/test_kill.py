@@ -77,7 +77,9 @@ def test_a_killed_job_relaunched_sees_every_example_once_per_epoch(tmp_path):
     # The newest whole checkpoint before the kill at step 8 (every 3): 6, or 3 when 6 was
     # still being written in the background when process 1 died.
     assert resumed in (3, 6)
-    assert max(first) >= 8  # the first run got past the checkpoint before it died
+    # The first run got to the checkpoint it resumes from (process 0 logs what it takes:
+    # it may be a step or two behind process 1 when that one dies at 8).
+    assert max(first) >= resumed
     steps = {**{s: i for s, i in first.items() if s < resumed}, **second}
     assert sorted(steps) == list(range(14))
     for epoch in range(2):  # 7 steps an epoch (100 examples, batch 16, last padded)
