@@ -4,7 +4,8 @@
 executor writes, byte for byte; a re-run redoes only the files without a current index;
 a bad file stops the run by name; ``meshfeed index --ray`` does the same from the command
 line. ``pack(plan_executor="ray")``: a task per shard of the packing plan writes, to a
-folder on S3, the files a local build writes."""
+folder on S3, the files a local build writes. ``shard_images(executor="ray")``: a task
+per part writes the shards one process writes."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import s3fs
 
 import meshfeed
 from formats_fns import write_jsonl, write_tfrecord, write_wds
+from image_fns import image_folder
 from meshfeed.data._pack_store import StoredPlan
 
 ray = pytest.importorskip("ray", reason="executor='ray' needs the ray extra")
@@ -140,6 +142,18 @@ def test_a_packing_plan_built_as_ray_tasks_on_s3_is_the_files_a_local_build_writ
             assert _without_etags(json.loads(got)) == json.loads(want), name
     ids = np.arange(0, len(kept), 7)
     assert on_ray[ids]["tokens"].tobytes() == kept[ids]["tokens"].tobytes()
+
+
+def test_an_image_folder_sharded_as_ray_tasks_is_the_files_one_process_writes(local_ray, tmp_path):
+    folder = image_folder(tmp_path / "train", per_class=8)
+    on_ray = meshfeed.shard_images(folder, tmp_path / "ray", part_bytes=40_000, executor="ray",
+                                   progress=False)  # fmt: skip
+    alone = meshfeed.shard_images(folder, tmp_path / "alone", part_bytes=40_000, workers=0,
+                                  progress=False)  # fmt: skip
+    assert on_ray.complete and on_ray.ran == on_ray.parts == alone.parts >= 3
+    record = json.loads((tmp_path / "ray" / "meshfeed.prepare.json").read_text())
+    assert record == json.loads((tmp_path / "alone" / "meshfeed.prepare.json").read_text())
+    assert meshfeed.open_source(tmp_path / "ray").classes == ["Dog", "bird", "cat"]
 
 
 def _without_etags(value: object) -> object:

@@ -19,6 +19,7 @@ from meshfeed._cli.flags import (
 from meshfeed._cli.index import add_parser as add_index_parser
 from meshfeed._cli.pack import add_parser as add_pack_parser
 from meshfeed._cli.prepare import add_parser as add_prepare_parser
+from meshfeed._cli.shard import add_parser as add_shard_parser
 
 EXAMPLES = """examples:
   meshfeed show --mesh data=4,model=2 --spec data,model --shape 256,128
@@ -29,6 +30,7 @@ EXAMPLES = """examples:
   meshfeed prepare 'corpus/*.jsonl' --tokenizer tokenizer.json --out tokens --workers 2
   meshfeed index 'shards/shard-{000..127}.tar'
   meshfeed pack tokens/ --seq-len 2048
+  meshfeed shard imagenet/train s3://bucket/shards/train --endpoint-url http://127.0.0.1:9000
   meshfeed demo            (or: meshfeed demo --keras, meshfeed demo --lm)
   meshfeed bench loader --shape 28,28,1 --dtype uint8 --batch 256
 """
@@ -112,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     add_prepare_parser(sub)
     add_index_parser(sub)
     add_pack_parser(sub)
+    add_shard_parser(sub)
 
     demo = sub.add_parser(
         "demo",
@@ -219,6 +222,10 @@ def _run(args: argparse.Namespace) -> int:
         from meshfeed._cli.prepare import run
 
         return run(args)
+    if args.command == "shard":
+        from meshfeed._cli.shard import run as run_shard
+
+        return run_shard(args)
     if args.command == "demo":
         from meshfeed._cli.demo import run_demo
 

@@ -178,17 +178,28 @@ def check_prepared(
         return
     plan = record["plan"]
     count = len(plan["parts"])
+    command = plan.get("command", "meshfeed prepare")  # or meshfeed shard: images
     if record.get("complete") is None:
         missing = missing_parts(root, count, storage_options)
+        status = (
+            f"; meshfeed prepare --status --out {root} says how far it is"
+            if command == "meshfeed prepare"
+            else ""
+        )
         raise FileNotFoundError(
-            f"{root} is an unfinished meshfeed.prepare build: "
+            f"{root} is an unfinished {command} build: "
             + (
                 f"parts {_ranges(missing)} of {count} are not written yet. "
                 if missing
                 else f"all {count} parts are written but the build was not marked complete. "
             )
-            + "Run the same meshfeed prepare command again to finish it (it redoes only what "
-            f"is missing); meshfeed prepare --status --out {root} says how far it is."
+            + f"Run the same {command} command again to finish it (it redoes only what "
+            f"is missing){status}."
+        )
+    if tokenizer is not None and "tokenizer" not in plan:
+        raise ValueError(
+            f"tokenizer= checks the tokenizer a folder was prepared with, but {root} was "
+            f"written by {command}, with no tokenizer; drop tokenizer=."
         )
     if tokenizer is not None:
         recorded = plan["tokenizer"]

@@ -163,6 +163,11 @@ class ImageFolderSource:
         """A digest of the files' paths and sizes, which the loader's state carries."""
         return {"images": self._digest, "count": len(self.paths)}
 
+    @property
+    def sizes(self) -> np.ndarray:
+        """Each file's size in bytes, by id, as listed (``-1`` where not known: ``files=``)."""
+        return self._sizes.copy()
+
     def path(self, index: int) -> str:
         """The file of example ``index`` (a full path or URL)."""
         rel = self.paths[index]

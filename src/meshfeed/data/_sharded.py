@@ -56,6 +56,8 @@ class ShardedSource:
         """The folder it was opened from and its storage options (``open_source``)."""
         self.catalog_digest: str | None = None
         """A hash of the catalog it was opened from, which says whether its files changed."""
+        self.classes: list[str] | None = None
+        """The class names in label order, for images written by ``shard_images``."""
 
     @property
     def remote(self) -> bool:

@@ -207,6 +207,7 @@ def _from_catalog(
     source.origin = (root, storage_options)
     text = json.dumps(catalog["shards"], sort_keys=True).encode()
     source.catalog_digest = hashlib.sha256(text).hexdigest()[:16]
+    source.classes = catalog.get("images", {}).get("classes")
     return source
 
 

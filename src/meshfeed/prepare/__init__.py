@@ -1,4 +1,5 @@
-"""Work done once over a data set: ``prepare`` (raw text to token documents), ``select``.
+"""Work done once over a data set: ``prepare`` (raw text to token documents), ``select``,
+``shard_images``.
 
 Text arrives as JSON Lines (plain, gzip, zstandard), Parquet, plain text or a Hugging
 Face dataset; it leaves as a folder of parts whose ``tokens`` field is a ``Ragged``
@@ -10,8 +11,10 @@ content hash and fingerprint are on record, and ``open_source(tokenizer=...)`` r
 a mismatch. ``select`` is the same kind of work for a filter: a predicate run once
 over a source, in parts, on worker processes or Ray tasks, resumable, its result (the
 kept ids) cached by the data's and the predicate's fingerprints and served as a
-``Selection``. This layer sits above the data (it writes folders with the data layer's
-writer) and above the workers (its processes start bare, as record workers do).
+``Selection``. ``shard_images`` writes an image folder as parts of one shard each, the
+same way: planned on record, resumable, on worker processes or Ray tasks. This layer
+sits above the data (it writes folders with the data layer's writer) and above the
+workers (its processes start bare, as record workers do).
 
 Modules, lowest first (each imports only modules listed before it)::
 
@@ -27,6 +30,8 @@ Modules, lowest first (each imports only modules listed before it)::
     _arguments     prepare's arguments checked: the settings on record, how it runs
     _prepare       prepare and prepare_status: the plan on record, the runs, the completion
     _select        select: a predicate run once over a source, cached, a Selection out
+    _image_part    a part of an image shard build: images read, written as one shard
+    _shard_images  shard_images: an image folder as shards read by range, resumable
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.
 """

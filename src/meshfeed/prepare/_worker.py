@@ -1,4 +1,4 @@
-"""What a ``prepare`` (or ``select``) worker process runs: part numbers in, parts out.
+"""What a ``prepare``, ``select`` or ``shard_images`` worker process runs: parts in and out.
 
 Started in a bare meshfeed (``workers._bare``: no JAX, nothing of the user's script).
 A job's first message holds its plan (bytes), the tokenizer's payload and how many threads
@@ -30,13 +30,15 @@ def main(package: types.ModuleType, tasks_fd: str, results_fd: str, kind: str = 
     """Serves parts until the task pipe closes (the module docstring); ``kind``:
     ``"prepare"`` (``Runner``), ``"chat"`` (``Runner``, with ``transformers`` imported
     while the parent loads the tokenizer, off its core), ``"chat-given"`` (the same, on
-    every core: the parent was given the tokenizer loaded) or ``"select"``
-    (``SelectRunner``)."""
+    every core: the parent was given the tokenizer loaded), ``"select"``
+    (``SelectRunner``) or ``"images"`` (``ImagesRunner``, for ``shard_images``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     load_on_use(package)
     cores = _spare_the_parents_core() if kind == "chat" else None
     if kind == "select":  # a select worker imports no tokenizer, no writer
         from meshfeed.prepare._select_part import SelectRunner as make
+    elif kind == "images":  # an image shard worker: no tokenizer
+        from meshfeed.prepare._image_part import ImagesRunner as make
     else:
         make = Runner
         import meshfeed.data._tokenizer  # while the parent plans, not after
