@@ -167,6 +167,17 @@ def _vision() -> list[str]:
     ]
 
 
+def _image_store() -> list[str]:
+    def ratio(images: str, what: str) -> float:
+        return _one("image_store.jsonl", "ratio", images=images, what=what)
+
+    return [
+        f"| {ratio('small', 'shards-2/folder-2'):.1f}{TIMES} |",
+        f"{ratio('small', 'shards/folder'):.1f}{TIMES} at the default",
+        f"ImageNet-size images {ratio('imagenet', 'shards-2/folder-2'):.2f}{TIMES}",
+    ]
+
+
 def _tar_loading() -> list[str]:
     ratio = _one("formats.jsonl", "ratio_to_webdataset", part="loading", name="meshfeed")
     return [f"{ratio:.2f}{TIMES}"]
@@ -436,6 +447,7 @@ CHECKED: dict[Path, Checks] = {
         **BOTH,
         "input wait behind 20 ms per read": partial(_wait, read_ahead=True),
         "requests per epoch from object storage, `shuffle_block`": _requests,
+        "images from object storage at 30 ms a request": _image_store,
         "`fit` writing to a tensorboardX `SummaryWriter`": partial(_writers, clu=True),
         "a train step's peak memory a device, 100M parameters": _train_memory,
         "a train step's peak memory a device, activations first": _microbatches,
