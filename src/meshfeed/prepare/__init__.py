@@ -25,12 +25,12 @@ Modules, lowest first (each imports only modules listed before it)::
     _chat          conversations to tokens and an assistant-only loss mask, as HF makes them
     _encode        a part encoded (specials added, empties dropped) and written as a folder
     _select_part   a part of a selection: the predicate over a run of examples, kept ids out
+    _image_part    a part of an image shard build: images read, written as one shard
     _worker        what a worker process runs: parts in, written parts out
     _run           the parts on local worker processes or Ray tasks, with progress
     _arguments     prepare's arguments checked: the settings on record, how it runs
     _prepare       prepare and prepare_status: the plan on record, the runs, the completion
     _select        select: a predicate run once over a source, cached, a Selection out
-    _image_part    a part of an image shard build: images read, written as one shard
     _shard_images  shard_images: an image folder as shards read by range, resumable
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.
