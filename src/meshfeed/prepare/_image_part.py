@@ -79,11 +79,10 @@ class ImagesRunner:
         self.source = pickle.loads(init["source"])
 
     def __call__(self, index: int, progress: Any = None) -> tuple[Any, ...]:
-        step = None if progress is None else (lambda n, b: progress(n, b))
         try:
             counts = write_image_part(
                 index, self.plan, self.source, self.out,
-                storage_options=self.storage_options, progress=step,
+                storage_options=self.storage_options, progress=progress,
             )  # fmt: skip
         except Exception as error:
             return ("error", index, f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
