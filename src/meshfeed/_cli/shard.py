@@ -58,6 +58,6 @@ def run(args: argparse.Namespace) -> int:
     rate = f", {status.images_per_s:,.0f} images/s" if status.ran else ""
     print(
         f"{status} (this run wrote {status.ran} parts: {status.images:,} images, "
-        f"{status.bytes / 2**20:,.1f} MiB in {status.seconds:.1f} s{rate})"
+        f"{status.image_bytes / 2**20:,.1f} MiB in {status.seconds:.1f} s{rate})"
     )
     return 0

@@ -62,7 +62,7 @@ class ShardStatus:
     """How far a ``shard_images`` build is, and what the last run did.
 
     ``parts``, ``done`` and ``missing`` count every part of the build; ``images`` and
-    ``bytes`` are what this run wrote, in ``seconds``.
+    ``image_bytes`` are what this run wrote, in ``seconds``.
     """
 
     out: str
@@ -71,7 +71,7 @@ class ShardStatus:
     missing: list[int]
     complete: bool
     images: int = 0
-    bytes: int = 0
+    image_bytes: int = 0
     ran: int = 0
     seconds: float = 0.0
 
@@ -190,7 +190,7 @@ def shard_images(
     status = _finish(root, plan, storage_options)
     return dataclasses.replace(
         status, ran=len(todo), seconds=seconds,
-        images=report.counts["images"], bytes=report.counts["bytes"],
+        images=report.counts["images"], image_bytes=report.counts["bytes"],
     )  # fmt: skip
 
 
