@@ -53,6 +53,7 @@ import numpy as np
 
 import meshfeed
 from meshfeed.testing import CountingProxy, S3Server
+from meshfeed.vision import shard_images
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vision import write_folder
@@ -131,7 +132,7 @@ def _case(
         for kind_ in ("range", "get", "head", "list"):
             proxy.hold(kind_, 1.0, LATENCY_S)
         start = time.perf_counter()
-        status = meshfeed.shard_images("s3://data/train", "s3://data/shards", workers=2,
+        status = shard_images("s3://data/train", "s3://data/shards", workers=2,
                                        part_bytes=part_bytes, storage_options=held,
                                        progress=False)  # fmt: skip
         shard_s = time.perf_counter() - start

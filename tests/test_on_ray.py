@@ -24,6 +24,7 @@ import meshfeed
 from formats_fns import write_jsonl, write_tfrecord, write_wds
 from image_fns import image_folder
 from meshfeed.data._pack_store import StoredPlan
+from meshfeed.vision import shard_images
 
 ray = pytest.importorskip("ray", reason="executor='ray' needs the ray extra")
 # Ray starts its node processes with a preexec_fn, so Python runs JAX's at-fork hook,
@@ -146,9 +147,9 @@ def test_a_packing_plan_built_as_ray_tasks_on_s3_is_the_files_a_local_build_writ
 
 def test_an_image_folder_sharded_as_ray_tasks_is_the_files_one_process_writes(local_ray, tmp_path):
     folder = image_folder(tmp_path / "train", per_class=8)
-    on_ray = meshfeed.shard_images(folder, tmp_path / "ray", part_bytes=40_000, executor="ray",
+    on_ray = shard_images(folder, tmp_path / "ray", part_bytes=40_000, executor="ray",
                                    progress=False)  # fmt: skip
-    alone = meshfeed.shard_images(folder, tmp_path / "alone", part_bytes=40_000, workers=0,
+    alone = shard_images(folder, tmp_path / "alone", part_bytes=40_000, workers=0,
                                   progress=False)  # fmt: skip
     assert on_ray.complete and on_ray.ran == on_ray.parts == alone.parts >= 3
     record = json.loads((tmp_path / "ray" / "meshfeed.prepare.json").read_text())

@@ -1,4 +1,4 @@
-"""``meshfeed.shard_images`` and ``meshfeed shard``: an image folder written as shards.
+"""``meshfeed.vision.shard_images`` and ``meshfeed shard``: an image folder written as shards.
 
 The shards hold the folder's images -- each file's bytes, its label, its id -- and its
 classes, in a keyed random order (or the folder's); the same bytes for worker processes
@@ -19,6 +19,7 @@ import pytest
 
 import meshfeed
 from image_fns import image_folder
+from meshfeed.vision import shard_images
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +66,15 @@ def test_the_shards_hold_the_folders_images_labels_and_classes(folder, tmp_path)
     assert sorted(order) == list(range(24)) and order != sorted(order)  # a keyed order
     # One process writes the same files as two worker processes.
     alone = tmp_path / "alone"
-    meshfeed.shard_images(folder, alone, part_bytes=40_000, workers=0, progress=False)
+    shard_images(folder, alone, part_bytes=40_000, workers=0, progress=False)
     assert _files(alone) == _files(out)
     # In the folder's order, on request; another seed is another order.
-    listed = meshfeed.shard_images(folder, tmp_path / "listed", shuffle=False, workers=0,
+    listed = shard_images(folder, tmp_path / "listed", shuffle=False, workers=0,
                                    progress=False)  # fmt: skip
     assert listed.complete and listed.parts == 1
     in_order = meshfeed.open_source(tmp_path / "listed")
     assert in_order[np.arange(24)]["index"].tolist() == list(range(24))
-    other = meshfeed.shard_images(folder, tmp_path / "seed1", seed=1, workers=0, progress=False)
+    other = shard_images(folder, tmp_path / "seed1", seed=1, workers=0, progress=False)
     assert other.images == 24
     reordered = meshfeed.open_source(tmp_path / "seed1")[np.arange(24)]["index"].tolist()
     assert reordered != order and sorted(reordered) == list(range(24))
@@ -83,7 +84,7 @@ def test_a_flat_folder_with_a_labels_file(folder, tmp_path):
     files = sorted(str(p) for p in folder.rglob("*") if p.suffix.lower() in (".jpg", ".png"))
     labels = {path: i % 5 for i, path in enumerate(files)}
     flat = meshfeed.ImageFolderSource(files=files, label=labels.__getitem__)
-    status = meshfeed.shard_images(flat, tmp_path / "val", workers=0, progress=False)
+    status = shard_images(flat, tmp_path / "val", workers=0, progress=False)
     shards = meshfeed.open_source(tmp_path / "val")
     assert status.images == len(flat) == len(files) and shards.classes is None
     assert _pairs(shards) == _pairs(flat)
@@ -97,15 +98,15 @@ def test_a_stopped_build_is_refused_and_run_again_writes_only_what_is_missing(fo
     out = tmp_path / "shards"
     try:
         with pytest.raises(RuntimeError, match=rf"part \d+ of .*{moved.name}"):
-            meshfeed.shard_images(images, out, part_bytes=40_000, shuffle=False, workers=0,
+            shard_images(images, out, part_bytes=40_000, shuffle=False, workers=0,
                                   progress=False)  # fmt: skip
     finally:
         moved.write_bytes(kept)
     with pytest.raises(FileNotFoundError, match=r"unfinished meshfeed shard build: parts \d+ of"):
         meshfeed.open_source(out)
     with pytest.raises(ValueError, match=r"another build than this one: seed=2 now, 0 when"):
-        meshfeed.shard_images(images, out, part_bytes=40_000, shuffle=False, seed=2, workers=0)
-    again = meshfeed.shard_images(images, out, part_bytes=40_000, shuffle=False, workers=0,
+        shard_images(images, out, part_bytes=40_000, shuffle=False, seed=2, workers=0)
+    again = shard_images(images, out, part_bytes=40_000, shuffle=False, workers=0,
                                   progress=False)  # fmt: skip
     assert again.complete and again.ran == 1 and again.parts > 2
     assert _pairs(meshfeed.open_source(out)) == _pairs(images)
@@ -121,7 +122,7 @@ def test_on_s3_the_shards_take_a_few_requests_where_the_folder_takes_one_an_imag
     options = server.storage_options
     s3fs.S3FileSystem(**options).put(str(folder), "s3://data/images/train", recursive=True)
     remote = meshfeed.ImageFolderSource("s3://data/images/train", storage_options=options)
-    status = meshfeed.shard_images(remote, "s3://data/images/shards", part_bytes=100_000,
+    status = shard_images(remote, "s3://data/images/shards", part_bytes=100_000,
                                    workers=0, storage_options=options, progress=False)  # fmt: skip
     assert status.complete and status.parts >= 2
     shards = meshfeed.open_source("s3://data/images/shards", storage_options=options)

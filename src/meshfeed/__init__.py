@@ -49,7 +49,6 @@ from meshfeed.inspect._show_plan import show_plan as show_plan
 from meshfeed.prepare._prepare import prepare as prepare
 from meshfeed.prepare._prepare import prepare_status as prepare_status
 from meshfeed.prepare._select import select as select
-from meshfeed.prepare._shard_images import shard_images as shard_images
 from meshfeed.train._attention import segment_mask as segment_mask
 from meshfeed.train._checkpoint import restore_checkpoint as restore_checkpoint
 from meshfeed.train._checkpoint import save_checkpoint as save_checkpoint
@@ -92,7 +91,6 @@ __all__ = [
     "schedules",
     "segment_mask",
     "select",
-    "shard_images",
     "show_plan",
     "show_sharding",
     "shutdown",

@@ -33,7 +33,6 @@ from meshfeed.formats._tar import TarSource as TarSource
 from meshfeed.formats._tfrecord import TFRecordSource as TFRecordSource
 from meshfeed.formats._tfrecord import parse_example as parse_example
 from meshfeed.prepare._prepare import PrepareStatus as PrepareStatus
-from meshfeed.prepare._shard_images import ShardStatus as ShardStatus
 from meshfeed.storage._file_errors import BadFileError as BadFileError
 
 __all__ = [
@@ -55,7 +54,6 @@ __all__ = [
     "PartialRows",
     "PrepareStatus",
     "Selection",
-    "ShardStatus",
     "ShardedSource",
     "StoredPlan",
     "TFRecordSource",

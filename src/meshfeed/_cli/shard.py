@@ -1,4 +1,4 @@
-"""``meshfeed shard``: its flags, and the one call it makes (``meshfeed.shard_images``)."""
+"""``meshfeed shard``: its flags, and the call it makes (``meshfeed.vision.shard_images``)."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import meshfeed
+    from meshfeed.vision import shard_images
 
-    status = meshfeed.shard_images(
+    status = shard_images(
         args.images,
         args.out,
         part_bytes=args.part_bytes,

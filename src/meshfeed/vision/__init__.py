@@ -15,7 +15,8 @@ time, each decoded in its crop only: ``RandomResizedCrop(224, decoder="auto")`` 
 ``gpu-decode`` extra), with the same crops. The output is ``uint8`` ``[size, size,
 3]``; normalise on the device, in the step: ``normalize``, MixUp and CutMix
 (``mixup_or_cutmix``) and ``random_erasing`` run on the global batch as it is sharded.
-Pillow is the ``vision`` extra.
+Pillow is the ``vision`` extra. ``shard_images`` writes an image folder as shards read by
+range, for object storage (``meshfeed shard`` on the command line).
 
 Modules, lowest first (each imports only modules listed before it)::
 
@@ -28,6 +29,8 @@ Modules, lowest first (each imports only modules listed before it)::
     _erase         RandomErasing on the devices, a box an image
 """
 
+from meshfeed.prepare._shard_images import ShardStatus as ShardStatus
+from meshfeed.prepare._shard_images import shard_images as shard_images
 from meshfeed.vision._augment import CenterCrop as CenterCrop
 from meshfeed.vision._augment import Decoder as Decoder
 from meshfeed.vision._augment import RandomResizedCrop as RandomResizedCrop
@@ -64,6 +67,7 @@ __all__ = [
     "MixParams",
     "RandAugment",
     "RandomResizedCrop",
+    "ShardStatus",
     "TrivialAugmentWide",
     "center_crop",
     "cutmix",
@@ -78,4 +82,5 @@ __all__ = [
     "random_erasing",
     "random_resized_crop",
     "resize_shorter",
+    "shard_images",
 ]
