@@ -119,13 +119,14 @@ def test_on_s3_the_shards_take_a_few_requests_where_the_folder_takes_one_an_imag
 ):
     import s3fs
 
-    options = server.storage_options
-    s3fs.S3FileSystem(**options).put(str(folder), "s3://data/images/train", recursive=True)
-    remote = meshfeed.ImageFolderSource("s3://data/images/train", storage_options=options)
-    status = shard_images(remote, "s3://data/images/shards", part_bytes=100_000,
-                                   workers=0, storage_options=options, progress=False)  # fmt: skip
+    options, where = server.storage_options, "s3://data/shard-images"  # its own prefix
+    s3fs.S3FileSystem(**options).put(str(folder), f"{where}/train", recursive=True)
+    remote = meshfeed.ImageFolderSource(f"{where}/train", storage_options=options)
+    assert len(remote) == 24
+    status = shard_images(remote, f"{where}/shards", part_bytes=100_000, workers=0,
+                          storage_options=options, progress=False)  # fmt: skip
     assert status.complete and status.parts >= 2
-    shards = meshfeed.open_source("s3://data/images/shards", storage_options=options)
+    shards = meshfeed.open_source(f"{where}/shards", storage_options=options)
     assert shards.classes == remote.classes
     before = shards.requests
     assert _pairs(shards) == _pairs(remote)
