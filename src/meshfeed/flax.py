@@ -55,7 +55,8 @@ from jax.sharding import PartitionSpec as P
 
 from meshfeed.core._mesh import DATA
 from meshfeed.feed._shardings import place_host
-from meshfeed.train._fit import EvalFn, StepFn
+from meshfeed.train._evaluate import EvalFn
+from meshfeed.train._fit import StepFn
 from meshfeed.train._param_sharding import ParamSharding
 from meshfeed.train._step_parts import Batch, Mode, collective_axes
 from meshfeed.train._steps import make_train_step as _make_step

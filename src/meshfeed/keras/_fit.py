@@ -21,7 +21,8 @@ from jax.sharding import Mesh
 from meshfeed.feed._loader import Loader
 from meshfeed.keras._state import Optimizer, create_state, update_model
 from meshfeed.keras._steps import make_eval_fn, make_train_step
-from meshfeed.train._fit import StepFn, evaluator
+from meshfeed.train._evaluate import evaluator
+from meshfeed.train._fit import StepFn
 from meshfeed.train._fit import fit as run_steps
 from meshfeed.train._step_parts import Batch, Mode, valid_rows
 

@@ -21,7 +21,8 @@ from jax.sharding import Mesh
 from meshfeed.core._mesh import DATA
 from meshfeed.feed._schedule import MASK
 from meshfeed.keras._state import Optimizer, Variables, transformation
-from meshfeed.train._fit import EvalFn, StepFn
+from meshfeed.train._evaluate import EvalFn
+from meshfeed.train._fit import StepFn
 from meshfeed.train._step_parts import Batch, Mode, masked_mean
 from meshfeed.train._steps import make_train_step as _make_step
 

@@ -23,7 +23,12 @@ Modules, lowest first (each imports only modules listed before it)::
     _s3_checkpoints  checkpoints on S3: JAX's array serialization to TensorStore's S3 store
     _checkpoint    checkpoints (Orbax, or S3) with the loader's state beside them; async
     _writers       fit's figures to CLU, tensorboardX or W&B writers; every process's wait
-    _fit           fit and History
+    _input_clock   a loop's input wait timed against its steps; at most two steps ahead
+    _fit_checkpoints  a loop's saves: resume, save when due, stop at a preemption's step
+    _evaluate      evaluator: a metric's mean over every valid row; when a loop evaluates
+    _fit_log       a log step's figures (the step, its input, the loader), to the writer
+    _fit_progress  the bar and the lines process 0 shows
+    _fit           fit and History: the step loop, calling those parts in turn
 
 The names most users need are at the top level (``meshfeed.fit``, ``meshfeed.TrainState``,
 ``meshfeed.make_train_step``, ...); this package exports the rest: the types of a step and
@@ -36,7 +41,7 @@ from meshfeed.cluster._preemption import Preemption as Preemption
 from meshfeed.train._checkpoint import Checkpoints as Checkpoints
 from meshfeed.train._checkpoint import on_preemption as on_preemption
 from meshfeed.train._context import restore_order as restore_order
-from meshfeed.train._fit import EvalFn as EvalFn
+from meshfeed.train._evaluate import EvalFn as EvalFn
 from meshfeed.train._fit import History as History
 from meshfeed.train._fit import StepFn as StepFn
 from meshfeed.train._packed_attention import packed_attention as packed_attention

@@ -15,10 +15,9 @@ process waited most.
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -104,18 +103,6 @@ class Background:
         done = getattr(self._obj, "flush", None)
         if callable(done):
             done()
-
-
-@contextlib.contextmanager
-def stopped_on_error(write: Background | None) -> Iterator[None]:
-    """Stops ``write``'s thread if the block raises (a thread left waiting would outlive
-    the run), then lets the error go on."""
-    try:
-        yield
-    except BaseException:
-        if write is not None:
-            write.stop()
-        raise
 
 
 def stage_figures(now: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, float]:
