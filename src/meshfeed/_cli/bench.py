@@ -28,7 +28,8 @@ def _samples_per_s(run: Callable[[], Iterator[Any]], batch: int, seconds: float)
     it = run()
     for _ in range(3):  # warm up: compile, start threads
         jax.block_until_ready(next(it))
-    done, start = 0, time.perf_counter()
+    done = 0
+    start = time.perf_counter()
     while True:
         jax.block_until_ready(next(it))
         done += 1

@@ -86,9 +86,14 @@ def plan_data(args: argparse.Namespace, sharding: Any) -> Any:
     order = {"shuffle_block": args.shuffle_block, "shuffle_window": args.shuffle_window}
     try:
         return meshfeed.inspect.plan(
-            sharding, data=args.data, processes=args.processes, global_batch_size=args.batch,
-            storage_options=options, store_rps=args.store_rps, loader_options=order,
-        )  # fmt: skip
+            sharding,
+            data=args.data,
+            processes=args.processes,
+            global_batch_size=args.batch,
+            storage_options=options,
+            store_rps=args.store_rps,
+            loader_options=order,
+        )
     except (OSError, ValueError) as error:
         fail(str(error).splitlines()[0])
 

@@ -31,13 +31,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--index-dir", default=None, help="write the indexes here, not beside the files")
     p.add_argument("--workers", type=int, default=None, help="processes (default: cores)")
     p.add_argument("--part", default=None, help="i/N: index only share i of N of the files")
-    p.add_argument("--ray", action="store_true",
-                   help="index the files as Ray tasks, one a file: on the cluster RAY_ADDRESS "
-                   "names, or a local Ray")  # fmt: skip
-    p.add_argument("--seekable", action="store_true",
-                   help="rewrite compressed files of one large member (.jsonl.gz, .tgz, "
-                   ".tar.zst, .tfrecord.gz) seekable first: a restart point every 1 MiB, "
-                   "still one valid stream for any tool")  # fmt: skip
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="index the files as Ray tasks, one a file: on the cluster RAY_ADDRESS names, "
+        "or a local Ray",
+    )
+    p.add_argument(
+        "--seekable",
+        action="store_true",
+        help="rewrite compressed files of one large member (.jsonl.gz, .tgz, "
+        ".tar.zst, .tfrecord.gz) seekable first: a restart point every 1 MiB, "
+        "still one valid stream for any tool",
+    )
     p.add_argument("--endpoint-url", default=None, help="an S3-compatible store's endpoint")
     p.add_argument("--quiet", action="store_true", help="no line per file")
 

@@ -23,7 +23,10 @@ SEQ_LEN = 256
 GLOBAL_BATCH_SIZE = 16
 STEPS = 300
 LEARNING_RATE = 3e-3
-WIDTH, HEADS, LAYERS, HIDDEN = 64, 4, 2, 256
+WIDTH = 64
+HEADS = 4
+LAYERS = 2
+HIDDEN = 256
 MAX_BYTES = 1_500_000  # of the standard library, in file-name order
 
 

@@ -33,14 +33,22 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--field", default="tokens", help="the field packed (default: tokens)")
     p.add_argument("--seed", type=int, default=0, help="the order's key (default: 0)")
     p.add_argument("--algorithm", default="best_fit", choices=list(get_args(Algorithm)))
-    p.add_argument("--window", type=int, default=None,
-                   help="documents planned together (default: the algorithm's)")  # fmt: skip
+    p.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="documents planned together (default: the algorithm's)",
+    )
     p.add_argument("--long-docs", default=None, choices=["split", "truncate", "drop", "error"])
     p.add_argument("--max-segments", type=int, default=None, help="documents a row at most")
     p.add_argument("--plan-dir", default=None, help="keep the plan here, not beside the data")
     p.add_argument("--rebuild", action="store_true", help="build it again over the one there")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                   help="processes that build it (default: cores)")  # fmt: skip
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes that build it (default: cores)",
+    )
     p.add_argument("--ray", action="store_true", help="a Ray task per shard, on the cluster")
     p.add_argument("--endpoint-url", default=None, help="an S3-compatible store's endpoint")
 

@@ -27,35 +27,66 @@ def add_parser(sub: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("inputs", nargs="*", help="paths, globs or URLs of .jsonl[.gz|.zst], "
-                   ".parquet or .txt files, in order")  # fmt: skip
+    p.add_argument(
+        "inputs",
+        nargs="*",
+        help="paths, globs or URLs of .jsonl[.gz|.zst], .parquet or .txt files, in order",
+    )
     p.add_argument("--out", required=True, help="the folder to write (a path or URL)")
-    p.add_argument("--tokenizer", help="a tokenizer.json (Hugging Face tokenizers); with "
-                   "--chat, a Hugging Face tokenizer folder")  # fmt: skip
+    p.add_argument(
+        "--tokenizer",
+        help="a tokenizer.json (Hugging Face tokenizers); with --chat, a Hugging Face "
+        "tokenizer folder",
+    )
     p.add_argument("--text", default="text", help="the field holding the text (default text)")
-    p.add_argument("--chat", default=None, help="the field holding a conversation (a list of "
-                   "messages): tokens and an assistant-only loss_mask, as HF's chat template "
-                   "makes them")  # fmt: skip
+    p.add_argument(
+        "--chat",
+        default=None,
+        help="the field holding a conversation (a list of messages): tokens and an "
+        "assistant-only loss_mask, as HF's chat template makes them",
+    )
     p.add_argument(
         "--chat-template",
         default=None,
         help="a file holding the Jinja chat template (default: the tokenizer's)",
     )
-    p.add_argument("--chat-tools", default="tools", help="with --chat: the field holding a "
-                   "record's tools (default tools; 'none': never read)")  # fmt: skip
-    p.add_argument("--chat-documents", default=None,
-                   help="with --chat: the field holding a record's RAG documents")  # fmt: skip
-    p.add_argument("--chat-template-kwargs", default=None, help="with --chat: the template's "
-                   'keyword arguments, as JSON: \'{"enable_thinking": false}\'')  # fmt: skip
-    p.add_argument("--chat-openai", action="store_true", help="with --chat: messages in "
-                   "OpenAI's format (arguments as JSON strings, content as parts)")  # fmt: skip
+    p.add_argument(
+        "--chat-tools",
+        default="tools",
+        help="with --chat: the field holding a record's tools (default tools; 'none': never read)",
+    )
+    p.add_argument(
+        "--chat-documents",
+        default=None,
+        help="with --chat: the field holding a record's RAG documents",
+    )
+    p.add_argument(
+        "--chat-template-kwargs",
+        default=None,
+        help="with --chat: the template's keyword arguments, as JSON: "
+        "'{\"enable_thinking\": false}'",
+    )
+    p.add_argument(
+        "--chat-openai",
+        action="store_true",
+        help="with --chat: messages in OpenAI's format (arguments as JSON strings, "
+        "content as parts)",
+    )
     p.add_argument("--keep", default="", help="other fields to keep, comma-separated: id,url")
-    p.add_argument("--txt", choices=["file", "line"], default="file",
-                   help=".txt inputs: a document per file (default) or per line")  # fmt: skip
+    p.add_argument(
+        "--txt",
+        choices=["file", "line"],
+        default="file",
+        help=".txt inputs: a document per file (default) or per line",
+    )
     p.add_argument("--bos", default="auto", help="auto (the tokenizer's, if any), none, or a token")
     p.add_argument("--eos", default="auto", help="auto (the tokenizer's), none, or a token")
-    p.add_argument("--on-error", choices=["raise", "skip"], default="raise",
-                   help="a bad record stops the build, or is skipped and counted")  # fmt: skip
+    p.add_argument(
+        "--on-error",
+        choices=["raise", "skip"],
+        default="raise",
+        help="a bad record stops the build, or is skipped and counted",
+    )
     p.add_argument("--workers", type=int, default=None, help="local processes (default: cores)")
     p.add_argument("--part", default=None, help="i/N: write only share i of N (a Slurm array)")
     p.add_argument("--ray", action="store_true", help="run the parts as Ray tasks")

@@ -26,16 +26,24 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("images", help="the image folder: a path or URL, a subfolder per class")
     p.add_argument("out", help="the folder to write (a path or URL)")
-    p.add_argument("--part-bytes", type=int, default=256 << 20,
-                   help="image bytes a part (one shard file) holds (default 256 MiB)")  # fmt: skip
+    p.add_argument(
+        "--part-bytes",
+        type=int,
+        default=256 << 20,
+        help="image bytes a part (one shard file) holds (default 256 MiB)",
+    )
     p.add_argument(
         "--in-order",
         action="store_true",
         help="write the images in the folder's order, not a keyed random one",
     )
     p.add_argument("--seed", type=int, default=0, help="the key of the written order")
-    p.add_argument("--workers", type=int, default=None,
-                   help="local processes (default: cores; 0: this process)")  # fmt: skip
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="local processes (default: cores; 0: this process)",
+    )
     p.add_argument("--ray", action="store_true", help="write the parts as Ray tasks")
     p.add_argument("--endpoint-url", default=None, help="an S3-compatible store's endpoint")
     p.add_argument("--quiet", action="store_true", help="no progress output")

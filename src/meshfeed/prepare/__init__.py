@@ -29,7 +29,8 @@ Modules, lowest first (each imports only modules listed before it)::
     _worker        what a worker process runs: parts in, written parts out
     _run           the parts on local worker processes or Ray tasks, with progress
     _arguments     prepare's arguments checked: the settings on record, how it runs
-    _prepare       prepare and prepare_status: the plan on record, the runs, the completion
+    _plan          prepare's plan: inputs listed, parts cut, on record (a re-run's checked)
+    _prepare       prepare and prepare_status: the build's steps, the runs, the completion
     _select        select: a predicate run once over a source, cached, a Selection out
     _shard_images  shard_images: an image folder as shards read by range, resumable
 

@@ -17,10 +17,16 @@ from meshfeed.prepare._read import KEEP_TYPES
 
 
 def settings_of(
-    text: str, keep: Sequence[str] | Mapping[str, str], txt: str, on_error: str,
-    part_bytes: int | None, *, chat: bool = False, chat_fields: Mapping[str, str | None] = {},
+    text: str,
+    keep: Sequence[str] | Mapping[str, str],
+    txt: str,
+    on_error: str,
+    part_bytes: int | None,
+    *,
+    chat: bool = False,
+    chat_fields: Mapping[str, str | None] = {},
     chat_openai: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The build's settings on record, each checked; ``chat_fields``: the record's fields
     that ``apply_chat_template`` takes beside the messages (``tools``, ``documents``)."""
     if not isinstance(text, str) or not text:
@@ -43,8 +49,13 @@ def settings_of(
         not isinstance(part_bytes, int) or isinstance(part_bytes, bool) or part_bytes < 1
     ):
         raise ValueError(f"part_bytes={part_bytes!r} must be an int >= 1 (bytes of input).")
-    settings = {"text": text, "keep": kept, "txt": txt, "on_error": on_error,
-                "part_bytes": part_bytes}  # fmt: skip
+    settings = {
+        "text": text,
+        "keep": kept,
+        "txt": txt,
+        "on_error": on_error,
+        "part_bytes": part_bytes,
+    }
     if chat:  # (not written otherwise: a text build's record stays as it was)
         settings["chat"] = True
         fields = {k: v for k, v in chat_fields.items() if v is not None}
@@ -77,8 +88,10 @@ def check_run(
     ):
         raise ValueError(f"threads={threads!r} must be an int >= 1 (tokenizer threads a worker).")
     if part is not None and not (
-        isinstance(part, tuple) and len(part) == 2 and all(isinstance(x, int) for x in part)
+        isinstance(part, tuple)
+        and len(part) == 2
+        and all(isinstance(x, int) for x in part)
         and 0 <= part[0] < part[1]
-    ):  # fmt: skip
+    ):
         raise ValueError(f"part={part!r} must be (i, n) with 0 <= i < n, e.g. part=(0, 4).")
     return workers or os.cpu_count() or 1

@@ -50,9 +50,17 @@ from meshfeed.prepare._chat_turns import TurnBatch, check_turn_boundaries
 
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 RESERVED = frozenset(
-    {"tools", "documents", "chat_template", "tokenize", "add_generation_prompt",
-     "continue_final_message", "return_dict", "return_assistant_tokens_mask"}
-)  # fmt: skip
+    {
+        "tools",
+        "documents",
+        "chat_template",
+        "tokenize",
+        "add_generation_prompt",
+        "continue_final_message",
+        "return_dict",
+        "return_assistant_tokens_mask",
+    }
+)
 """``apply_chat_template``'s own arguments, which ``chat_template_kwargs`` may not set."""
 ChatEncoded = tuple[np.ndarray, list[list[int]], Sequence[Sequence[bool] | np.ndarray]]
 """A batch of conversations encoded: each one's number of tokens, its ids, its mask."""

@@ -51,7 +51,8 @@ class CheckedBatch:
     reference, said once on stderr. Subclasses give ``_reference`` and ``_fast``."""
 
     def __init__(self, tokenizer: Any, template: str) -> None:
-        self._tokenizer, self._template = tokenizer, template
+        self._tokenizer = tokenizer
+        self._template = template
         self._steps = _steps()
         # What apply_chat_template works out on every call, once: the template it renders
         # (a name resolved to its text) and the special tokens it passes to it.
@@ -87,13 +88,18 @@ class CheckedBatch:
         """HF's renderer on normalized conversations, as ``apply_chat_template`` calls it."""
         assert self._steps is not None
         rest = dict(extras)
-        tools, documents = rest.pop("tools", None), rest.pop("documents", None)
+        tools = rest.pop("tools", None)
+        documents = rest.pop("documents", None)
         return self._steps[1](
-            conversations=conversations, tools=tools, documents=documents,
-            chat_template=self._resolved, return_assistant_tokens_mask=spans,
-            continue_final_message=False, add_generation_prompt=prompt,
+            conversations=conversations,
+            tools=tools,
+            documents=documents,
+            chat_template=self._resolved,
+            return_assistant_tokens_mask=spans,
+            continue_final_message=False,
+            add_generation_prompt=prompt,
             **{**self._specials, **rest},
-        )  # fmt: skip
+        )
 
 
 class GenerationBatch(CheckedBatch):
@@ -105,11 +111,16 @@ class GenerationBatch(CheckedBatch):
         masks: list[np.ndarray] = [np.zeros(0, bool) for _ in conversations]
         for same, kwargs in alike(extras):
             out = self._tokenizer.apply_chat_template(
-                [conversations[i] for i in same], chat_template=self._template, tokenize=True,
-                return_dict=True, return_assistant_tokens_mask=True, **kwargs,
-            )  # fmt: skip
+                [conversations[i] for i in same],
+                chat_template=self._template,
+                tokenize=True,
+                return_dict=True,
+                return_assistant_tokens_mask=True,
+                **kwargs,
+            )
             for i, one, mask in zip(same, out["input_ids"], out["assistant_masks"], strict=True):
-                ids[i], masks[i] = list(one), np.asarray(mask, dtype=bool)
+                ids[i] = list(one)
+                masks[i] = np.asarray(mask, dtype=bool)
         return ids, masks
 
     def _fast(self, conversations: list[Any], extras: Sequence[Extras]) -> Batch:
@@ -152,7 +163,8 @@ def loop_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int
     """One conversation's tokens marked by transformers 5's own loop (one pass over the
     tokens and the spans), which ``overlap_mask`` agrees with where nothing goes
     backwards."""
-    mask, span = np.zeros(len(offsets), dtype=bool), 0
+    mask = np.zeros(len(offsets), dtype=bool)
+    span = 0
     for token, (start, end) in enumerate(offsets):
         while span < len(spans) and start >= spans[span][1]:
             span += 1

@@ -56,16 +56,21 @@ class TurnBatch(CheckedBatch):
         spans: list[list[tuple[int, int]]] = [[] for _ in conversations]
         slow: set[int] = set()  # conversations the reference encodes (or refuses)
         for same, kwargs in alike(extras):
-            turns = [(i, t) for i in same for t, m in enumerate(normalized[i])
-                     if m.get("role") == "assistant"]  # fmt: skip
+            turns = [
+                (i, t)
+                for i in same
+                for t, m in enumerate(normalized[i])
+                if m.get("role") == "assistant"
+            ]
             full = self._render([normalized[i] for i in same], kwargs, prompt=False, spans=False)
             befores = self._render(
                 [normalized[i][:t] for i, t in turns], kwargs, prompt=True, spans=False
             )[0]
             ends = [(i, t) for i, t in turns if t + 1 < len(normalized[i])]
-            through = dict(zip(ends, self._render(
+            upto_ends = self._render(
                 [normalized[i][: t + 1] for i, t in ends], kwargs, prompt=False, spans=False
-            )[0], strict=True))  # fmt: skip
+            )[0]
+            through = dict(zip(ends, upto_ends, strict=True))
             for i, text in zip(same, full[0], strict=True):
                 texts[i] = text
             for (i, t), before in zip(turns, befores, strict=True):
@@ -140,14 +145,29 @@ def _assistant_spans(
 
 
 PROBES: tuple[list[dict[str, Any]], ...] = (
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."},
-     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye."},
-     {"role": "assistant", "content": "Goodbye."}],
-    [{"role": "user", "content": "Weather?"},
-     {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
-         "name": "weather", "arguments": {"city": "Paris"}}}]},
-     {"role": "tool", "content": "Sunny."}, {"role": "assistant", "content": "Sunny."}],
-)  # fmt: skip
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye."},
+        {"role": "assistant", "content": "Goodbye."},
+    ],
+    [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": {"city": "Paris"}},
+                }
+            ],
+        },
+        {"role": "tool", "content": "Sunny."},
+        {"role": "assistant", "content": "Sunny."},
+    ],
+)
 """Conversations a template without ``{% generation %}`` blocks is tried on before a build
 starts: several turns, and a tool call with its result."""
 

@@ -56,7 +56,8 @@ def write_part(
     """Encodes and writes part ``index`` of ``plan``; returns its counts."""
     parts: list[Part] = plan["parts"]
     files: list[InputFile] = plan["inputs"]
-    settings, tokenizer = plan["settings"], plan["tokenizer"]
+    settings = plan["settings"]
+    tokenizer = plan["tokenizer"]
     root = join(out, part_folder(index, len(parts)))
     FolderWriter(root, storage_options).clear()
     counts: Counts = {"documents": 0, "tokens": 0, "empty": 0, "skipped": 0}
@@ -126,9 +127,13 @@ def _shards(
 
 
 def _flat(
-    ids: Iterable[Iterable[int]], lengths: np.ndarray, bos: int | None, eos: int | None,
-    dtype: np.dtype, vocab: int,
-) -> np.ndarray:  # fmt: skip
+    ids: Iterable[Iterable[int]],
+    lengths: np.ndarray,
+    bos: int | None,
+    eos: int | None,
+    dtype: np.dtype,
+    vocab: int,
+) -> np.ndarray:
     """Every document's ids, with BOS before and EOS after, one after another, in ``dtype``
     (straight from the tokenizer's output: no list of lists, no wider array)."""
     before, after = (() if bos is None else (bos,)), (() if eos is None else (eos,))

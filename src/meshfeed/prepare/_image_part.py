@@ -74,16 +74,21 @@ class ImagesRunner:
     """Writes parts of one build (its source unpickled once per process)."""
 
     def __init__(self, init: dict[str, Any]) -> None:
-        self.plan, self.out = init["plan"], init["out"]
+        self.plan = init["plan"]
+        self.out = init["out"]
         self.storage_options = init["storage_options"]
         self.source = pickle.loads(init["source"])
 
     def __call__(self, index: int, progress: Any = None) -> tuple[Any, ...]:
         try:
             counts = write_image_part(
-                index, self.plan, self.source, self.out,
-                storage_options=self.storage_options, progress=progress,
-            )  # fmt: skip
+                index,
+                self.plan,
+                self.source,
+                self.out,
+                storage_options=self.storage_options,
+                progress=progress,
+            )
         except Exception as error:
             return ("error", index, f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
         return ("done", index, counts)

@@ -12,7 +12,6 @@ totals. ``open_source`` refuses a build until then.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pickle
 import sys
@@ -31,14 +30,12 @@ from meshfeed.data._folder import (
     part_folder,
     read_json,
 )
-from meshfeed.data._tokenizer import Special, Tokenizer, TokenizerArg, differences, token_dtype
-from meshfeed.data._writer import FolderWriter
+from meshfeed.data._tokenizer import Special, Tokenizer, TokenizerArg, token_dtype
 from meshfeed.prepare._arguments import check_run, settings_of
 from meshfeed.prepare._chat import ChatTokenizer
 from meshfeed.prepare._encode import worker_threads
-from meshfeed.prepare._inputs import dataset_input, default_part_bytes, expand, plan_parts
+from meshfeed.prepare._plan import plan_build, write_record
 from meshfeed.prepare._run import Report, run_local, run_ray, start_workers, stop_workers
-from meshfeed.storage._blob import is_url
 
 CHAT_PART_BYTES = 1 << 20
 """Input bytes per part for conversations (``prepare(chat=)``): smaller than for text,
@@ -185,23 +182,17 @@ def prepare(
       ...                  workers=8)  # doctest: +SKIP
     """
     root = os.fspath(out)
-    for name, value in (("chat_template", chat_template), ("chat_template_kwargs",
-                        chat_template_kwargs)):  # fmt: skip
-        if chat is None and value is not None:
-            raise ValueError(f"{name}= is for conversations; pass chat= (their field) too.")
-    if chat is None:
-        chat_tools = None  # a text build reads no tools
-    if part_bytes is None and chat is not None:
-        part_bytes = CHAT_PART_BYTES
-    chat_fields = {"tools": chat_tools, "documents": chat_documents}
-    settings = settings_of(
-        chat or text,
+    settings = _settings(
+        text,
         keep,
         txt,
         on_error,
         part_bytes,
-        chat=chat is not None,
-        chat_fields=chat_fields,
+        chat=chat,
+        chat_template=chat_template,
+        chat_tools=chat_tools,
+        chat_documents=chat_documents,
+        chat_template_kwargs=chat_template_kwargs,
         chat_openai=chat_openai,
     )
     run_workers = check_run(workers, threads, part, executor)
@@ -211,57 +202,97 @@ def prepare(
     # Start the workers now, to boot while the build is planned (and, for conversations,
     # while this process loads the tokenizer through transformers: seconds, and the
     # workers leave it a core; a tokenizer given loaded leaves them every core).
-    kind = (
-        "prepare"
-        if chat is None
-        else "chat"
-        if isinstance(tokenizer, str | os.PathLike)
-        else "chat-given"
-    )
+    kind = _worker_kind(chat, tokenizer)
     pool = start_workers(run_workers, kind) if executor == "local" else []
     try:
         if tok is None:
             tok = ChatTokenizer(tokenizer, chat_template, chat_template_kwargs)
         settings["dtype"] = token_dtype(tok.vocab_size).str
-        return _prepare(inputs, root, tok, settings, pool, threads or worker_threads(run_workers),
-                        part, executor, storage_options, progress)  # fmt: skip
+        tok_threads = threads or worker_threads(run_workers)
+        plan, dataset = plan_build(inputs, root, tok, settings, storage_options)
+        todo = _share_to_write(root, plan, part, storage_options)
+        init = _worker_init(root, plan, tok, tok_threads, dataset, storage_options)
+        seconds, tokens = _write_parts(todo, init, pool, executor, tok_threads, progress)
+        status = _finish(root, plan, storage_options)
+        return dataclasses.replace(
+            status, ran=len(todo), seconds=seconds, tokens_per_s=tokens / seconds if todo else 0.0
+        )
     finally:
         stop_workers(pool)
 
 
-def _prepare(
-    inputs: Any, root: str, tok: Tokenizer | ChatTokenizer, settings: dict[str, Any],
-    pool: list[Any], threads: int, part: tuple[int, int] | None, executor: str,
-    storage_options: Mapping[str, Any] | None, progress: bool,
-) -> PrepareStatus:  # fmt: skip
-    """``prepare`` once its arguments are checked and its workers started."""
-    dataset = None
-    if type(inputs).__module__.split(".")[0] == "datasets":
-        dataset, files = inputs, [dataset_input(inputs)]
-    else:
-        files = expand(inputs, storage_options)
-    if settings["keep"] and any(f["kind"] == "txt" for f in files):
-        raise ValueError("keep= names fields of records, but .txt inputs have none; drop keep=.")
-    record = read_json(join(root, RECORD), storage_options)  # a build started before
-    if settings["part_bytes"] is None:  # goes on with the parts it started with
-        settings["part_bytes"] = (
-            record["plan"]["settings"]["part_bytes"]
-            if record is not None
-            else default_part_bytes(files)
-        )
-    parts = plan_parts(files, part_bytes=settings["part_bytes"], txt=settings["txt"],
-                       storage_options=storage_options)  # fmt: skip
-    if len(parts) > 99_999:  # part folders are numbered with five digits
-        raise ValueError(
-            f"part_bytes={settings['part_bytes']} cuts the inputs into {len(parts):,} parts, "
-            "more than a folder holds (99,999); pass a larger part_bytes."
-        )
-    plan = {"inputs": files, "settings": settings, "tokenizer": tok.record(), "parts": parts}
-    _start_record(root, plan, record, storage_options)
-    share = [p for p in range(len(parts)) if part is None or p % part[1] == part[0]]
-    missing = set(missing_parts(root, len(parts), storage_options))
-    todo = [p for p in share if p in missing]
-    init = {
+def _settings(
+    text: str,
+    keep: Sequence[str] | Mapping[str, str],
+    txt: str,
+    on_error: str,
+    part_bytes: int | None,
+    *,
+    chat: str | None,
+    chat_template: str | None,
+    chat_tools: str | None,
+    chat_documents: str | None,
+    chat_template_kwargs: Mapping[str, Any] | None,
+    chat_openai: bool,
+) -> dict[str, Any]:
+    """The build's settings on record (``settings_of``), once the arguments that only
+    conversations take are refused without ``chat``."""
+    for name, value in (
+        ("chat_template", chat_template),
+        ("chat_template_kwargs", chat_template_kwargs),
+    ):
+        if chat is None and value is not None:
+            raise ValueError(f"{name}= is for conversations; pass chat= (their field) too.")
+    if chat is None:
+        chat_tools = None  # a text build reads no tools
+    if part_bytes is None and chat is not None:
+        part_bytes = CHAT_PART_BYTES
+    chat_fields = {"tools": chat_tools, "documents": chat_documents}
+    return settings_of(
+        chat or text,
+        keep,
+        txt,
+        on_error,
+        part_bytes,
+        chat=chat is not None,
+        chat_fields=chat_fields,
+        chat_openai=chat_openai,
+    )
+
+
+def _worker_kind(chat: str | None, tokenizer: TokenizerArg) -> str:
+    """What the workers run (``_worker``): text, or conversations with a tokenizer they
+    load from its folder while this process does, or one given loaded."""
+    if chat is None:
+        return "prepare"
+    if isinstance(tokenizer, str | os.PathLike):
+        return "chat"
+    return "chat-given"
+
+
+def _share_to_write(
+    root: str,
+    plan: dict[str, Any],
+    part: tuple[int, int] | None,
+    storage_options: Mapping[str, Any] | None,
+) -> list[int]:
+    """The parts of this run's share (``part``) that have no manifest yet."""
+    share = [p for p in range(len(plan["parts"])) if part is None or p % part[1] == part[0]]
+    missing = set(missing_parts(root, len(plan["parts"]), storage_options))
+    return [p for p in share if p in missing]
+
+
+def _worker_init(
+    root: str,
+    plan: dict[str, Any],
+    tok: Tokenizer | ChatTokenizer,
+    threads: int,
+    dataset: Any,
+    storage_options: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """What every worker (a local process or a Ray task) starts from: the plan and how
+    to build the tokenizer, write and read."""
+    return {
         "path": list(sys.path),
         "plan": plan,
         "tokenizer": (tok.kind, tok.payload),
@@ -270,18 +301,25 @@ def _prepare(
         "storage_options": dict(storage_options or {}),
         "dataset": pickle.dumps(dataset) if dataset is not None else None,
     }
+
+
+def _write_parts(
+    todo: list[int],
+    init: dict[str, Any],
+    pool: list[Any],
+    executor: str,
+    threads: int,
+    progress: bool,
+) -> tuple[float, int]:
+    """Writes the parts ``todo`` on the started ``pool`` or as Ray tasks; returns the
+    seconds it took and the tokens written."""
     start = time.perf_counter()
     with Report(len(todo), show=progress) as report:
         if todo and executor == "ray":
             run_ray(todo, init, threads, report)
         elif todo:
             run_local(pool, todo, init, report)
-    seconds = time.perf_counter() - start
-    status = _finish(root, plan, storage_options)
-    tokens = report.counts["tokens"]
-    return dataclasses.replace(
-        status, ran=len(todo), seconds=seconds, tokens_per_s=tokens / seconds if todo else 0.0
-    )
+    return time.perf_counter() - start, report.counts["tokens"]
 
 
 def prepare_status(
@@ -299,62 +337,11 @@ def prepare_status(
     )[0]
 
 
-def _start_record(
-    root: str, plan: dict[str, Any], record: dict[str, Any] | None,
-    storage_options: Mapping[str, Any] | None,
-) -> None:  # fmt: skip
-    """Writes the build's record, or checks that the one there (``record``, read once by
-    the caller) plans this same build."""
-    if read_json(join(root, MANIFEST), storage_options) is not None:
-        raise FileExistsError(
-            f"{join(root, MANIFEST)} exists: {root} holds a dataset written by write_source; "
-            "prepare into a new folder."
-        )
-    if record is None:
-        _write_record(
-            root, {"format": RECORD_FORMAT, "plan": plan, "complete": None}, storage_options
-        )
-        return
-    old = record["plan"]
-    differ = []
-    if old["tokenizer"] != plan["tokenizer"]:
-        differ += [f"tokenizer {d}" for d in differences(old["tokenizer"], plan["tokenizer"])]
-    for key, value in plan["settings"].items():
-        if old["settings"].get(key) != value:
-            differ.append(f"{key}={value!r} now, {old['settings'].get(key)!r} when it started")
-    before = {f["path"]: f for f in old["inputs"]}
-    now = {f["path"]: f for f in plan["inputs"]}
-    if list(before) != list(now):
-        differ.append(
-            f"the inputs are {list(now)[:4]}... now, {list(before)[:4]}... when it started"
-        )
-    else:
-        for path, f in now.items():
-            if f != before[path]:
-                differ.append(
-                    f"input {path} is {f['size']} bytes now, {before[path]['size']} when it started"
-                )
-    if not differ and old["parts"] != plan["parts"]:
-        differ.append("the parts are cut differently")
-    if differ:
-        raise ValueError(
-            f"{root} holds a build of other inputs or settings than this one: "
-            + "; ".join(differ[:4])
-            + ". Finish it with the same command, or prepare into a new folder."
-        )
-
-
-def _write_record(
-    root: str, record: dict[str, Any], storage_options: Mapping[str, Any] | None
-) -> None:
-    if not is_url(root):
-        os.makedirs(root, exist_ok=True)
-    FolderWriter(root, storage_options).write(RECORD, json.dumps(record, indent=1).encode())
-
-
 def _finish(
     root: str, plan: dict[str, Any], storage_options: Mapping[str, Any] | None
 ) -> PrepareStatus:
+    """The build's status, its record marked complete (with the totals and every part's
+    manifest) if no part is missing."""
     status, manifests = _status(root, plan, storage_options, complete=False)
     if not status.missing:
         totals = {k: getattr(status, k) for k in ("documents", "tokens", "empty", "skipped")}
@@ -363,7 +350,7 @@ def _finish(
         # Every part's manifest as one: what a host reads to open the build, from the
         # record, in one request (open_source), instead of a manifest a part.
         record["catalog"] = merge_manifests(manifests)
-        _write_record(root, record, storage_options)
+        write_record(root, record, storage_options)
         status = dataclasses.replace(status, complete=True)
     return status
 
@@ -381,7 +368,11 @@ def _status(
         for key in totals:
             totals[key] += (manifest or {}).get("prepare", {}).get(key, 0)
     status = PrepareStatus(
-        out=root, parts=count, done=count - len(missing), missing=missing,
-        complete=complete and not missing, **totals,
-    )  # fmt: skip
+        out=root,
+        parts=count,
+        done=count - len(missing),
+        missing=missing,
+        complete=complete and not missing,
+        **totals,
+    )
     return status, manifests

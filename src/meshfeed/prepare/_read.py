@@ -82,7 +82,9 @@ def documents(
 
 class _Reader:
     def __init__(self, settings: Mapping[str, Any], keep: Mapping[str, str]) -> None:
-        self.field, self.keep, self.skip = settings["text"], keep, settings["on_error"] == "skip"
+        self.field = settings["text"]
+        self.keep = keep
+        self.skip = settings["on_error"] == "skip"
         self.chat = bool(settings.get("chat"))  # the field holds a conversation, not text
         self.extras: dict[str, str] = dict(settings.get("chat_fields", {}))  # tools=, documents=
         self.openai = bool(settings.get("chat_openai"))  # messages as OpenAI writes them
@@ -317,11 +319,16 @@ def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
 
 
 def _parquet(
-    reader: _Reader, path: str, a: int, b: int, settings: Mapping[str, Any],
+    reader: _Reader,
+    path: str,
+    a: int,
+    b: int,
+    settings: Mapping[str, Any],
     storage_options: Mapping[str, Any] | None,
-) -> Iterator[Batch]:  # fmt: skip
+) -> Iterator[Batch]:
     parquet = open_parquet(path, storage_options)
-    field, keep = settings["text"], list(settings["keep"])
+    field = settings["text"]
+    keep = list(settings["keep"])
     names = parquet.schema_arrow.names
     extra = [c for c in settings.get("chat_fields", {}).values() if c in names]  # tools, ...
     missing = [c for c in (field, *keep) if c not in names]
@@ -340,7 +347,8 @@ def _parquet(
 def _dataset(
     reader: _Reader, dataset: Any, a: int, b: int, settings: Mapping[str, Any]
 ) -> Iterator[Batch]:
-    field, keep = settings["text"], list(settings["keep"])
+    field = settings["text"]
+    keep = list(settings["keep"])
     missing = [c for c in (field, *keep) if c not in dataset.column_names]
     if missing:
         raise BadInput(

@@ -42,7 +42,8 @@ class Report:
     COUNTS: tuple[str, ...] = ("documents", "tokens", "empty", "skipped")
 
     def __init__(self, total: int, *, show: bool) -> None:
-        self.total, self.parts = total, 0
+        self.total = total
+        self.parts = 0
         self.counts = dict.fromkeys(self.COUNTS, 0)
         self._live: dict[int, tuple[int, int]] = {}  # part -> (documents, tokens) so far
         self.start = time.perf_counter()
@@ -77,8 +78,11 @@ class Report:
             self.counts[key] += counts.get(key, 0)
         self._bar.update(self._task, completed=self.parts, info=self._info())
         if self._show and not self._console.is_terminal:
-            print(f"{self.NAME}: part {part} written ({self.parts}/{self.total})  {self._info()}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"{self.NAME}: part {part} written ({self.parts}/{self.total})  {self._info()}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _info(self) -> str:
         documents = self.counts["documents"] + sum(d for d, _ in self._live.values())
@@ -117,9 +121,13 @@ def start_workers(count: int, kind: str = "prepare") -> list[_Worker]:
 
 
 def run_local(
-    pool: list[_Worker], parts: list[int], init: dict[str, Any], report: Report,
-    here: Callable[[int], dict[str, int]] | None = None, keep: bool = False,
-) -> None:  # fmt: skip
+    pool: list[_Worker],
+    parts: list[int],
+    init: dict[str, Any],
+    report: Report,
+    here: Callable[[int], dict[str, int]] | None = None,
+    keep: bool = False,
+) -> None:
     """Writes ``parts`` with the started ``pool`` (the module docstring), then stops the
     pool -- or, with ``keep``, leaves each worker that started resting for the next job
     (one still starting is stopped; on an error every worker is).

@@ -119,7 +119,8 @@ def select(
     found = _load(folder, len(source))
     if found is not None:
         return Selection(source, found, key=key)
-    n, parts = len(source), part_count(len(source))
+    n = len(source)
+    parts = part_count(n)
     todo = [i for i in range(parts) if not os.path.exists(part_path(folder, i))]
     with _SelectReport(len(todo), show=progress and parts > 1) as report:
         try:
@@ -131,9 +132,15 @@ def select(
 
 
 def _run(
-    source: Any, keep: Any, keep_bytes: bytes, folder: str, todo: list[int],
-    workers: int | None, executor: SelectExecutor, report: Report,
-) -> None:  # fmt: skip
+    source: Any,
+    keep: Any,
+    keep_bytes: bytes,
+    folder: str,
+    todo: list[int],
+    workers: int | None,
+    executor: SelectExecutor,
+    report: Report,
+) -> None:
     """The parts ``todo``, written where ``workers`` and ``executor`` say: with local
     processes this one writes parts too (it would only wait otherwise), so ``workers``
     counts it and ``workers - 1`` are taken. This process writes the first part before

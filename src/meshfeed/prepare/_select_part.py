@@ -101,12 +101,15 @@ def keep_part(
     lo, hi = index * part, min(n, (index + 1) * part)
     kept: list[int] = []
     names = tuple(source.fields)
-    chunk, kept_of = _chunk(source), kept_in(names)
+    chunk = _chunk(source)
+    kept_of = kept_in(names)
     for start in range(lo, hi, chunk):
         ids = np.arange(start, min(hi, start + chunk))
         read = source[ids]
-        columns = [v if isinstance(v, np.ndarray) else [v[i] for i in range(len(ids))]
-                   for v in (read[name] for name in source.fields)]  # fmt: skip
+        columns = [
+            v if isinstance(v, np.ndarray) else [v[i] for i in range(len(ids))]
+            for v in (read[name] for name in source.fields)
+        ]
         examples = range(start, start + len(ids))
         try:
             kept += kept_of(keep, examples, *columns)
@@ -146,7 +149,8 @@ class SelectRunner:
     def __init__(self, init: dict[str, Any]) -> None:
         self.source = pickle.loads(init["source"])
         self.keep = pickle.loads(init["keep"])
-        self.folder, self.part = init["folder"], init["part"]
+        self.folder = init["folder"]
+        self.part = init["part"]
 
     def __call__(self, index: int, progress: Any = None) -> tuple[Any, ...]:
         try:

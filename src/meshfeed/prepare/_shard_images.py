@@ -189,9 +189,12 @@ def shard_images(
     seconds = time.perf_counter() - start
     status = _finish(root, plan, storage_options)
     return dataclasses.replace(
-        status, ran=len(todo), seconds=seconds,
-        images=report.counts["images"], image_bytes=report.counts["bytes"],
-    )  # fmt: skip
+        status,
+        ran=len(todo),
+        seconds=seconds,
+        images=report.counts["images"],
+        image_bytes=report.counts["bytes"],
+    )
 
 
 def _plan(
@@ -273,7 +276,11 @@ def _finish(root: str, plan: dict[str, Any], options: Mapping[str, Any] | None) 
     missing = [i for i, (_, m) in enumerate(manifests) if m is None]
     if not missing:
         images = sum(m["num_examples"] for _, m in manifests if m is not None)
-        record = {"format": RECORD_FORMAT, "plan": plan, "complete": {"parts": count,
-                  "images": images}, "catalog": merge_manifests(manifests)}  # fmt: skip
+        record = {
+            "format": RECORD_FORMAT,
+            "plan": plan,
+            "complete": {"parts": count, "images": images},
+            "catalog": merge_manifests(manifests),
+        }
         _write_record(root, record, options)
     return ShardStatus(root, count, count - len(missing), missing, complete=not missing)

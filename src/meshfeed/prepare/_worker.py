@@ -114,7 +114,8 @@ class Runner:
     def __init__(self, init: dict[str, Any]) -> None:
         from meshfeed.data._tokenizer import encoder
 
-        self.plan, self.out = init["plan"], init["out"]
+        self.plan = init["plan"]
+        self.out = init["out"]
         self.storage_options = init["storage_options"]
         kind, payload = init["tokenizer"]
         if kind == "chat":  # conversations, through transformers
