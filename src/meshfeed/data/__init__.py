@@ -21,6 +21,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _folder        the folder layout: manifests, part folders, a prepared folder's record
     _arrays        ArraySource: numpy arrays, memmaps read with pread
     _sharded       ShardedSource: .npy shards by byte range, each file checked at first read
+    _manifest      a folder's manifest read and checked; each .npy it lists opened as it says
     _store         meshfeed's folder of .npy shards, read from its catalog: open_source
     _writer        write_source: one writer, or one part per worker
     _catalog       catalogs: what a host reads to start; written, upgraded, found from patterns

@@ -43,7 +43,9 @@ class _Records:
     ) -> None:
         if n == 0:
             raise ValueError(f"{name} has no examples.")
-        self._get, self._n, self.name = get, n, name
+        self._get = get
+        self._n = n
+        self.name = name
         self._variable = set(variable)
         first = self._record(0)
         unknown = self._variable - set(first)

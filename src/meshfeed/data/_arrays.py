@@ -9,9 +9,10 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from meshfeed.data._files import Blob, RowFile
+from meshfeed.data._files import RowFile
 from meshfeed.data._ragged import Ragged
 from meshfeed.data._sources import FieldSpec, example_at, fields_text
+from meshfeed.storage._blob import Blob
 
 _ROW_BY_ROW = 16 << 10  # rows this large are copied one by one (a call a row is then cheap)
 

@@ -65,15 +65,19 @@ class ArrowColumn:
         flat = column.combine_chunks() if hasattr(column, "combine_chunks") else column
         n = len(flat)
         if spec.dtype == OBJECT:
-            self._objects, self.values = flat, None
+            self._objects = flat
+            self.values = None
             return
         if spec.ragged:
             flat, offsets = _documents(flat)
-            rows, trailing = int(offsets[-1]), spec.shape[1:]
+            rows = int(offsets[-1])
+            trailing = spec.shape[1:]
         else:
             if str(flat.type).startswith(("list<", "large_list<")):
                 _one_length(flat, spec.shape[0])  # rows of one length: a fixed dimension
-            offsets, rows, trailing = None, n, spec.shape
+            offsets = None
+            rows = n
+            trailing = spec.shape
         leaf, known = _leaf(flat, tuple(trailing))
         values = _numbers(leaf, spec.dtype, fill).reshape(rows, *trailing)
         if known is not None:

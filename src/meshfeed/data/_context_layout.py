@@ -85,8 +85,10 @@ class ContextLayout:
     def __init__(self, source: Source, cp: int, kind: ContextKind, stripe: int) -> None:
         length = _row_length(source)
         check_layout(length, cp, kind, stripe)
-        self._source, self._length = source, length
-        self._cp, self._stripe = int(cp), int(stripe)
+        self._source = source
+        self._length = length
+        self._cp = int(cp)
+        self._stripe = int(stripe)
         self._kind: ContextKind = kind
         self._sequence = _sequence_fields(source, length)
         if not self._sequence:

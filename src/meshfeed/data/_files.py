@@ -225,7 +225,8 @@ class RaggedRows:
                 f"{offsets.name} must hold 1-D integer offsets, not {offsets.dtype}"
                 f"{[offsets.rows, *offsets.row_shape]}."
             )
-        self.values, self.offsets_file = values, offsets
+        self.values = values
+        self.offsets_file = offsets
         self.rows = offsets.rows - 1
         self.row_shape = (None, *values.row_shape)
         self.dtype = values.dtype
@@ -306,9 +307,11 @@ def _read_header(blob: Blob, at: int, name: str) -> tuple[tuple[int, ...], np.dt
         raise ValueError(f"{name} is not a .npy array (no NUMPY magic at its start): corrupt?")
     major = head[6]
     if major == 1:
-        length, fixed = struct.unpack("<H", head[8:10])[0], 10
+        length = struct.unpack("<H", head[8:10])[0]
+        fixed = 10
     elif major in (2, 3):
-        length, fixed = struct.unpack("<I", head[8:12])[0], 12
+        length = struct.unpack("<I", head[8:12])[0]
+        fixed = 12
     else:
         raise ValueError(f"{name} has .npy format version {major}, which meshfeed cannot read.")
     prefix = blob.read(at, at + fixed + length)

@@ -53,18 +53,18 @@ def read_json(path: str, storage_options: Mapping[str, Any] | None = None) -> An
         return json.loads(data)
 
 
+_TFRECORDS = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz")
 _IMAGES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 _READERS = (
     # (suffixes, what a file is, the source that reads it, whether it needs an index)
     ((".parquet",), "Parquet", "meshfeed.sources.ParquetSource", False),
     ((".tar", ".tgz", ".tar.gz", ".tar.zst"), "WebDataset tar", "meshfeed.sources.TarSource", True),
     ((".jsonl", ".jsonl.gz", ".jsonl.zst"), "JSON Lines", "meshfeed.sources.JsonlSource", True),
-    ((".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz"), "TFRecord",
-     "meshfeed.sources.TFRecordSource", True),
+    (_TFRECORDS, "TFRecord", "meshfeed.sources.TFRecordSource", True),
     ((".array_record",), "ArrayRecord", "meshfeed.sources.ArrayRecordSource", False),
     (_IMAGES, "image", "meshfeed.ImageFolderSource", False),
     ((".json",), "JSON", "meshfeed.sources.JsonlSource", True),
-)  # fmt: skip
+)
 
 
 def _reader_of(name: str) -> tuple[str, str, str, bool] | None:

@@ -254,8 +254,13 @@ def list_folder(
         )
     if not is_url(root):
         sizes = {p: os.stat(os.path.join(root, p)).st_size for p in paths}
-    return {"format": FORMAT, "classes": classes, "paths": paths, "labels": labels,
-            "sizes": [sizes[p] for p in paths]}  # fmt: skip
+    return {
+        "format": FORMAT,
+        "classes": classes,
+        "paths": paths,
+        "labels": labels,
+        "sizes": [sizes[p] for p in paths],
+    }
 
 
 def list_files(

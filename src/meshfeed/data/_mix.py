@@ -48,10 +48,12 @@ def _weights(n: int, *, stages: bool) -> Any:
             raise ValueError(f"{where}: {value!r} must be one weight per source ({n}).")
         rule = ">= 0" if stages else "> 0"
         if not all(
-            isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w)
+            isinstance(w, int | float)
+            and not isinstance(w, bool)
+            and math.isfinite(w)
             and (w > 0 or (stages and w == 0))
             for w in value
-        ):  # fmt: skip
+        ):
             raise ValueError(f"{where}: weights {list(value)} must be finite numbers {rule}.")
         w = np.asarray(value, np.float64)
         if w.sum() <= 0:
@@ -73,15 +75,24 @@ class Mixture:
     """A deterministic mixture of sources; build with ``meshfeed.mix``."""
 
     def __init__(
-        self, sources: Sequence[Source], stages: Stages[Weights], *, length: int | None,
-        seed: int, shuffle: bool, sizes: BatchSizes | None, sizes_given: bool,
-    ) -> None:  # fmt: skip
+        self,
+        sources: Sequence[Source],
+        stages: Stages[Weights],
+        *,
+        length: int | None,
+        seed: int,
+        shuffle: bool,
+        sizes: BatchSizes | None,
+        sizes_given: bool,
+    ) -> None:
         self.sources = list(sources)
         self.stages = stages
-        self.seed, self.shuffle = seed, shuffle
+        self.seed = seed
+        self.shuffle = shuffle
         self._lengths = [len(s) for s in self.sources]
         self._length_given = length
-        self._sizes, self._sizes_given = sizes, sizes_given
+        self._sizes = sizes
+        self._sizes_given = sizes_given
         self._order: MixOrder | None = None
         self._len: int | None = None
         if sizes is not None:
@@ -119,9 +130,14 @@ class Mixture:
                 )
             return self
         return Mixture(
-            self.sources, self.stages, length=self._length_given, seed=self.seed,
-            shuffle=self.shuffle, sizes=sizes, sizes_given=False,
-        )  # fmt: skip
+            self.sources,
+            self.stages,
+            length=self._length_given,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            sizes=sizes,
+            sizes_given=False,
+        )
 
     def _require(self) -> MixOrder:
         if self._order is None:
@@ -297,6 +313,11 @@ def mix(
     if sizes is None and len(stages) == 1:
         sizes = BatchSizes.fixed(1)  # fixed weights count no steps
     return Mixture(
-        sources, stages, length=length, seed=seed, shuffle=bool(shuffle), sizes=sizes,
+        sources,
+        stages,
+        length=length,
+        seed=seed,
+        shuffle=bool(shuffle),
+        sizes=sizes,
         sizes_given=global_batch_size is not None,
-    )  # fmt: skip
+    )

@@ -74,11 +74,17 @@ class MixOrder:
     """
 
     def __init__(
-        self, stages: Stages[Weights], sizes: BatchSizes, lengths: Sequence[int], *,
-        seed: int, shuffle: bool,
-    ) -> None:  # fmt: skip
+        self,
+        stages: Stages[Weights],
+        sizes: BatchSizes,
+        lengths: Sequence[int],
+        *,
+        seed: int,
+        shuffle: bool,
+    ) -> None:
         self.lengths = np.asarray(lengths, np.int64)
-        self.seed, self.shuffle = seed, shuffle
+        self.seed = seed
+        self.shuffle = shuffle
         starts: list[int] = []
         periods: list[int] = []
         counts: list[np.ndarray] = []

@@ -59,8 +59,9 @@ def check_fill(
     out: dict[str, np.generic] = {}
     for name, value in fill.items():
         if name not in fields:
-            raise ValueError(f"fill names {name!r}, not a field of {what}; its fields are "
-                             f"{list(fields)}.")  # fmt: skip
+            raise ValueError(
+                f"fill names {name!r}, not a field of {what}; its fields are {list(fields)}."
+            )
         dtype = np.dtype(fields[name].dtype)
         if dtype == np.dtype(object):
             raise ValueError(

@@ -212,9 +212,13 @@ def pack(
     if len(source) == 0:
         raise ValueError("source has 0 documents; pass a source with at least one.")
     settings = {
-        "field": field, "seed": seed, "algorithm": algorithm, "window": window,
-        "long_docs": long_docs, "max_segments": max_segments,
-    }  # fmt: skip
+        "field": field,
+        "seed": seed,
+        "algorithm": algorithm,
+        "window": window,
+        "long_docs": long_docs,
+        "max_segments": max_segments,
+    }
     if alongside is not None:  # only when given: states of earlier loaders still restore
         settings["alongside"] = list(alongside)
     ordered = bool(getattr(source, "ordered", False))
@@ -224,9 +228,15 @@ def pack(
     stored = None
     if where is not None:
         stored = open_plan(
-            source, field, seq_len, settings, where, rebuild=rebuild_plan,
-            workers=plan_workers, executor=plan_executor,
-        )  # fmt: skip
+            source,
+            field,
+            seq_len,
+            settings,
+            where,
+            rebuild=rebuild_plan,
+            workers=plan_workers,
+            executor=plan_executor,
+        )
     if max_segments is None and seq_len >= LONG_ROW and seq_len not in _SAID:
         _SAID.add(seq_len)
         sys.stderr.write(

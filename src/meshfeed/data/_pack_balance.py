@@ -38,7 +38,8 @@ class ServedRows:
     from a kept order."""
 
     def __init__(self, order: np.ndarray | Any, costs: np.ndarray | None = None) -> None:
-        self._order, self._costs = order, costs
+        self._order = order
+        self._costs = costs
 
     def __len__(self) -> int:
         return len(self._order)
@@ -80,9 +81,11 @@ def served_rows(
         order, costs = _ordered(plan, balance, token_cost, step_rows)
         try:
             write_source(
-                folder, {"row": order, "cost": costs}, shard_size=1 << 20,
+                folder,
+                {"row": order, "cost": costs},
+                shard_size=1 << 20,
                 storage_options=options,
-            )  # fmt: skip
+            )
         except ValueError:  # another host wrote it first: the same bytes
             if read_json(join(folder, MANIFEST), options) is None:
                 raise

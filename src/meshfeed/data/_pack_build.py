@@ -68,8 +68,13 @@ def build_plan(
     shape = Shape(lengths, seq_len, settings["long_docs"])
     writer = FolderWriter(folder, options)
     todo = [s for s in range(count) if read_json(join(folder, _done(s)), options) is None]
-    job = {"seq_len": seq_len, "settings": dict(settings), "folder": folder,
-           "options": options, "types": _types(shape)}  # fmt: skip
+    job = {
+        "seq_len": seq_len,
+        "settings": dict(settings),
+        "folder": folder,
+        "options": options,
+        "types": _types(shape),
+    }
     said = _Said(folder, len(todo), count)
     if executor == "ray" and todo:
         _on_ray(job, lengths, todo, said)
@@ -97,14 +102,18 @@ def build_plan(
         raise no_tokens()
     kept = [e for e in entries if e["rows"]]
     record.update(
-        rows=sum(int(e["rows"]) for e in kept), tokens=sum(int(e["tokens"]) for e in kept),
-        stats=stats, digest=_digest(writer, kept, seq_len, _types(shape)),
-    )  # fmt: skip
+        rows=sum(int(e["rows"]) for e in kept),
+        tokens=sum(int(e["tokens"]) for e in kept),
+        stats=stats,
+        digest=_digest(writer, kept, seq_len, _types(shape)),
+    )
     manifest = {
-        "format": FORMAT, "num_examples": record["rows"],
+        "format": FORMAT,
+        "num_examples": record["rows"],
         "fields": {n: {"shape": [None], "dtype": _types(shape)[n]} for n in FIELDS},
-        "shards": [e["entry"] for e in kept], "pack": record,
-    }  # fmt: skip
+        "shards": [e["entry"] for e in kept],
+        "pack": record,
+    }
     writer.write(MANIFEST, json.dumps(manifest, indent=1).encode())
     return manifest
 
@@ -114,7 +123,10 @@ class _Said:
     (nothing for a build of under 10 shards)."""
 
     def __init__(self, folder: str, todo: int, count: int) -> None:
-        self.folder, self.todo, self.count, self.done = folder, todo, count, 0
+        self.folder = folder
+        self.todo = todo
+        self.count = count
+        self.done = 0
 
     def one(self) -> None:
         self.done += 1
@@ -131,8 +143,12 @@ def _done(shard: int) -> str:
 
 
 def _types(shape: Shape) -> dict[str, str]:
-    return {"doc": shape.doc.str, "piece": shape.piece.str, "length": shape.length.str,
-            "row_start": shape.row_start.str}  # fmt: skip
+    return {
+        "doc": shape.doc.str,
+        "piece": shape.piece.str,
+        "length": shape.length.str,
+        "row_start": shape.row_start.str,
+    }
 
 
 def _on_ray(job: dict[str, Any], lengths: np.ndarray, todo: list[int], said: _Said) -> None:
@@ -159,15 +175,19 @@ def build_shard(job: Mapping[str, Any], shard: int, lengths: np.ndarray | None =
     task: everything it needs is in ``job``, the lengths too unless given)."""
     if lengths is None:
         lengths = cast(np.ndarray, np.load(job["lengths"], mmap_mode="r"))
-    settings, types = job["settings"], job["types"]
+    settings = job["settings"]
+    types = job["types"]
     window = int(settings["window"])
     first = shard * WINDOWS_PER_SHARD * window
     stats: dict[str, int] = {}
     windows = plan_windows(
-        lengths, job["seq_len"], ordered=bool(settings.get("ordered")), stats=stats,
+        lengths,
+        job["seq_len"],
+        ordered=bool(settings.get("ordered")),
+        stats=stats,
         span=(first, min(len(lengths), first + WINDOWS_PER_SHARD * window)),
         **{k: settings[k] for k in KEYS},
-    )  # fmt: skip
+    )
     parts = list(windows)
     counts = np.concatenate([p[3] for p in parts]) if parts else np.zeros(0, np.int32)
     offsets = np.zeros(len(counts) + 1, np.int64)
@@ -185,8 +205,13 @@ def build_shard(job: Mapping[str, Any], shard: int, lengths: np.ndarray | None =
                 "values": writer.npy(f"{name}/{shard:05d}.values.npy", values),
                 "offsets": writer.npy(f"{name}/{shard:05d}.offsets.npy", offsets),
             }
-    entry = {"entry": {"rows": len(counts), "files": files}, "rows": len(counts),
-             "pieces": int(offsets[-1]), "tokens": tokens, "stats": stats}  # fmt: skip
+    entry = {
+        "entry": {"rows": len(counts), "files": files},
+        "rows": len(counts),
+        "pieces": int(offsets[-1]),
+        "tokens": tokens,
+        "stats": stats,
+    }
     writer.write(_done(shard), json.dumps(entry).encode())
 
 

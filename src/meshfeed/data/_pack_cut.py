@@ -90,9 +90,13 @@ def read_packed(
     positions = np.zeros(n * seq_len, np.int32)
     positions[dest] = np.arange(total) - np.repeat(np.cumsum(length) - length, length)
     return CutRows(
-        values, segment_ids.reshape(n, seq_len), positions.reshape(n, seq_len), count, length,
+        values,
+        segment_ids.reshape(n, seq_len),
+        positions.reshape(n, seq_len),
+        count,
+        length,
         column,
-    )  # fmt: skip
+    )
 
 
 def _unaligned(name: str, dtypes: Mapping[str, np.dtype]) -> ValueError:

@@ -17,8 +17,10 @@ import numpy as np
 
 from meshfeed.data._sources import Source, field_text
 
-SEGMENT_IDS, POSITIONS = "segment_ids", "positions"
-SEQ_LENS, SEQ_STARTS = "seq_lens", "seq_starts"
+SEGMENT_IDS = "segment_ids"
+POSITIONS = "positions"
+SEQ_LENS = "seq_lens"
+SEQ_STARTS = "seq_starts"
 
 
 def lengths_and_starts(

@@ -48,6 +48,17 @@ WINDOWS: dict[Algorithm, int] = {
 """Each algorithm's default ``window`` (documents planned together). ``best_fit_decreasing``
 fills more the more a window holds, at no more time a document: its window holds a
 fine-tuning set whole, where it makes as few rows as LPFHP (``_pack_fill``)."""
+_COUNTS = (
+    "documents",
+    "empty_documents",
+    "split_documents",
+    "split_tokens",
+    "truncated_documents",
+    "truncated_tokens",
+    "dropped_documents",
+    "dropped_tokens",
+)
+"""What ``plan_windows`` counts into ``stats`` (``Packed.stats``), each from 0."""
 
 
 class PackPlan:
@@ -65,7 +76,10 @@ class PackPlan:
         row_starts: np.ndarray,
     ) -> None:
         self.seq_len = seq_len
-        self.doc, self.piece, self.length, self.row_starts = doc, piece, length, row_starts
+        self.doc = doc
+        self.piece = piece
+        self.length = length
+        self.row_starts = row_starts
 
     @property
     def rows(self) -> int:
@@ -205,11 +219,7 @@ def plan_windows(
     in the order (``a`` a multiple of ``window``), as a part of a build plans them."""
     n = len(lengths)
     a, b = span if span is not None else (0, n)
-    stats.update(dict.fromkeys(
-        ("documents", "empty_documents", "split_documents", "split_tokens",
-         "truncated_documents", "truncated_tokens", "dropped_documents", "dropped_tokens"),
-        0,
-    ))  # fmt: skip
+    stats.update(dict.fromkeys(_COUNTS, 0))
     order = (lambda docs: docs) if ordered else Permutation(n, seed=seed, epoch=0)
     for w in range(a, b, window):
         docs = order(np.arange(w, min(b, w + window)))
@@ -262,12 +272,21 @@ def plan_packing(
     sizes: list[np.ndarray] = []
     at = 0
     windows = plan_windows(
-        lengths, seq_len, seed=seed, ordered=ordered, algorithm=algorithm, window=window,
-        long_docs=long_docs, max_segments=max_segments, stats=stats,
-    )  # fmt: skip
+        lengths,
+        seq_len,
+        seed=seed,
+        ordered=ordered,
+        algorithm=algorithm,
+        window=window,
+        long_docs=long_docs,
+        max_segments=max_segments,
+        stats=stats,
+    )
     for doc, piece, length, counts in windows:
         end = at + len(doc)
-        doc_out[at:end], piece_out[at:end], length_out[at:end] = doc, piece, length
+        doc_out[at:end] = doc
+        piece_out[at:end] = piece
+        length_out[at:end] = length
         sizes.append(counts)
         at = end
     if not at:

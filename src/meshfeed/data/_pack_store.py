@@ -45,7 +45,8 @@ class StoredPlan:
 
     def __init__(self, rows: Source, record: Mapping[str, Any], where: str) -> None:
         self.seq_len = int(record["seq_len"])
-        self.record, self.where = dict(record), where
+        self.record = dict(record)
+        self.where = where
         self._rows = rows
 
     @property
@@ -177,9 +178,12 @@ def _build(
         f"{folder} (once: later opens, on any host, read it)\n"
     )
     record: dict[str, Any] = {
-        "format": PLAN_FORMAT, "seq_len": seq_len, "settings": dict(settings),
-        "data": identity(source), "documents": len(lengths),
-    }  # fmt: skip
+        "format": PLAN_FORMAT,
+        "seq_len": seq_len,
+        "settings": dict(settings),
+        "data": identity(source),
+        "documents": len(lengths),
+    }
     return build_plan(
         lengths, seq_len, settings, folder, options, record, workers=workers, executor=executor
     )

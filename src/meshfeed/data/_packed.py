@@ -49,11 +49,19 @@ class Packed:
     """Rows of ``seq_len`` tokens packed from a source's documents; build with ``meshfeed.pack``."""
 
     def __init__(
-        self, source: Source, seq_len: int, packed: list[str], plan: PackPlan | StoredPlan,
-        stats: dict[str, int], settings: dict[str, Any], seq_lens: bool = False,
+        self,
+        source: Source,
+        seq_len: int,
+        packed: list[str],
+        plan: PackPlan | StoredPlan,
+        stats: dict[str, int],
+        settings: dict[str, Any],
+        seq_lens: bool = False,
         balanced: tuple[Balance, float, int] | None = None,
-    ) -> None:  # fmt: skip
-        self.source, self.seq_len, self.field = source, seq_len, packed[0]
+    ) -> None:
+        self.source = source
+        self.seq_len = seq_len
+        self.field = packed[0]
         self.plan = plan
         self._balanced = balanced
         start = time.perf_counter()

@@ -93,28 +93,29 @@ class ParquetSource:
         limit_open_files(max_open_files)
         self._args = (paths, columns, cache_bytes, index_dir, storage_options, retry_s, fill)
         files = open_files(paths, index_dir, storage_options, retry_s)
-        self.paths, self._blobs, self._sizes = files.paths, files.blobs, files.sizes
-        groups, fields, nulls = files.groups, files.fields, files.nulls
+        self.paths = files.paths
+        self._blobs = files.blobs
+        self._sizes = files.sizes
         self.path = (
             self.paths[0]
             if len(self.paths) == 1
             else f"{self.paths[0]} and {len(self.paths) - 1} more"
         )
-        self._columns = list(columns) if columns is not None else list(fields)
-        unknown = [c for c in self._columns if c not in fields]
+        self._columns = list(columns) if columns is not None else list(files.fields)
+        unknown = [c for c in self._columns if c not in files.fields]
         if unknown:
             raise ValueError(
-                f"columns={unknown} are not columns of {self.path}; it has {list(fields)}."
+                f"columns={unknown} are not columns of {self.path}; it has {list(files.fields)}."
             )
-        self._columns_read = {c: fields[c] for c in self._columns}
+        self._columns_read = {c: files.fields[c] for c in self._columns}
         self._fill = check_fill(fill, self._columns_read, what=self.path)
         for name, spec in self._columns_read.items():
-            count = nulls.get(name)
+            count = files.nulls.get(name)
             if count and needs_fill(spec.dtype) and name not in self._fill:
                 raise ValueError(f"{self.path}: {refused(name, spec.dtype, count, 'columns=')}")
         self._fields = with_valid(self._columns_read, self._fill)
-        self._groups = [(f, g) for f, sizes in enumerate(groups) for g in range(len(sizes))]
-        self._starts = np.cumsum([0, *(n for sizes in groups for n in sizes)])
+        self._groups = [(f, g) for f, sizes in enumerate(files.groups) for g in range(len(sizes))]
+        self._starts = np.cumsum([0, *(n for sizes in files.groups for n in sizes)])
         self._n = int(self._starts[-1])
         self.row_groups_read = 0
         self._cache_bytes = cache_bytes
@@ -141,9 +142,14 @@ class ParquetSource:
     def __setstate__(self, state: dict[str, Any]) -> None:
         paths, columns, cache_bytes, index_dir, storage_options, retry_s, fill = state["args"]
         self.__init__(  # type: ignore[misc]
-            paths, columns=columns, cache_bytes=cache_bytes, index_dir=index_dir,
-            storage_options=storage_options, retry_s=retry_s, fill=fill,
-        )  # fmt: skip
+            paths,
+            columns=columns,
+            cache_bytes=cache_bytes,
+            index_dir=index_dir,
+            storage_options=storage_options,
+            retry_s=retry_s,
+            fill=fill,
+        )
 
     def _reader(self, f: int) -> Any:
         """File ``f``'s reader, its footer read at its first use (a few kept)."""

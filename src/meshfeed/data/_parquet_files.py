@@ -32,7 +32,9 @@ class BlobFile(io.RawIOBase):
 
     def __init__(self, blob: Blob, size: int) -> None:
         super().__init__()
-        self.blob, self.size, self._at = blob, size, 0
+        self.blob = blob
+        self.size = size
+        self._at = 0
 
     def readable(self) -> bool:
         return True
@@ -147,9 +149,11 @@ def open_files(
     patterns = [os.fspath(paths)] if isinstance(paths, str | os.PathLike) else list(paths)
     root = None if index_dir is None else os.fspath(index_dir)
     found = read_catalog(
-        [os.fspath(p) for p in patterns], kind="parquet", index_dir=root,
+        [os.fspath(p) for p in patterns],
+        kind="parquet",
+        index_dir=root,
         storage_options=storage_options,
-    )  # fmt: skip
+    )
     if found is not None:  # one request: every file's row groups, the fields
         named_paths = [e["path"] for e in found[1]]
         stamps = [e["meta"]["file"] for e in found[1]]
@@ -157,11 +161,13 @@ def open_files(
         for blob, stamp in zip(blobs, stamps, strict=True):
             blob.expect(int(stamp["size"]), etag=stamp.get("etag"))
         return ParquetFiles(
-            named_paths, blobs, [int(s["size"]) for s in stamps],
+            named_paths,
+            blobs,
+            [int(s["size"]) for s in stamps],
             [e["meta"]["row_groups"] for e in found[1]],
             {k: spec_of(v) for k, v in found[2]["fields"].items()},
             {k: v.get("nulls") for k, v in found[2]["fields"].items()},
-        )  # fmt: skip
+        )
     named_paths = expand_paths(paths, storage_options, what="paths")
     where = catalog_dir([os.fspath(p) for p in patterns], root)
     no_catalog(where, f"{len(named_paths)} Parquet files", quoted(patterns))
@@ -211,7 +217,8 @@ def _every_group_holds(path: str, meta: Any, name: str, k: int) -> bool:
 def _chunk(meta: Any, g: int, j: int) -> Any:
     """Row group ``g``'s chunk of leaf ``j``, checked against the schema first: pyarrow
     aborts the process on some questions to a chunk whose type the schema contradicts."""
-    chunk, physical = meta.row_group(g).column(j), meta.schema.column(j).physical_type
+    chunk = meta.row_group(g).column(j)
+    physical = meta.schema.column(j).physical_type
     if chunk.physical_type != physical:
         raise ValueError(
             f"row group {g}, column {meta.schema.column(j).path!r} holds {chunk.physical_type}"

@@ -50,7 +50,9 @@ class Selection:
             raise ValueError(f"kept must be a 1-D array of ids, got shape {kept.shape}.")
         if len(kept) and (int(kept[0]) < 0 or int(kept[-1]) >= len(source)):
             raise ValueError(f"kept ids must be in [0, {len(source)}) of the source.")
-        self._source, self._kept, self._key = source, kept, key
+        self._source = source
+        self._kept = kept
+        self._key = key
 
     @property
     def source(self) -> Source:

@@ -172,7 +172,8 @@ def example_at(source: Source, index: int | np.integer) -> dict[str, Any]:
     array). What every built-in source's ``__getitem__`` gives for an int."""
     if isinstance(index, bool):
         raise TypeError(f"source[{index!r}]: pass an int index or an array of ids.")
-    n, i = len(source), int(index)
+    n = len(source)
+    i = int(index)
     if not -n <= i < n:
         raise IndexError(f"example {i} is out of range for a source of {n} examples.")
     rows = source[np.array([i % n], np.int64)]

@@ -42,7 +42,6 @@ import numpy as np
 
 from meshfeed.data._files import NpyRows, RaggedRows, npz_members
 from meshfeed.data._folder import (
-    FORMAT,
     MANIFEST,
     RECORD,
     check_prepared,
@@ -52,6 +51,7 @@ from meshfeed.data._folder import (
     part_folder,
     read_json,
 )
+from meshfeed.data._manifest import cataloged_npy, checked_npy, read_manifest, valid_manifest
 from meshfeed.data._sharded import Rows, ShardedSource
 from meshfeed.data._sources import (
     FieldSpec,
@@ -158,7 +158,7 @@ def open_source(
     if manifest is not None:  # a folder (its manifest is its catalog)
         if tokenizer is not None:  # refused: not made by prepare
             check_prepared(root, tokenizer=tokenizer, storage_options=storage_options)
-        manifest = _valid(manifest, join(root, MANIFEST))
+        manifest = valid_manifest(manifest, join(root, MANIFEST))
         if not manifest["shards"]:
             raise ValueError(f"{join(root, MANIFEST)} lists no examples.")
         shards = _shards(root, manifest, blob, verify=verify, where=join(root, MANIFEST))
@@ -166,7 +166,7 @@ def open_source(
     record = read_json(join(root, RECORD), storage_options)  # a prepared folder: one more
     check_prepared(root, tokenizer=tokenizer, storage_options=storage_options, record=record)
     if record is not None and record.get("catalog"):
-        catalog = _valid(record["catalog"], join(root, RECORD))
+        catalog = valid_manifest(record["catalog"], join(root, RECORD))
         shards = _shards(root, catalog, blob, verify=verify, where=join(root, RECORD))
         return _from_catalog(ShardedSource(shards, name=root), root, catalog, storage_options)
     parts = part_folders(root, storage_options)
@@ -175,12 +175,12 @@ def open_source(
         hint = None if names is None else not_a_folder(root, names)
         if hint is not None:  # a folder of files other sources read
             raise ValueError(hint)
-        _manifest(root, blob)  # raises: no manifest
+        read_manifest(root, blob)  # raises: no manifest
     no_catalog(root, f"{len(parts)} parts, none over them")
     shards: list[dict[str, Rows]] = []
     fields: Any = None
     for folder in parts:
-        manifest = _manifest(join(root, folder), blob)
+        manifest = read_manifest(join(root, folder), blob)
         if not manifest["num_examples"]:
             continue  # a part of a build that kept no documents
         if fields is not None and manifest["fields"] != fields:
@@ -190,18 +190,24 @@ def open_source(
             )
         fields = manifest["fields"]
         shards += _shards(
-            join(root, folder), manifest, blob, verify=verify, said=True,
+            join(root, folder),
+            manifest,
+            blob,
+            verify=verify,
+            said=True,
             where=join(root, folder, MANIFEST),
-        )  # fmt: skip
+        )
     if not shards:
         raise ValueError(f"{root} holds {len(parts)} parts and no examples in any of them.")
     return ShardedSource(shards, name=root)
 
 
 def _from_catalog(
-    source: ShardedSource, root: str, catalog: Mapping[str, Any],
+    source: ShardedSource,
+    root: str,
+    catalog: Mapping[str, Any],
     storage_options: Mapping[str, Any] | None,
-) -> ShardedSource:  # fmt: skip
+) -> ShardedSource:
     """``source``, knowing where it came from and which catalog it was read from (what a
     stored packing plan is kept beside and checked against)."""
     source.origin = (root, storage_options)
@@ -251,77 +257,6 @@ def part_folders(root: str, storage_options: Mapping[str, Any] | None) -> list[s
     return [part_folder(i, count) for i in range(count)]
 
 
-def _manifest(root: str, blob: Callable[[str], Blob]) -> dict[str, Any]:
-    manifest_path = join(root, MANIFEST)
-    try:
-        text = blob(manifest_path).read_all()
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"{manifest_path} does not exist: {root} is not a meshfeed dataset (or its "
-            "write did not finish). Write one with meshfeed.write_source, or open a "
-            ".npy/.npz file."
-        ) from None
-    try:
-        manifest = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{manifest_path} is not valid JSON ({error}): corrupt?") from None
-    return _valid(manifest, manifest_path)
-
-
-def _valid(manifest: Any, where: str) -> dict[str, Any]:
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError(f"{where} is not a {FORMAT} manifest.")
-    if not isinstance(manifest.get("shards"), list) or not isinstance(manifest.get("fields"), dict):
-        raise ValueError(f"{where} is not a {FORMAT} manifest (no list of shards, or no fields).")
-    if not manifest["shards"] and manifest.get("num_examples") != 0:
-        raise ValueError(f"{where} lists no shards.")
-    return manifest
-
-
-def _cataloged(
-    root: str, info: dict[str, Any], shape: tuple[int, ...], dtype: np.dtype, blob: Any
-) -> NpyRows:
-    """One ``.npy`` of a shard as its catalog entry says: nothing read now, its size (its
-    ETag behind a URL) and header checked at its first read."""
-    rows = NpyRows.at(
-        blob(join(root, info["path"])),
-        offset=info["offset"], rows=info["rows"], shape=shape, dtype=dtype,
-    )  # fmt: skip
-    rows.blob.version = info["sha256"]  # a rewritten file is not read from an old copy
-    # Behind a URL, an ETag that matches says the header does too: no request for it.
-    check = None if info.get("etag") and is_url(root) else rows.check_header
-    rows.blob.expect(info["bytes"], etag=info.get("etag"), check=check)
-    return rows
-
-
-def _checked(
-    root: str, info: dict[str, Any], rows: int, blob: Callable[[str], Blob], *, verify: bool
-) -> NpyRows:
-    """One ``.npy`` of a shard, checked against its manifest entry."""
-    file_path = join(root, info["path"])
-    with named(file_path, "its .npy header"):
-        npy = NpyRows(blob(file_path))
-    npy.blob.version = info["sha256"]  # a rewritten file is not read from an old copy
-    if npy.rows != rows:
-        raise ValueError(f"{file_path} has {npy.rows} rows, the manifest says {rows}.")
-    size = npy.blob.size()
-    if size != info["bytes"]:
-        raise ValueError(
-            f"{file_path} is {size} bytes, the manifest says {info['bytes']}: the file is "
-            "truncated or was replaced."
-        )
-    npy.check_size(size)
-    if verify:
-        digest = hashlib.sha256(npy.blob.read(0, size)).hexdigest()
-        if digest != info["sha256"]:
-            raise ValueError(
-                f"{file_path} does not match its checksum in {join(root, MANIFEST)} "
-                f"(sha256 {digest[:12]}..., expected {info['sha256'][:12]}...): the file "
-                "is corrupt."
-            )
-    return npy
-
-
 def _shards(
     root: str,
     manifest: dict[str, Any],
@@ -363,11 +298,11 @@ def _shard(
             if want.ragged:
                 offsets = {**info["offsets"], "rows": entry["rows"] + 1}  # int64 (Ragged)
                 rows = RaggedRows(
-                    _cataloged(root, info["values"], want.shape[1:], want.dtype, blob),
-                    _cataloged(root, offsets, (), np.dtype(np.int64), blob),
+                    cataloged_npy(root, info["values"], want.shape[1:], want.dtype, blob),
+                    cataloged_npy(root, offsets, (), np.dtype(np.int64), blob),
                 )
             else:
-                rows = _cataloged(root, info, want.shape, want.dtype, blob)
+                rows = cataloged_npy(root, info, want.shape, want.dtype, blob)
             shard[name] = rows
             continue
         if "offset" not in first and not said:
@@ -378,11 +313,11 @@ def _shard(
             with named(values_path, "its .npy header"):
                 values = NpyRows(blob(values_path))
             rows = RaggedRows(
-                _checked(root, info["values"], values.rows, blob, verify=verify),
-                _checked(root, info["offsets"], entry["rows"] + 1, blob, verify=verify),
+                checked_npy(root, info["values"], values.rows, blob, verify=verify),
+                checked_npy(root, info["offsets"], entry["rows"] + 1, blob, verify=verify),
             )
         else:
-            rows = _checked(root, info, entry["rows"], blob, verify=verify)
+            rows = checked_npy(root, info, entry["rows"], blob, verify=verify)
         got = FieldSpec(rows.row_shape, rows.dtype)
         if got != want:
             raise ValueError(

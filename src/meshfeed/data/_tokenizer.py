@@ -103,9 +103,11 @@ class Tokenizer:
         if isinstance(tokenizer, str | os.PathLike):
             self._from_file(os.fspath(tokenizer))
         elif isinstance(tokenizer, TokenizerFunction):
-            self.kind, self.payload = "function", _pickled(tokenizer)
+            self.kind = "function"
+            self.payload = _pickled(tokenizer)
             self.name = f"{tokenizer.name}@{tokenizer.version}"
-            self.vocab_size, self.sha256 = tokenizer.vocab_size, None
+            self.vocab_size = tokenizer.vocab_size
+            self.sha256 = None
             self._own = (tokenizer.bos_id, tokenizer.eos_id)
             self._encode = encoder("function", self.payload, threads=None)
         elif type(tokenizer).__module__.split(".")[0] == "tokenizers":
@@ -138,7 +140,9 @@ class Tokenizer:
         config = json.loads(text)
         config["truncation"] = config["padding"] = None  # meshfeed turns both off
         canonical = json.dumps(config, sort_keys=True, ensure_ascii=False)
-        self.kind, self.payload, self.name = "tokenizers", text.encode(), name
+        self.kind = "tokenizers"
+        self.payload = text.encode()
+        self.name = name
         self.sha256 = hashlib.sha256(canonical.encode()).hexdigest()
         self.vocab_size = model.get_vocab_size(with_added_tokens=True)
         self._model = model
