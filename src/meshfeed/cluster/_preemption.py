@@ -43,7 +43,8 @@ class Preemption:
     """This process's side of a preemption notice: ``reached(step)`` (see the module)."""
 
     def __init__(self, process_id: int = 0, num_processes: int = 1) -> None:
-        self.process_id, self.num_processes = process_id, num_processes
+        self.process_id = process_id
+        self.num_processes = num_processes
         self.told: int | None = None
         """The process that got the notice, once this process knows of it."""
         self.stop_at: int | None = None

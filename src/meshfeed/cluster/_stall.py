@@ -67,10 +67,14 @@ def progress(doing: str) -> dict[str, Any]:
 
 
 class Stalls:
-    """The processes' latest progress, and the stalls found in it (each named once)."""
+    """The processes' latest progress, and the stalls found in it (each named once);
+    ``on_stall``: what the watch does with one (``"log"`` or ``"raise"``)."""
 
-    def __init__(self, num_processes: int, stall_s: float) -> None:
-        self.num_processes, self.stall_s = num_processes, stall_s
+    def __init__(self, num_processes: int, stall_s: float, *, on_stall: str = "log") -> None:
+        self.num_processes = num_processes
+        self.stall_s = stall_s
+        self.on_stall = on_stall
+        self.every_s = every_s(stall_s)  # seconds between two progress messages
         self._latest: dict[int, dict[str, Any]] = {}
         self._named: set[tuple[Any, ...]] = set()
 
@@ -85,8 +89,8 @@ class Stalls:
         for pid, p in sorted(self._latest.items()):
             wait = p.get("wait")
             if wait and wait[2] > self.stall_s and self._first(pid, "wait", wait[1]):
-                out.append((pid, f"stalled: waited {wait[2]:.0f} s on {wait[0]} {wait[1]} ("
-                                 f"host {p['host']}, {p['doing']})"))  # fmt: skip
+                waited = f"waited {wait[2]:.0f} s on {wait[0]} {wait[1]}"
+                out.append((pid, f"stalled: {waited} (host {p['host']}, {p['doing']})"))
         steps = {pid: p["step"] for pid, p in self._latest.items() if p.get("step") is not None}
         if not steps:
             return out
@@ -99,9 +103,11 @@ class Stalls:
                 wait = p.get("wait")
                 on = f"waiting {wait[2]:.0f} s on {wait[0]} {wait[1]}" if wait else p["doing"]
                 at = "has no step yet" if p.get("step") is None else f"is at step {p['step']}"
-                out.append((pid, f"is behind: step {lead} has not finished in {min(held):.0f} "
-                                 f"s on the processes at it, and this one {at} (host "
-                                 f"{p['host']}), {on}"))  # fmt: skip
+                reason = (
+                    f"is behind: step {lead} has not finished in {min(held):.0f} s on the "
+                    f"processes at it, and this one {at} (host {p['host']}), {on}"
+                )
+                out.append((pid, reason))
         return out
 
     def _first(self, *key: Any) -> bool:

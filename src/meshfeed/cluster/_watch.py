@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from typing import NoReturn
 
 from meshfeed.cluster._preemption import ROUND, preemption
-from meshfeed.cluster._stall import STALL_S, Stalls, every_s, progress, say
+from meshfeed.cluster._stall import STALL_S, Stalls, progress, say
 
 _activity = "starting"
 _LET_IT_EXIT = 1.0
@@ -101,10 +101,11 @@ class Watch:
         stall_s: float = STALL_S,
         on_stall: str = "log",
     ) -> None:
-        self.process_id, self.num_processes, self.timeout = process_id, num_processes, timeout
+        self.process_id = process_id
+        self.num_processes = num_processes
+        self.timeout = timeout
         self._tick = min(timeout / 4, 1.0)
-        self._stalls, self._on_stall = Stalls(num_processes, stall_s), on_stall
-        self._every = every_s(stall_s)  # seconds between two progress messages
+        self._stalls = Stalls(num_processes, stall_s, on_stall=on_stall)
         self._lock = threading.Lock()
         self._peers: list[_Peer] = []
         self._listener: socket.socket | None = None
@@ -202,7 +203,7 @@ class Watch:
             if now - last_beat >= self._tick:
                 self._send_all(_HEARTBEAT)
                 last_beat = now
-            if now - last_progress >= self._every:
+            if now - last_progress >= self._stalls.every_s:
                 self._progress()
                 last_progress = now
             self._preempted()
@@ -216,7 +217,7 @@ class Watch:
             return
         self._stalls.heard(0, text)
         for process_id, reason in self._stalls.found():
-            if self._on_stall == "raise":
+            if self._stalls.on_stall == "raise":
                 self._lost(process_id, reason)
             line = f"process {process_id} of {self.num_processes} {reason}"
             self._send_all(_STALL + line.encode() + b"\n")

@@ -48,8 +48,10 @@ def lend(buffer: Any, fields: Fields, on_free: Callable[[], None]) -> dict[str, 
     ``on_free`` runs on whichever thread drops the last view (JAX's, a user's, or the
     garbage collector's): it must be quick and take no lock that thread might hold.
     """
-    end = max((at + math.prod(shape) * np.dtype(dtype).itemsize for _, shape, dtype, at in fields),
-              default=0)  # fmt: skip
+    end = max(
+        (at + math.prod(shape) * np.dtype(dtype).itemsize for _, shape, dtype, at in fields),
+        default=0,
+    )
     holder: Any = (ctypes.c_char * max(1, end)).from_buffer(buffer)  # exports a buffer
     finalizer = weakref.finalize(holder, on_free)
     finalizer.atexit = False  # at exit nothing is reused
@@ -90,7 +92,8 @@ class HostBuffers:
     """
 
     def __init__(self, *, keep: int = 4, most_lent: int = 16) -> None:
-        self._keep, self._most_lent = keep, most_lent
+        self._keep = keep
+        self._most_lent = most_lent
         self._free: dict[tuple[Any, ...], list[np.ndarray]] = {}
         self._back: collections.deque[tuple[tuple[Any, ...], np.ndarray]] = collections.deque()
         self._lock = threading.Lock()

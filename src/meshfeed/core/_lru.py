@@ -19,7 +19,8 @@ class SizedLRU(Generic[V]):
     the least recently used dropped first, the newest always kept. Safe across threads."""
 
     def __init__(self, budget: int, size: Callable[[V], int]) -> None:
-        self._budget, self._size = budget, size
+        self._budget = budget
+        self._size = size
         self._lock = threading.Lock()
         self._values: collections.OrderedDict[int, tuple[V, int]] = collections.OrderedDict()
         self.bytes = 0  # the sizes of the values kept

@@ -75,7 +75,9 @@ class Assembly:
                 "the loader is closed (close(), or the end of its `with` block); build a "
                 "new Loader, and restore(state) to continue where this one was."
             )
-        step, end, size = self.stream.step, self.end, self.pass_steps
+        step = self.stream.step
+        end = self.end
+        size = self.pass_steps
         if end is not None and size is not None and step >= end:
             if self.schedule.steps_per_epoch is None:
                 raise RuntimeError(
@@ -219,7 +221,8 @@ class AssemblyViews:
 
 def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOptions) -> Assembly:
     """The parts of a loader over ``source`` with ``options`` (already checked)."""
-    sharding, reshard = options.sharding, options.strategy == "reshard"
+    sharding = options.sharding
+    reshard = options.strategy == "reshard"
     schedule, end = _schedule(source, options)
     plans: dict[int, Plan] = {}
     lanes: dict[int, Lane] = {}
@@ -271,9 +274,12 @@ def assemble(source: Source, fields: Mapping[str, FieldSpec], options: LoaderOpt
     kind = (kind if isinstance(kind, str) else "ray") if options.num_workers else "inline"
     workers = (options.num_workers, kind)
     stats = PipelineStats(
-        reader, rows.tally, stream, workers,
+        reader,
+        rows.tally,
+        stream,
+        workers,
         schedule if isinstance(schedule, BalancedSchedule) else None,
-    )  # fmt: skip
+    )
     return Assembly(schedule, end, lanes, plans, reader, stream, timeline, stats)
 
 
@@ -315,30 +321,48 @@ def _place_threads(options: LoaderOptions, lanes: Iterable[Lane]) -> int:
 def _schedule(source: Source, options: LoaderOptions) -> tuple[Schedule | RampSchedule, int | None]:
     """The schedule of ``source``'s examples under ``options``, and the step after the
     run's last."""
-    n, epochs, shuffle, seed = len(source), options.num_epochs, options.shuffle, options.seed
-    block, window = options.shuffle_block, options.window
+    n = len(source)
+    epochs = options.num_epochs
+    shuffle = options.shuffle
+    seed = options.seed
+    block = options.shuffle_block
+    window = options.window
     rows = step_rows(source, options)
     if rows is not None:  # a balanced source: its steps, dealt to the devices by cost
         assert isinstance(source, BalancedSteps)
         sharding = options.sharding
         first = sharding if isinstance(sharding, NamedSharding) else next(iter(sharding.values()))
         balanced = BalancedSchedule(
-            n, rows, shuffle=shuffle, seed=seed, costs=source.row_costs,
+            n,
+            rows,
+            shuffle=shuffle,
+            seed=seed,
+            costs=source.row_costs,
             devices=num_batch_shards(first),
-        )  # fmt: skip
+        )
         return balanced, None if epochs is None else epochs * balanced.steps_per_epoch
     if not options.ramp:
         b = options.batch_sizes.size(0)
         fixed = Schedule(
-            n, b, shuffle=shuffle, seed=seed, last_batch=options.last_batch, block=block,
+            n,
+            b,
+            shuffle=shuffle,
+            seed=seed,
+            last_batch=options.last_batch,
+            block=block,
             window=window,
-        )  # fmt: skip
+        )
         return fixed, None if epochs is None else epochs * fixed.steps_per_epoch
     total = None if epochs is None else epochs * n
     ramp = RampSchedule(
-        n, options.batch_sizes, shuffle=shuffle, seed=seed, total=total, block=block,
+        n,
+        options.batch_sizes,
+        shuffle=shuffle,
+        seed=seed,
+        total=total,
+        block=block,
         window=window,
-    )  # fmt: skip
+    )
     if total is None:
         return ramp, None
     return ramp, options.batch_sizes.steps_in(total, partial=options.last_batch == "pad")

@@ -72,10 +72,16 @@ class BalancedSchedule(Schedule):
         devices: int,
     ) -> None:
         super().__init__(
-            num_examples, rows, shuffle=shuffle, seed=seed, last_batch="drop",
-            block=rows if shuffle else None, window=1,
-        )  # fmt: skip
-        self._costs, self.devices = costs, devices
+            num_examples,
+            rows,
+            shuffle=shuffle,
+            seed=seed,
+            last_batch="drop",
+            block=rows if shuffle else None,
+            window=1,
+        )
+        self._costs = costs
+        self.devices = devices
         self._dealt: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._lock = threading.Lock()
         self.tally = Tally("steps", "imbalance")

@@ -126,6 +126,12 @@ def _up_factor(first: bool, window: Window, depth: int) -> int:
     return max(2, min(_MAX_FIRST_STEP, 1 << max(0, math.ceil(hides) - 1).bit_length()))
 
 
+def _rounded(rates: dict[str, float]) -> dict[str, float]:
+    """The rates a move was judged on, as ``stats()`` shows them: wait shares to 4
+    places, the margin to 3, rates to 2."""
+    return {k: round(v, 4 if "wait" in k else 3 if k == "margin" else 2) for k, v in rates.items()}
+
+
 class Climb:
     """The adaptive depth of one read-ahead (see the module's docstring).
 
@@ -137,7 +143,8 @@ class Climb:
         self._cores = cores or available_cores()
         self._workers = workers  # reads hand rows to record workers: no trials down
         self._window = Window(now)
-        self.depth, self._cap = START_DEPTH, START_DEPTH
+        self.depth = START_DEPTH
+        self._cap = START_DEPTH  # the most steps the read-ahead may hold (start())
         self.readers_wait = self.readers_sleep = False
         self._held: list[tuple[float, float]] = []  # (rate, wait share) at this depth
         self._trial: Trial | None = None
@@ -323,6 +330,5 @@ class Climb:
         self._note(step, was, depth, why, rates)
 
     def _note(self, step: int, was: int, depth: int, why: str, rates: dict | None) -> None:
-        rates = {k: round(v, 4 if "wait" in k else 3 if k == "margin" else 2)
-                 for k, v in (rates or {}).items()}  # fmt: skip
-        self.moves.append({"step": step, "depth": depth, "was": was, "why": why, **rates})
+        move = {"step": step, "depth": depth, "was": was, "why": why}
+        self.moves.append({**move, **_rounded(rates or {})})

@@ -90,12 +90,15 @@ def _cap(budget_bytes: int, item: Any, steps_ahead: Callable[[], int | None] | N
 
 
 class _Ready:
-    """The steps read ahead and not taken yet, with their bytes (now, and at most)."""
+    """The steps read ahead and not taken yet, with their bytes (now, and at most), and
+    the consumer waiting for the next one (``lock``: the read-ahead's, held by callers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lock: threading.Lock) -> None:
         self._items: dict[int, tuple[Any, int]] = {}  # step -> (item, its bytes)
         self.bytes = self.peak_bytes = 0
         self._release = _drop  # held here: close() may run as the interpreter shuts down
+        self._consumer = threading.Condition(lock)
+        self._waiting = False  # the consumer is asleep in wait_for
 
     def __contains__(self, step: int) -> bool:
         return step in self._items
@@ -113,6 +116,25 @@ class _Ready:
         item, size = self._items.pop(step)
         self.bytes -= size
         return item
+
+    def wait_for(self, step: int, stopped: Callable[[], bool]) -> Any:
+        """Takes ``step`` once it is read; ``StopIteration`` once ``stopped()`` (closed
+        from another thread: a Placer's close)."""
+        if step not in self._items:
+            self._waiting = True
+            while step not in self._items:
+                if stopped():
+                    raise StopIteration
+                self._consumer.wait()
+            self._waiting = False
+        return self.take(step)
+
+    def wake(self, everyone: bool = False) -> None:
+        """Wakes the consumer if it waits (``everyone``: whether or not, on close)."""
+        if everyone:
+            self._consumer.notify_all()
+        elif self._waiting:
+            self._consumer.notify()
 
     def drop(self, item: Any = None) -> None:
         """Lets go of ``item`` (if given) and of every step held."""
@@ -187,17 +209,20 @@ class Prefetcher(Iterator[tuple[int, Any]]):
     ) -> None:
         if depth is not None and depth < 1:
             raise ValueError(f"prefetch depth={depth} must be >= 1.")
-        self.next_step, self._produce = start, produce
+        self.next_step = start
+        self._produce = produce
         self.ask: tuple[bool, int, int] | None = None
         self._auto = depth is None
         self._lock = threading.Lock()
-        self._consumer = threading.Condition(self._lock)
         self._readers = threading.Condition(self._lock)
-        self._ready = _Ready()
-        self._waiting, self._idle, self._stopped = False, 0, False  # consumer asleep, readers
+        self._ready = _Ready(self._lock)
+        self._idle = 0  # readers asleep
+        self._stopped = False
         self._climb = Climb(time.perf_counter(), workers=workers)
-        self._threads, self._growers = [], []  # readers, threads that start readers
-        self._claim, self._stop_at = start, end  # _stop_at: the end, or a step that failed
+        self._threads: list[threading.Thread] = []  # readers
+        self._growers: list[threading.Thread] = []  # threads that start readers
+        self._claim = start  # the next step a reader takes
+        self._stop_at = end  # the end, or a step that failed
         self.depth = 1  # steps read ahead now (with "auto", what it has adapted to)
         if self._auto and step_bytes and (end is None or start < end):
             # The next steps read beside the first: a slow source's come ready together.
@@ -272,8 +297,8 @@ class Prefetcher(Iterator[tuple[int, Any]]):
                 self._claim += 1
                 if not self._keep(step, self._read(step)):
                     return
-                if self._waiting and step == self.next_step:
-                    self._consumer.notify()
+                if step == self.next_step:
+                    self._ready.wake()
 
     def _read(self, step: int) -> Any:
         """``produce(step)`` (or its error), timed for the climb, the lock let go meanwhile."""
@@ -333,14 +358,7 @@ class Prefetcher(Iterator[tuple[int, Any]]):
                 if isinstance(item, _Failed):
                     self._stop_at = step + 1
             else:
-                if step not in self._ready:
-                    self._waiting = True
-                    while step not in self._ready:
-                        if self._stopped:  # closed from another thread (a Placer's close)
-                            raise StopIteration
-                        self._consumer.wait()
-                    self._waiting = False
-                item = self._ready.take(step)
+                item = self._ready.wait_for(step, lambda: self._stopped)
             self.next_step = step + 1
             if self._auto:
                 now = time.perf_counter()
@@ -360,7 +378,7 @@ class Prefetcher(Iterator[tuple[int, Any]]):
             self._stopped = True
             self._ready.drop()
             self._readers.notify_all()
-            self._consumer.notify_all()
+            self._ready.wake(everyone=True)
         for group in (self._growers, self._threads):  # growers first: no reader starts after
             for thread in list(group):
                 thread.join(timeout=10.0)

@@ -53,7 +53,9 @@ class Placer:
     ) -> None:
         if threads < 1:
             raise ValueError(f"Placer needs threads >= 1, got {threads}.")
-        self._ahead, self._place, self._limit = ahead, place, threads
+        self._ahead = ahead
+        self._place = place
+        self._limit = threads
         self.next_step = ahead.next_step
         self.ask: Any = None
         self._claim = threading.Lock()  # one thread at a time takes the next step

@@ -153,16 +153,16 @@ def open_data(names: Sequence[str], storage_options: Mapping[str, Any] | None) -
     from meshfeed.formats._tar import TarSource
     from meshfeed.formats._tfrecord import TFRecordSource
 
-    first, options = names[0], storage_options
+    first = names[0]
     if first.lower().endswith(".parquet"):
-        return ParquetSource(names, storage_options=options)
+        return ParquetSource(names, storage_options=storage_options)
     kind = kind_of(first)
     if kind == "tar":
-        return TarSource(names, storage_options=options)
+        return TarSource(names, storage_options=storage_options)
     if kind == "jsonl":
-        return JsonlSource(names, storage_options=options)
+        return JsonlSource(names, storage_options=storage_options)
     if kind == "tfrecord":
-        return TFRecordSource(names, storage_options=options)
+        return TFRecordSource(names, storage_options=storage_options)
     if len(names) != 1:
         raise ValueError(f"data={list(names)}: a meshfeed folder is one path; pass one.")
-    return open_source(first, storage_options=options)
+    return open_source(first, storage_options=storage_options)

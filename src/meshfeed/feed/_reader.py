@@ -32,7 +32,8 @@ from meshfeed.feed._options import LoaderOptions, Transform
 from meshfeed.feed._schedule import MASK
 from meshfeed.feed._shardings import FieldShardings, SequenceCut, ShardingArg
 from meshfeed.feed._source_rows import SourceRows
-from meshfeed.workers._records import Pending, RecordStage, Rows
+from meshfeed.workers._pending import Pending, Rows
+from meshfeed.workers._records import RecordStage
 
 BIG_ROW = 16 << 10
 """Rows this large (all fields) are read into reused host buffers without record workers:
@@ -116,8 +117,11 @@ class StepReader:
         records: RecordStage | None,
         mask: bool,
     ) -> None:
-        self._source_rows, self._lane = source_rows, lane
-        self._transform, self._records, self._mask = transform, records, mask
+        self._source_rows = source_rows
+        self._lane = lane
+        self._transform = transform
+        self._records = records
+        self._mask = mask
         self._checked: set[int] = set()  # the batch sizes whose output has been checked
         self.tally = Tally("calls", "seconds")
         """The batch ``transform``'s calls and seconds (``loader.stats()``)."""

@@ -48,7 +48,8 @@ class BlockOrder:
     """One epoch's block-shuffled order: position -> example id (module docstring)."""
 
     def __init__(self, n: int, block: int, window: int, *, seed: int, epoch: int) -> None:
-        self.n, self.k = n, min(block, n)
+        self.n = n
+        self.k = min(block, n)
         self.blocks = -(-n // self.k)
         self.w = min(window, self.blocks)
         self._order = Permutation(self.blocks, seed=seed, epoch=epoch)
@@ -113,7 +114,8 @@ class Schedule:
         self.shuffle = shuffle
         self.seed = seed
         self.last_batch = last_batch
-        self.block, self.window = block, window
+        self.block = block
+        self.window = window
         if last_batch == "drop":
             self.steps_per_epoch = num_examples // global_batch_size
         else:
@@ -191,11 +193,23 @@ class RampSchedule:
     steps_per_epoch = None  # steps do not line up with epochs
 
     def __init__(
-        self, num_examples: int, sizes: BatchSizes, *, shuffle: bool, seed: int,
-        total: int | None, block: int | None = None, window: int = 1,
-    ) -> None:  # fmt: skip
-        self.num_examples, self.sizes, self.total = num_examples, sizes, total
-        self.shuffle, self.seed, self.block, self.window = shuffle, seed, block, window
+        self,
+        num_examples: int,
+        sizes: BatchSizes,
+        *,
+        shuffle: bool,
+        seed: int,
+        total: int | None,
+        block: int | None = None,
+        window: int = 1,
+    ) -> None:
+        self.num_examples = num_examples
+        self.sizes = sizes
+        self.total = total
+        self.shuffle = shuffle
+        self.seed = seed
+        self.block = block
+        self.window = window
         self._chunk = max(_BLOCK_POSITIONS, max(sizes.distinct))
         # Recent chunks of ids and epoch orders, each dict replaced whole (see Schedule).
         self._chunks: dict[int, np.ndarray] = {}

@@ -57,7 +57,9 @@ class SkipLog:
 
     def restart(self, before: int) -> None:
         """Starts over at a restored or reset position, ``before`` skipped until then."""
-        self.entries, self.before, self.read = [], before, 0
+        self.entries = []
+        self.before = before
+        self.read = 0
 
     def add(self, step: int, read: int, skipped: Sequence[Skip]) -> None:
         """Counts a step handed out; raises once the budget is exceeded."""

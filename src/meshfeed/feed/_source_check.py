@@ -36,7 +36,8 @@ def bound(source: Source, options: LoaderOptions) -> Source:
 
 def check_source(source: Source, options: LoaderOptions) -> dict[str, FieldSpec]:
     """Checks ``source`` against ``options``; returns its fields."""
-    n, sizes = len(source), options.batch_sizes
+    n = len(source)
+    sizes = options.batch_sizes
     b = sizes.size(0)
     if n == 0:
         raise ValueError(

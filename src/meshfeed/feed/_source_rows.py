@@ -24,7 +24,7 @@ from meshfeed.data._bad_records import Skip, find_bad, skippable
 from meshfeed.data._ragged import Ragged, empty
 from meshfeed.data._sources import FieldSpec, PartialRows, Source, thread_safe
 from meshfeed.feed._schedule import RampSchedule, Schedule
-from meshfeed.workers._records import Rows
+from meshfeed.workers._pending import Rows
 
 
 class SourceRows:
@@ -43,7 +43,9 @@ class SourceRows:
         *,
         skip: bool = False,
     ) -> None:
-        self._source, self._fields, self._schedule = source, fields, schedule
+        self._source = source
+        self._fields = fields
+        self._schedule = schedule
         self._one_at_a_time = None if thread_safe(source) else threading.Lock()
         self._skip = skip
         self.tally = Tally("reads", "records", "bytes", "seconds", "skipped")

@@ -36,7 +36,9 @@ class PipelineStats:
         workers: tuple[int, str],
         balanced: BalancedSchedule | None = None,
     ) -> None:
-        self._reader, self._source, self._stream = reader, source, stream
+        self._reader = reader
+        self._source = source
+        self._stream = stream
         self._workers = workers
         self._balanced = balanced
         self._base, self._began = self._raw(), time.perf_counter()

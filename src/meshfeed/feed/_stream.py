@@ -30,9 +30,18 @@ from meshfeed.feed._skips import SkipLog
 
 GlobalBatch = dict[str, jax.Array]
 CONSUMER = (
-    "steps", "records", "wait_seconds", "next_seconds", "collect_seconds", "place_seconds",
-    "asked", "ready", "steps_ready", "fill", "filtered",
-)  # fmt: skip
+    "steps",
+    "records",
+    "wait_seconds",
+    "next_seconds",
+    "collect_seconds",
+    "place_seconds",
+    "asked",
+    "ready",
+    "steps_ready",
+    "fill",
+    "filtered",
+)
 """The consumer's counts (``Stream.counts``), once a step: steps handed out, their
 records (this process's, padding aside), seconds ``next()`` waited for the read-ahead,
 seconds in ``next()``, seconds it waited for record workers' rows and placed them; the
@@ -59,7 +68,8 @@ class Stream:
         starved: Callable[[], bool] | None = None,
         workers: bool = False,
     ) -> None:
-        self._read, self._place = read, place  # place also collects rows from record workers
+        self._read = read
+        self._place = place  # place also collects rows from record workers
         self._place_threads = place_threads  # > 0: a Placer places steps on its threads
         self._starved = starved  # record workers idled while rows were waited for
         self._workers = workers  # reads hand rows to record workers
@@ -68,7 +78,9 @@ class Stream:
         self._step_bytes = step_bytes  # a step's host bytes, when known before reading
         self._steps_ahead = steps_ahead  # a bound on the depth, known after the first step
         self.end = end
-        self._prefetch, self._budget, self._check_every = prefetch, prefetch_bytes, check_every
+        self._prefetch = prefetch
+        self._budget = prefetch_bytes
+        self._check_every = check_every
         self.step = 0
         self._ahead: Inline | Prefetcher | None = None
         self._live: set[Inline | Prefetcher | Placer] = set()  # the loops' read-aheads now

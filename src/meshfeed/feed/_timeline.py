@@ -60,7 +60,8 @@ class Timeline:
     """The stages of a loader's batch size and of the mixture it reads (if scheduled)."""
 
     def __init__(self, sizes: BatchSizes, mixture: Any, end: int | None) -> None:
-        self.sizes, self.end = sizes, end
+        self.sizes = sizes
+        self.end = end
         self.mixture = mixture if getattr(mixture, "ordered", False) else None
         self.staged = len(sizes.stages) > 1 or self.mixture is not None
         """Whether anything changes by stage."""

@@ -36,7 +36,9 @@ class Trial:
     """A depth on trial: where it came from, and what the windows before it measured."""
 
     def __init__(self, was: int, depth: int, base: list[tuple[float, float]]) -> None:
-        self.was, self.depth, self.base = was, depth, base
+        self.was = was
+        self.depth = depth
+        self.base = base
         self.windows: list[tuple[float, float]] = []  # (rate, wait share) at the new depth
         self.up = depth > was
         self.way = "up" if self.up else "down"
@@ -87,12 +89,14 @@ class Trial:
         """The mean rate and wait share before and after, the margin; and the noise."""
         base, new = [r for r, _ in self.base], [r for r, _ in self.windows]
         noise = max(spread(base), spread(new))
-        return {
-            "rate_before": sum(base) / len(base), "rate_after": sum(new) / len(new),
+        measured = {
+            "rate_before": sum(base) / len(base),
+            "rate_after": sum(new) / len(new),
             "wait_before": self.wait_before(),
             "wait_after": sum(w for _, w in self.windows) / len(self.windows),
             "margin": min(MAX_MARGIN, max(MIN_GAIN, 2 * noise)),
-        }, noise  # fmt: skip
+        }
+        return measured, noise
 
     @staticmethod
     def paid(up: bool, m: dict[str, float]) -> bool:

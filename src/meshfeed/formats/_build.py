@@ -144,9 +144,11 @@ def index(
     ):
         raise ValueError(f"workers={workers!r} must be an int >= 1.")
     if part is not None and not (
-        isinstance(part, tuple) and len(part) == 2 and all(isinstance(x, int) for x in part)
+        isinstance(part, tuple)
+        and len(part) == 2
+        and all(isinstance(x, int) for x in part)
         and 0 <= part[0] < part[1]
-    ):  # fmt: skip
+    ):
         raise ValueError(f"part={part!r} must be (i, n) with 0 <= i < n, e.g. part=(0, 4).")
     if executor == "ray":
         import_ray("executor='ray'")
@@ -272,7 +274,8 @@ def _run(
         )
         for s in shares
     ]
-    samples, errors = 0, []
+    samples = 0
+    errors = []
     for proc in procs:
         out, err = proc.communicate()
         for line in out.splitlines():

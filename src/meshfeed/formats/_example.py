@@ -116,11 +116,13 @@ def type_of(value: Any) -> FeatureType:
 
 def spec_of(kind: FeatureType, name: str) -> FieldSpec:
     table = {
-        "int64": FieldSpec((), np.dtype(np.int64)), "float32": FieldSpec((), np.dtype(np.float32)),
-        "bytes": FieldSpec((), OBJECT), "bytes_list": FieldSpec((), OBJECT),
+        "int64": FieldSpec((), np.dtype(np.int64)),
+        "float32": FieldSpec((), np.dtype(np.float32)),
+        "bytes": FieldSpec((), OBJECT),
+        "bytes_list": FieldSpec((), OBJECT),
         "ragged:int64": FieldSpec((None,), np.dtype(np.int64)),
         "ragged:float32": FieldSpec((None,), np.dtype(np.float32)),
-    }  # fmt: skip
+    }
     if kind not in table:
         raise ValueError(f"features: {name!r} has type {kind!r}; pass one of {sorted(table)}.")
     return table[kind]

@@ -58,7 +58,8 @@ class Index:
     """One file's index: ``meta`` (a JSON-able dict) and its arrays, by name."""
 
     def __init__(self, meta: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
-        self.meta, self.arrays = meta, dict(arrays)
+        self.meta = meta
+        self.arrays = dict(arrays)
 
     @property
     def samples(self) -> int:
@@ -129,7 +130,9 @@ class ReadAhead:
     once more."""
 
     def __init__(self, blob: Blob, depth: int = 3) -> None:
-        self.blob, self.size, self.depth = blob, blob.size(), depth
+        self.blob = blob
+        self.size = blob.size()
+        self.depth = depth
         self.chunk = READ_REMOTE if is_url(blob.path) else READ
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="meshfeed-scan")
         self._ahead: list[tuple[int, int, concurrent.futures.Future[bytes]]] = []  # in order

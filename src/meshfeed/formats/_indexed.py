@@ -66,9 +66,11 @@ class IndexedFiles:
         found = None
         if not build and patterns and all(isinstance(p, str | os.PathLike) for p in patterns):
             found = read_catalog(
-                [os.fspath(p) for p in patterns], kind=kind, index_dir=self.index_dir,
+                [os.fspath(p) for p in patterns],
+                kind=kind,
+                index_dir=self.index_dir,
                 storage_options=storage_options,
-            )  # fmt: skip
+            )
         if found is not None:  # one request: every file's stamp and samples
             self.paths = [e["path"] for e in found[1]]
             self.metas = [e["meta"] for e in found[1]]

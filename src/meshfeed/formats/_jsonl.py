@@ -78,8 +78,13 @@ def _scan(chunks: Any, name: str) -> Index:
     if inflater is not None:
         chunks = (piece for chunk in chunks for piece in inflater.feed(chunk))
     starts, lengths, total = _lines(chunks, name)
-    meta: dict[str, Any] = {"format": INDEX_FORMAT, "kind": "jsonl", "samples": len(starts),
-                            "compression": kind, "text_bytes": total}  # fmt: skip
+    meta: dict[str, Any] = {
+        "format": INDEX_FORMAT,
+        "kind": "jsonl",
+        "samples": len(starts),
+        "compression": kind,
+        "text_bytes": total,
+    }
     arrays = {"starts": starts, "lengths": lengths.astype(np.int32 if total < 2**31 else np.int64)}
     if inflater is not None:
         inflater.close()
@@ -202,10 +207,17 @@ class JsonlSource(FilesSource):
         if isinstance(fields, str):
             raise TypeError(f"fields={fields!r} is a string; pass a list of names, e.g. ['text'].")
         self.files = IndexedFiles(
-            files, kind="jsonl", scan=scan_jsonl, index_dir=index_dir, build=build,
-            storage_options=storage_options, retry_s=retry_s, hedge=hedge, cache_dir=cache_dir,
+            files,
+            kind="jsonl",
+            scan=scan_jsonl,
+            index_dir=index_dir,
+            build=build,
+            storage_options=storage_options,
+            retry_s=retry_s,
+            hedge=hedge,
+            cache_dir=cache_dir,
             cache_bytes=cache_bytes,
-        )  # fmt: skip
+        )
         if len(self.files) == 0:
             raise ValueError(f"{self.files.name} holds no records.")
         if not isinstance(fields, Mapping):

@@ -191,7 +191,8 @@ class MemberReads:
         ends: np.ndarray,
         crcs: np.ndarray | None = None,
     ) -> None:
-        self.members, self.crcs = members, crcs
+        self.members = members
+        self.crcs = crcs
         self.starts, self.ends = starts.astype(np.int64), ends.astype(np.int64)
         beginnings = members[:, 2]
         self.first = np.maximum(np.searchsorted(beginnings, self.starts, side="right") - 1, 0)
@@ -217,9 +218,12 @@ class MemberReads:
                 texts[m] = inflate_segment(raw, int(self.crcs[m]), d1 - d0, name, c0)
         out = []
         for s, e, a, b in zip(
-            self.starts.tolist(), self.ends.tolist(), self.first.tolist(), self.last.tolist(),
+            self.starts.tolist(),
+            self.ends.tolist(),
+            self.first.tolist(),
+            self.last.tolist(),
             strict=True,
-        ):  # fmt: skip
+        ):
             data = texts[a] if a == b else b"".join(texts[m] for m in range(a, b + 1))
             base = int(self.members[a, 2])
             out.append(data[s - base : e - base])

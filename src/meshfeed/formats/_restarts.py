@@ -41,7 +41,9 @@ class Restarts:
     end)`` (``segments``, end of data filled in by ``ended``) and CRC-32 (``crcs``)."""
 
     def __init__(self, segments: np.ndarray, crcs: np.ndarray, segment: int) -> None:
-        self.segments, self.crcs, self.segment = segments, crcs, segment
+        self.segments = segments
+        self.crcs = crcs
+        self.segment = segment
 
     def ended(self, data_bytes: int, name: str) -> np.ndarray:
         """The segments, given the data's length as the scan found it (checked)."""
@@ -61,7 +63,9 @@ def restart_table(blob: Blob) -> Restarts | None:
     head = blob.read(0, len(_HEAD) + len(MARK))
     if head != _HEAD + MARK:
         return None
-    size, at, text = blob.size(), len(_HEAD), b""
+    size = blob.size()
+    at = len(_HEAD)
+    text = b""
     while b"\0" not in text and at < size:  # the comment: up to its NUL
         text += blob.read(at + len(text), at + len(text) + (64 << 10))
         if len(text) > 64 << 20:
@@ -106,7 +110,9 @@ def inflate_segment(raw: bytes, crc: int, expected: int, name: str, at: int) -> 
 def segments(pieces: Iterable[bytes], segment: int) -> Iterator[bytes]:
     """The data of ``pieces`` cut in ``segment`` bytes (the last one shorter, or empty
     for no data)."""
-    pending, held, given = [], 0, False
+    pending = []
+    held = 0
+    given = False
     for piece in pieces:
         pending.append(piece)
         held += len(piece)

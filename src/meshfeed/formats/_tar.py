@@ -95,10 +95,17 @@ class TarSource(FilesSource):
         decode = dict(decode or {})
         self._decoders = {ext: _decoder(kind) for ext, kind in decode.items()}
         self.files = IndexedFiles(
-            shards, kind="tar", scan=scan_tar, index_dir=index_dir, build=build,
-            storage_options=storage_options, retry_s=retry_s, hedge=hedge, cache_dir=cache_dir,
+            shards,
+            kind="tar",
+            scan=scan_tar,
+            index_dir=index_dir,
+            build=build,
+            storage_options=storage_options,
+            retry_s=retry_s,
+            hedge=hedge,
+            cache_dir=cache_dir,
             cache_bytes=cache_bytes,
-        )  # fmt: skip
+        )
         self._exts = sorted({e for meta in self.files.metas for e in meta["fields"]})
         unknown = [e for e in decode if e not in self._exts]
         if unknown:

@@ -162,9 +162,17 @@ def _scan(reader: ReadAhead | Inflating, name: str) -> Index:
             for c, length in zip(chain.tolist(), lengths.tolist(), strict=True):
                 o = skip + c * BLOCK
                 pax = _member(
-                    chunk, o, at + c * BLOCK, chunk[o + 156], length, pax, members, reader,
-                    name, reader.size,
-                )  # fmt: skip
+                    chunk,
+                    o,
+                    at + c * BLOCK,
+                    chunk[o + 156],
+                    length,
+                    pax,
+                    members,
+                    reader,
+                    name,
+                    reader.size,
+                )
         if zero:
             break
         at += i * BLOCK
@@ -239,7 +247,9 @@ def _walk_blocks(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, bool]:
     standard = np.asarray(((digits >= 0) & (digits <= 7)).all(axis=1), bool)
     follow = (np.arange(count) + 1 + -(-sizes // BLOCK)).tolist()
     first, simple = rows[:, 0].tolist(), standard.tolist()
-    chain, i, zero = [], 0, False
+    chain = []
+    i = 0
+    zero = False
     while i < count:
         if first[i] == 0 and not rows[i].any():
             zero = True
@@ -278,10 +288,17 @@ def _plain_files(
 
 
 def _member(
-    buffer: bytes, o: int, at: int, kind: int, length: int,
-    pax: tuple[bytes | None, int | None], members: list[tuple[bytes, int, int]],
-    reader: ReadAhead | Inflating, name: str, size: int,
-) -> tuple[bytes | None, int | None]:  # fmt: skip
+    buffer: bytes,
+    o: int,
+    at: int,
+    kind: int,
+    length: int,
+    pax: tuple[bytes | None, int | None],
+    members: list[tuple[bytes, int, int]],
+    reader: ReadAhead | Inflating,
+    name: str,
+    size: int,
+) -> tuple[bytes | None, int | None]:
     """One header at ``buffer[o]`` (byte ``at`` of the file); returns the pending pax."""
     data = at + BLOCK
     if data + length > size:
@@ -327,10 +344,13 @@ def _member(
 
 _PLACES = 8.0 ** np.arange(10, -1, -1)  # exact in floats: 8**11 < 2**53
 _ONES = np.ones(8)
-_FILE, _PAX_HEADER = ord("0"), ord("x")
+_FILE = ord("0")
+_PAX_HEADER = ord("x")
 _NO_PAX: tuple[bytes | None, int | None] = (None, None)
 _REGULAR = (ord("0"), 0, ord("7"))
 _PAX = (ord("x"), ord("X"))
-_LONG_NAME, _GLOBAL = ord("L"), ord("g")
+_LONG_NAME = ord("L")
+_GLOBAL = ord("g")
 _EXTENDED = (*_PAX, _LONG_NAME)
-_MAGIC, _STAR = ord("u"), int.from_bytes(b"star", "little")
+_MAGIC = ord("u")
+_STAR = int.from_bytes(b"star", "little")

@@ -162,11 +162,19 @@ class TFRecordSource(FilesSource):
         if features is not None and decode != "example":
             raise ValueError("features= types the features of decode='example'; pass both.")
         self.files = IndexedFiles(
-            files, kind="tfrecord", scan=scan_tfrecord, index_dir=index_dir, build=build,
-            storage_options=storage_options, retry_s=retry_s, hedge=hedge, cache_dir=cache_dir,
+            files,
+            kind="tfrecord",
+            scan=scan_tfrecord,
+            index_dir=index_dir,
+            build=build,
+            storage_options=storage_options,
+            retry_s=retry_s,
+            hedge=hedge,
+            cache_dir=cache_dir,
             cache_bytes=cache_bytes,
-        )  # fmt: skip
-        self._check, self._decode = check_crc, decode
+        )
+        self._check = check_crc
+        self._decode = decode
         if decode is None:
             self._types: dict[str, FeatureType] = {"record": "bytes"}
         elif features is not None:

@@ -39,7 +39,8 @@ def plot_packing(
         chosen = np.linspace(0, len(packed) - 1, shown).round().astype(int).tolist()
     colours = matplotlib.colormaps["tab20"]
     for r, row in enumerate(chosen):
-        at, top = 0, shown - 1 - r
+        at = 0
+        top = shown - 1 - r
         for doc, start, length in packed.pieces(row):
             colour = colours(doc % 20)
             axes.add_patch(Rectangle((at, top), length, 0.8, facecolor=colour, edgecolor="black"))

@@ -93,7 +93,8 @@ def plot_pipeline(stats: Mapping[str, Any], path: str | Path, *, dpi: int = 100)
     figure = Figure(figsize=(10, 1.4 + 0.75 * rows), dpi=dpi)
     axes = figure.add_axes((0.2, 0.28, 0.77, 0.55))
     top = rows - 1
-    at, patches = 0.0, []
+    at = 0.0
+    patches = []
     for (label, colour), width in zip(_LOOP, loop, strict=True):
         patches.append(
             axes.add_patch(
@@ -119,14 +120,16 @@ def plot_pipeline(stats: Mapping[str, Any], path: str | Path, *, dpi: int = 100)
         axes.text(ms + longest / 100, y + 0.5, f"{ms:.2f} ms  {note}", va="center", fontsize=7)
     axes.axvline(step_ms, color="k", linestyle="--", linewidth=0.8)
     axes.text(step_ms, rows, " a step", va="bottom", fontsize=7)
-    axes.legend(handles=patches, loc="upper right", fontsize=7, title="the loop, a step",
-                title_fontsize=7)  # fmt: skip
+    axes.legend(
+        handles=patches, loc="upper right", fontsize=7, title="the loop, a step", title_fontsize=7
+    )
     axes.set_xlim(0, 2.4 * longest)
     axes.set_ylim(0, rows)
     axes.set_yticks([top + 0.5 - r for r in range(rows)])
     axes.set_yticklabels(["the loop (one step)", *(s[0] for s in stages)], fontsize=8)
-    axes.set_xlabel("ms per step (stages beside the loop: summed over their threads/workers)",
-                    fontsize=8)  # fmt: skip
+    axes.set_xlabel(
+        "ms per step (stages beside the loop: summed over their threads/workers)", fontsize=8
+    )
     ahead = consumer["read_ahead"]
     footer = f"read-ahead: depth {ahead['depth']}"
     if ahead.get("ready_share") is not None:

@@ -140,11 +140,8 @@ class Blob:
         data = HANDLES.whole(self._key, self._open_fd) if self._small else None
         if data is not None:
             return data[start:end]
-        entry = HANDLES.pin(self._key, self._open_fd)
-        try:
-            return os.pread(entry[0], end - start, start)
-        finally:
-            HANDLES.unpin(entry)
+        with HANDLES.use(self._key, self._open_fd) as fd:  # no thread closes it under us
+            return os.pread(fd, end - start, start)
 
     def read_all(self) -> bytes:
         """The whole file, in one request behind a URL (no size asked first): a manifest
@@ -209,11 +206,8 @@ class Blob:
         data = HANDLES.whole(self._key, self._open_fd) if self._small else None
         if data is not None:
             return _copy_into(data, views, starts, self.path)
-        entry = HANDLES.pin(self._key, self._open_fd)  # pinned: no thread closes it under us
-        try:
-            _pread_into(entry[0], views, starts, self.path)
-        finally:
-            HANDLES.unpin(entry)
+        with HANDLES.use(self._key, self._open_fd) as fd:  # no thread closes it under us
+            _pread_into(fd, views, starts, self.path)
 
     @property
     def reads_locally(self) -> bool:
@@ -235,9 +229,17 @@ class Blob:
 
     def _cat_ranges(self, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
         assert self._fs is not None
-        return fetch_ranges(self._fs, self._fs_path, self.path, starts, ends,
-                            retry_s=self.retry_s, counter=self.fetched,
-                            first=self._first_range, hedger=self.hedger())  # fmt: skip
+        return fetch_ranges(
+            self._fs,
+            self._fs_path,
+            self.path,
+            starts,
+            ends,
+            retry_s=self.retry_s,
+            counter=self.fetched,
+            first=self._first_range,
+            hedger=self.hedger(),
+        )
 
     def _first_range(self, start: int, end: int) -> bytes | None:
         expected = self._expected

@@ -127,7 +127,9 @@ class ShardCache:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._locks, self._guard, self._reserved = {}, threading.Lock(), 0
+        self._locks = {}
+        self._guard = threading.Lock()
+        self._reserved = 0
 
 
 _COPY_LOCK = threading.Lock()  # guards every LocalCopy's descriptor

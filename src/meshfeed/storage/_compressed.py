@@ -50,7 +50,8 @@ class Inflater:
     """Decompresses one gzip or zstandard stream fed in chunks (the module docstring)."""
 
     def __init__(self, kind: str, name: str) -> None:
-        self.kind, self.name = kind, name
+        self.kind = kind
+        self.name = name
         self.members: list[Member] = []
         self._fed = 0  # compressed bytes fed so far
         self._out = 0  # decompressed bytes produced so far
@@ -84,7 +85,8 @@ class Inflater:
                 chunk = self._d.unused_data
                 end = end_of_chunk - len(chunk)
                 self.members.append((self._start[0], end, self._start[1], self._out))
-                self._start, self._open = (end, self._out), False
+                self._start = (end, self._out)
+                self._open = False
                 self._d = self._new()
             else:
                 chunk = b""

@@ -50,7 +50,9 @@ class Expectation:
     def __init__(
         self, size: int | None, etag: str | None, check: Callable[[Any], None] | None
     ) -> None:
-        self.size, self.etag, self.check = size, etag, check
+        self.size = size
+        self.etag = etag
+        self.check = check
         self.pending = True
         self.lock = threading.Lock()  # one first-read check at a time
         self._checker: int | None = None  # the thread running ``check``

@@ -80,7 +80,8 @@ class Handles:
     def ask(self, max_open_files: int) -> None:
         """Keeps at most ``max_open_files`` open from now on (within half the soft limit)."""
         with self._lock:
-            self._asked, self._limit = max_open_files, None
+            self._asked = max_open_files
+            self._limit = None
             self._shrink()
             self._full = len(self._open) >= self.limit()
 
@@ -213,7 +214,9 @@ class Pinned:
     __slots__ = ("_entry", "_key", "_opener", "_pool")
 
     def __init__(self, pool: Handles, key: int, opener: Callable[[], int]) -> None:
-        self._pool, self._key, self._opener = pool, key, opener
+        self._pool = pool
+        self._key = key
+        self._opener = opener
         self._entry: list[int] = []
 
     def __enter__(self) -> int:

@@ -131,7 +131,9 @@ async def hedged(make: Callable[[], Awaitable[Any]], hedger: Hedger, fetches: An
     sent = time.monotonic()
     token = hedger.sent(sent)
     first = asyncio.ensure_future(make())
-    tasks, seconds, latency = {first}, None, None
+    tasks = {first}
+    seconds = None
+    latency = None
     try:
         delay = hedger.delay()
         while delay is not None and not first.done():  # asked again each delay, once sent

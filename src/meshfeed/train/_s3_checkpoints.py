@@ -124,12 +124,13 @@ class S3Checkpoints:
                 )
             key = jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
             value = jax.random.key_data(leaf) if key else leaf
-            leaves.append({
+            described = {
                 "path": jax.tree_util.keystr(path),
                 "shape": list(value.shape),
                 "dtype": str(value.dtype),
                 "key": str(jax.random.key_impl(leaf)) if key else None,
-            })  # fmt: skip
+            }
+            leaves.append(described)
             arrays.append(value)
         record = {"format": FORMAT, "step": step, "leaves": leaves, "loader": loader_state}
         specs = [self._spec(step, i) for i in range(len(arrays))]

@@ -147,7 +147,8 @@ class RandomResizedCrop:
             raise ValueError(f"decoder={decoder!r} is not one of {list(DECODERS)}.")
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
-        self.flip, self.field = bool(flip), field
+        self.flip = bool(flip)
+        self.field = field
         self.decoder: str = _resolve(decoder)
         """The decoder that runs (``"auto"`` resolved where the loader is built)."""
         self._codec = None

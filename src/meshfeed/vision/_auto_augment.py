@@ -118,8 +118,14 @@ def _bins(num_magnitude_bins: object) -> int:
     return num_magnitude_bins
 
 
-def _magnitude(space: tuple[Magnitudes, bool], n: int, height: int, width: int,
-               index: Callable[[], int], rng: np.random.Generator) -> float:  # fmt: skip
+def _magnitude(
+    space: tuple[Magnitudes, bool],
+    n: int,
+    height: int,
+    width: int,
+    index: Callable[[], int],
+    rng: np.random.Generator,
+) -> float:
     """An operation's magnitude: the table's entry at ``index()``, its sign drawn where
     the operation has one (torchvision: ``torch.rand(()) <= 0.5`` negates it)."""
     table, signed = space
@@ -163,9 +169,13 @@ class RandAugment(TrivialAugmentWide):
     the operation has one."""
 
     def __init__(
-        self, num_ops: int = 2, magnitude: int = 9, num_magnitude_bins: int = 31, *,
+        self,
+        num_ops: int = 2,
+        magnitude: int = 9,
+        num_magnitude_bins: int = 31,
+        *,
         fill: Any = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(num_magnitude_bins, fill=fill)
         if isinstance(num_ops, bool) or not isinstance(num_ops, int) or num_ops < 0:
             raise ValueError(f"num_ops={num_ops!r} must be an int >= 0.")
@@ -175,7 +185,8 @@ class RandAugment(TrivialAugmentWide):
             raise ValueError(
                 f"magnitude={magnitude} must be a bin in [0, {self.num_magnitude_bins})."
             )
-        self.num_ops, self.magnitude = num_ops, magnitude
+        self.num_ops = num_ops
+        self.magnitude = magnitude
 
     def params(self, height: int, width: int, rng: np.random.Generator) -> Ops:
         names = tuple(RAND_AUGMENT)
@@ -222,9 +233,12 @@ class ColorJitter:
     """
 
     def __init__(
-        self, brightness: Any = None, contrast: Any = None, saturation: Any = None,
+        self,
+        brightness: Any = None,
+        contrast: Any = None,
+        saturation: Any = None,
         hue: Any = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.brightness = _jitter_range(brightness, "brightness")
         self.contrast = _jitter_range(contrast, "contrast")
         self.saturation = _jitter_range(saturation, "saturation")

@@ -50,8 +50,9 @@ def erasing_params(
         k_p, k_area, k_ratio, k_top, k_left = jax.random.split(k, 5)
         erase = jax.random.uniform(k_p) < p
         area = height * width * jax.random.uniform(k_area, (10,), minval=scale[0], maxval=scale[1])
-        aspect = jnp.exp(jax.random.uniform(k_ratio, (10,), minval=log_ratio[0],
-                                            maxval=log_ratio[1]))  # fmt: skip
+        aspect = jnp.exp(
+            jax.random.uniform(k_ratio, (10,), minval=log_ratio[0], maxval=log_ratio[1])
+        )
         h = jnp.round(jnp.sqrt(area * aspect)).astype(jnp.int32)
         w = jnp.round(jnp.sqrt(area / aspect)).astype(jnp.int32)
         fits = (h < height) & (w < width)

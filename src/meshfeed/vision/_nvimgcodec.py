@@ -79,7 +79,8 @@ class NvImageCodec:
     """Crops of encoded images, decoded a chunk at a time (the module docstring)."""
 
     def __init__(self, backend: Backend, device: int = 0) -> None:
-        self.backend, self.device = backend, device
+        self.backend = backend
+        self.device = device
         self._local = threading.local()
 
     def __getstate__(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ Modules, lowest first (each imports only modules listed before it)::
     _ray_actor       what a Ray record worker runs: ids in, the source read there, rows out
     _ray_crew        the Ray actors of a pool: started, seen to start, lost and replaced
     _ray_workers     worker_type="ray": Ray actors, work keyed by (step, chunk), redone if lost
+    _pending         Rows: a step's transformed rows; Pending: rows in the workers' hands
     _records         the record stage: each step's rows through the workers, thread-safe
 
 Users import these names from ``meshfeed``; this package exports nothing of its own.

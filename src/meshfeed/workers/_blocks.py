@@ -115,7 +115,10 @@ class MappedBlock:
     def __init__(
         self, fd: int, path: str, size: int, *, name: str | None = None, tracked: bool = False
     ) -> None:
-        self.path, self.name, self.size, self._tracked = path, name or path, max(1, size), tracked
+        self.path = path
+        self.name = name or path
+        self.size = max(1, size)
+        self._tracked = tracked
         try:
             os.ftruncate(fd, self.size)
             _reserve(fd, self.size)

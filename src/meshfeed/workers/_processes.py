@@ -144,7 +144,8 @@ class Crew:
         in_hand: Callable[[int], int],
     ) -> None:
         self.workers = [launch(i, status) for i in range(count)]
-        self._names, self._in_hand = names or ExampleNames(), in_hand
+        self._names = names or ExampleNames()
+        self._in_hand = in_hand
         for worker in self.workers:
             worker.tasks.send_bytes(payload)
         threading.Thread(

@@ -67,7 +67,10 @@ class Crew:
     def __init__(
         self, ray: Any, ray_class: Any, init: tuple[Any, ...], options: RayOptions
     ) -> None:
-        self._ray, self._class, self._init, self.options = ray, ray_class, init, options
+        self._ray = ray
+        self._class = ray_class
+        self._init = init
+        self.options = options
         self.actors: list[Actor] = []
         self.lost = 0
         self._none_since: float | None = None

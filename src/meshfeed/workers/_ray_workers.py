@@ -87,8 +87,11 @@ class RayWorkers:
         timeout_s: float = 600.0,
         names: ExampleNames | None = None,
     ) -> None:
-        self.num_workers, self.options, self.timeout_s = num_workers, options, timeout_s
-        self._buffers, self._names = buffers, names or ExampleNames()
+        self.num_workers = num_workers
+        self.options = options
+        self.timeout_s = timeout_s
+        self._buffers = buffers
+        self._names = names or ExampleNames()
         self._ray = ray = connect(options)
         try:
             source_ref = ray.put(source)

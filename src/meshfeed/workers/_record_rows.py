@@ -109,7 +109,8 @@ def _transform_each(
 ) -> None:
     """``transform_rows`` one record at a time."""
     fields = [(name, outputs[name], s.shape, s.dtype) for name, s in spec.items()]
-    columns, generator = list(batch.items()), rng.at
+    columns = list(batch.items())
+    generator = rng.at
     for i, example_id in enumerate(ids.tolist()):
         if example_id < 0:
             continue

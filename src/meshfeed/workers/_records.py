@@ -16,26 +16,24 @@ import math
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from meshfeed.cluster._ray_connect import RayOptions
 from meshfeed.core._held import HostBuffers
 from meshfeed.core._tally import Tally
-from meshfeed.data._bad_records import Skip
 from meshfeed.data._sources import FieldSpec
+from meshfeed.workers._pending import Handed, Pending, Rows, Workers, skipping
 from meshfeed.workers._ray_workers import RayWorkers
 from meshfeed.workers._record_errors import ExampleNames, RecordFailed, raise_failure
 from meshfeed.workers._record_rows import (
-    Dropped,
     RecordFn,
     dropped,
     probe_source,
     probe_spec,
     transform_rows,
 )
-from meshfeed.workers._shm import Spec
 from meshfeed.workers._thread_workers import ThreadWorkers
 from meshfeed.workers._workers import WorkerPool
 
@@ -43,17 +41,6 @@ WorkerType = Literal["processes", "threads", "ray"] | RayOptions
 """Where ``record_transform`` runs: worker processes (the default), threads, or Ray
 actors on a cluster (``"ray"``, or ``RayOptions(...)`` for what each reserves)."""
 WORKER_TYPES: tuple[str, ...] = ("processes", "threads", "ray")
-
-
-class Rows(NamedTuple):
-    """Values of some batch rows, their example ids (-1: padding, an example skipped
-    under ``on_error="skip"``, or one the record transform dropped), the skipped
-    examples' ids and error lines, and how many examples were dropped (*filtered*)."""
-
-    data: dict[str, Any]
-    ids: np.ndarray
-    skipped: list[Skip]
-    filtered: int = 0
 
 
 class StepRows(Protocol):
@@ -94,96 +81,6 @@ class StepRows(Protocol):
         ...
 
 
-class Workers(Protocol):
-    """A pool that transforms a batch's rows in chunks: ``WorkerPool`` or ``ThreadWorkers``."""
-
-    def submit(
-        self, batch: Mapping[str, np.ndarray], ids: np.ndarray, spec: Spec, seed: int, epoch: int
-    ) -> Any: ...
-
-    def collect(self, ticket: Any) -> tuple[dict[str, np.ndarray], Dropped]:
-        """The rows, and the ``(row, id, error line)`` of each record skipped."""
-        ...
-
-    def release(self, ticket: Any) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class Pending:
-    """Rows handed to the workers: ``result()`` waits for them, ``release()`` drops them.
-
-    A step that straddles two epochs is handed over in two parts (each row's generator
-    keys on its own epoch); ``result`` puts them back in row order.
-    """
-
-    def __init__(self, rows: int, parts: list[tuple[np.ndarray | None, Any]]) -> None:
-        self._rows, self._parts = rows, parts  # (where in the rows, Rows or a _Handed)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the output rows (what the read-ahead counts against its budget)."""
-        return sum(p.nbytes if isinstance(p, _Handed) else 0 for _, p in self._parts)
-
-    def result(self) -> Rows:
-        """The transformed rows and their ids (waits for the workers)."""
-        got = [(at, p.result() if isinstance(p, _Handed) else p) for at, p in self._parts]
-        if len(got) == 1:
-            return got[0][1]
-        out: dict[str, np.ndarray] = {}
-        ids = np.empty(self._rows, np.int64)
-        skipped: list[Skip] = []
-        filtered = 0
-        for at, (data, part_ids, part_skipped, part_filtered) in got:
-            ids[at] = part_ids
-            skipped += part_skipped
-            filtered += part_filtered
-            for name, values in data.items():
-                if name not in out:
-                    out[name] = np.empty((self._rows, *values.shape[1:]), values.dtype)
-                out[name][at] = values
-        return Rows(out, ids, skipped, filtered)
-
-    def release(self) -> None:
-        """Drops rows never to be collected (the read-ahead was closed or moved; no
-        module globals: this may run as the interpreter shuts down)."""
-        for _, part in self._parts:
-            pool = getattr(part, "pool", None)
-            if pool is not None:
-                pool.release(part.ticket)
-
-
-class _Handed(NamedTuple):
-    pool: Workers | RayWorkers
-    ticket: Any
-    read: Rows  # what the workers were given
-    nbytes: int
-    tally: Tally  # the stage's: records and skipped, counted as they come back
-    records: int  # the examples handed over (padding aside)
-
-    def result(self) -> Rows:
-        out, skipped = self.pool.collect(self.ticket)
-        rows = _skipping(out, self.read, skipped)
-        now = len(rows.skipped) - len(self.read.skipped)  # records, seconds, skipped,
-        self.tally.add(self.records, 0, now, rows.filtered)  # filtered
-        return rows
-
-
-def _skipping(out: dict[str, np.ndarray], read: Rows, gone: Dropped) -> Rows:
-    """The transformed rows, the records skipped or filtered (their rows zero, their ids
-    -1) on top of those the read skipped."""
-    ids = read.ids
-    if gone:
-        ids = ids.copy()
-        ids[[row for row, _, _ in gone]] = -1
-    real = ids >= 0
-    if not real.all():
-        for array in out.values():
-            array[~real] = 0
-    skipped = [(i, line) for _, i, line in gone if line is not None]
-    return Rows(out, ids, [*read.skipped, *skipped], len(gone) - len(skipped))
-
-
 class RecordStage:
     """Record transforms for the rows of each step: in the calling thread, or in workers.
 
@@ -204,8 +101,13 @@ class RecordStage:
         read_ahead: tuple[int, int] = (1, 1),
         skip: bool = False,
     ) -> None:
-        self.fn, self.num_workers, self.worker_type, self.seed = fn, num_workers, worker_type, seed
-        self._rows, self._read_ahead, self.skip = source_rows, read_ahead, skip
+        self.fn = fn
+        self.num_workers = num_workers
+        self.worker_type: WorkerType = worker_type
+        self.seed = seed
+        self._rows = source_rows
+        self._read_ahead = read_ahead
+        self.skip = skip
         self.spec: dict[str, FieldSpec] | None = None
         self._pool: Workers | None = None
         self._lock = threading.Lock()
@@ -232,9 +134,9 @@ class RecordStage:
                 at = epochs == e
                 parts.append((at, self._start(step, rows[at], e)))
         pending = Pending(len(rows), parts)
-        return pending if any(isinstance(p, _Handed) for _, p in parts) else pending.result()
+        return pending if any(isinstance(p, Handed) for _, p in parts) else pending.result()
 
-    def _start(self, step: int, rows: np.ndarray, epoch: int) -> Rows | _Handed:
+    def _start(self, step: int, rows: np.ndarray, epoch: int) -> Rows | Handed:
         pool = self._pool
         if isinstance(pool, RayWorkers) and self.spec is not None:  # only ids go out
             return self._hand_ids(pool, Rows({}, self._rows.ids(step, rows), []), epoch)
@@ -259,7 +161,7 @@ class RecordStage:
             out = {k: np.zeros((len(ids), *s.shape), s.dtype) for k, s in spec.items()}
             return Rows(out, ids, read.skipped)
         if pool is None:
-            out = self._buffers.take(spec, len(ids))  # padding rows zeroed by _skipping
+            out = self._buffers.take(spec, len(ids))  # padding rows zeroed by skipping
             skipped: list[tuple[int, int, str]] | None = [] if self.skip else None
             filtered: list[tuple[int, int]] = []
             began = time.perf_counter()
@@ -271,31 +173,31 @@ class RecordStage:
                 raise_failure(error, ids, "in the loading process", self._names)
             seconds = time.perf_counter() - began
             self.tally.add(int(np.count_nonzero(real)), seconds, len(skipped or []), len(filtered))
-            return _skipping(out, read, dropped(skipped, filtered))
+            return skipping(out, read, dropped(skipped, filtered))
         if isinstance(pool, RayWorkers):  # the first rows, read here to learn the output
             return self._hand_ids(pool, Rows({}, ids, read.skipped), epoch)
         if isinstance(pool, WorkerPool) and pool.shared is not None and real.all():
             ticket = pool.submit_staged(None, ids, spec, self.seed, epoch)  # rows there too
         else:
             ticket = pool.submit(data, ids, spec, self.seed, epoch)
-        nbytes, records = len(ids) * self._row_bytes(), int(np.count_nonzero(real))
-        return _Handed(pool, ticket, read, nbytes, self.tally, records)
+        nbytes = len(ids) * self._row_bytes()
+        records = int(np.count_nonzero(real))
+        return Handed(pool, ticket, read, nbytes, self.tally, records)
 
     def _probe(self, data: Mapping[str, Any], ids: np.ndarray, epoch: int) -> dict[str, FieldSpec]:
         """``probe_spec`` here, in the loading process, its error named as any other;
         where ``fn`` dropped every row, ``probe_source``."""
-        fn, seed, skip = self.fn, self.seed, self.skip
         try:
-            got = probe_spec(fn, data, ids, seed, epoch, skip=skip)
-            return (
-                got if got is not None else probe_source(fn, self._rows.source, seed, epoch, skip)
-            )
+            got = probe_spec(self.fn, data, ids, self.seed, epoch, skip=self.skip)
+            if got is None:  # every row dropped: probe the source's examples
+                got = probe_source(self.fn, self._rows.source, self.seed, epoch, self.skip)
+            return got
         except RecordFailed as error:
             raise_failure(error, ids, "in the loading process", self._names)
 
     def _hand_staged(
         self, pool: WorkerPool, step: int, rows: np.ndarray, epoch: int
-    ) -> _Handed | None:
+    ) -> Handed | None:
         """The rows read straight into the workers' input block (one copy, not two), or
         only their ids where the workers read the source's copy in shared memory; ``None``
         where the source could not (padding, a failed read: ``read`` then)."""
@@ -305,7 +207,7 @@ class RecordStage:
                 return None
             ticket = pool.submit_staged(None, ids, self.spec, self.seed, epoch)
             nbytes = len(rows) * self._row_bytes()
-            return _Handed(pool, ticket, Rows({}, ids, []), nbytes, self.tally, len(rows))
+            return Handed(pool, ticket, Rows({}, ids, []), nbytes, self.tally, len(rows))
         staged = pool.stage(self._rows.fields, len(rows))
         read = self._rows.read_into(step, rows, staged.rows)
         if read is None:
@@ -313,35 +215,32 @@ class RecordStage:
             return None
         ticket = pool.submit_staged(staged, read.ids, self.spec, self.seed, epoch)
         read = Rows({}, read.ids, [])  # the rows are the workers' now: no view of them kept
-        return _Handed(pool, ticket, read, len(rows) * self._row_bytes(), self.tally, len(rows))
+        return Handed(pool, ticket, read, len(rows) * self._row_bytes(), self.tally, len(rows))
 
-    def _hand_ids(self, pool: RayWorkers, read: Rows, epoch: int) -> Rows | _Handed:
+    def _hand_ids(self, pool: RayWorkers, read: Rows, epoch: int) -> Rows | Handed:
         assert self.spec is not None
         if not (read.ids >= 0).any():
             out = {k: np.zeros((len(read.ids), *s.shape), s.dtype) for k, s in self.spec.items()}
             return Rows(out, read.ids, read.skipped)
         ticket = pool.submit_ids(read.ids, self.spec, self.seed, epoch)
-        nbytes, records = len(read.ids) * self._row_bytes(), int(np.count_nonzero(read.ids >= 0))
-        return _Handed(pool, ticket, read, nbytes, self.tally, records)
+        nbytes = len(read.ids) * self._row_bytes()
+        records = int(np.count_nonzero(read.ids >= 0))
+        return Handed(pool, ticket, read, nbytes, self.tally, records)
 
     def _row_bytes(self) -> int:
         assert self.spec is not None
         return sum(math.prod(s.shape) * np.dtype(s.dtype).itemsize for s in self.spec.values())
 
     def _start_pool(self) -> Workers:
-        kind = self.worker_type
-        fn, count, skip, names = self.fn, self.num_workers, self.skip, self._names
-        if kind == "threads":
-            return ThreadWorkers(fn, count, skip=skip, buffers=self._buffers, names=names)
-        if kind == "ray" or isinstance(kind, RayOptions):
-            options = kind if isinstance(kind, RayOptions) else RayOptions()
-            return RayWorkers(  # type: ignore[return-value]  # submit_ids, not submit
-                fn, count, self._rows.source, options=options, buffers=self._buffers,
-                skip=skip, names=names,
-            )  # fmt: skip
-        memory = getattr(self._rows.source, "memory_arrays", lambda: None)
-        return WorkerPool(
-            fn, count, read_ahead=self._read_ahead, skip=skip, names=names, source_arrays=memory()
+        return start_pool(
+            self.fn,
+            self.num_workers,
+            self.worker_type,
+            self._rows.source,
+            read_ahead=self._read_ahead,
+            skip=self.skip,
+            names=self._names,
+            buffers=self._buffers,
         )
 
     def steps_ahead(self) -> int | None:
@@ -377,3 +276,29 @@ class RecordStage:
                 self._busy_before += getattr(self._pool, "busy_s", 0.0)
                 self._pool.close()
                 self._pool = None
+
+
+def start_pool(
+    fn: RecordFn,
+    count: int,
+    kind: WorkerType,
+    source: Any,
+    *,
+    read_ahead: tuple[int, int],
+    skip: bool,
+    names: ExampleNames,
+    buffers: HostBuffers,
+) -> Workers:
+    """The ``count`` workers of ``kind`` that run ``fn``: threads, Ray actors (which read
+    ``source`` themselves), or worker processes (given ``source``'s arrays in memory)."""
+    if kind == "threads":
+        return ThreadWorkers(fn, count, skip=skip, buffers=buffers, names=names)
+    if kind == "ray" or isinstance(kind, RayOptions):
+        options = kind if isinstance(kind, RayOptions) else RayOptions()
+        return RayWorkers(  # type: ignore[return-value]  # submit_ids, not submit
+            fn, count, source, options=options, buffers=buffers, skip=skip, names=names
+        )
+    memory = getattr(source, "memory_arrays", lambda: None)
+    return WorkerPool(
+        fn, count, read_ahead=read_ahead, skip=skip, names=names, source_arrays=memory()
+    )

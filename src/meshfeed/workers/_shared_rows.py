@@ -51,7 +51,9 @@ class SharedRows:
         fields, _ = layout(spec, n)
         for (_, shape, dtype, at), array in zip(fields, arrays.values(), strict=True):
             np.ndarray(shape, dtype, buffer=block.buf, offset=at)[...] = array
-        self.block, self.name, self.rows = block, block.name, n
+        self.block = block
+        self.name = block.name
+        self.rows = n
         self._fields = [(name, dtype.str, shape[1:], at) for name, shape, dtype, at in fields]
 
     def chunk(self, ids: np.ndarray, ids_field: str) -> list[tuple[Any, ...]]:

@@ -121,7 +121,8 @@ class Slots:
     def lend(self, slot: int, spec: Spec, rows: int) -> dict[str, np.ndarray]:
         """The rows in ``slot``, as arrays over it: the slot is reused once no array
         (nor any view of one) is left. Only after ``may_lend`` said yes."""
-        key, back = (tuple(spec.items()), rows), self._back
+        key = (tuple(spec.items()), rows)
+        back = self._back
 
         def on_free() -> None:  # any thread, perhaps one that holds the pool's lock
             back.append((key, slot))

@@ -46,7 +46,10 @@ class ThreadWorkers:
         buffers: HostBuffers,
         names: ExampleNames | None = None,
     ) -> None:
-        self.fn, self.num_workers, self.skip, self._buffers = fn, num_workers, skip, buffers
+        self.fn = fn
+        self.num_workers = num_workers
+        self.skip = skip
+        self._buffers = buffers
         self._names = names or ExampleNames()
         self.busy_s = 0.0
         """Seconds the threads spent on chunks."""
@@ -66,9 +69,18 @@ class ThreadWorkers:
         for lo, hi in chunks(len(ids), 2 * self.num_workers):
             part = {k: v[lo:hi] for k, v in batch.items()}
             future = self._executor.submit(
-                self._timed, self.fn, part, ids[lo:hi], out, lo, seed, epoch, None,
-                ticket.skipped, ticket.filtered,
-            )  # fmt: skip
+                self._timed,
+                self.fn,
+                part,
+                ids[lo:hi],
+                out,
+                lo,
+                seed,
+                epoch,
+                None,
+                ticket.skipped,
+                ticket.filtered,
+            )
             ticket.futures.append((future, ids[lo:hi]))
             with self._lock:
                 self._in_flight += 1

@@ -67,6 +67,45 @@ class Ticket:
     chunks: list[int]  # tokens
 
 
+class DoneChunks:
+    """The chunks the workers have finished, with the records each dropped, until their
+    ticket is collected; and the tickets released before all their chunks were done,
+    whose slot and block go back to ``blocks`` once they are. Used under the pool's lock.
+    """
+
+    def __init__(self, blocks: PoolBlocks) -> None:
+        self._blocks = blocks
+        self._done: dict[int, Dropped] = {}  # token -> records skipped or filtered
+        self._released: list[Ticket] = []  # dropped, their chunks not all done yet
+
+    def finished(self, ticket: Ticket) -> bool:
+        """Whether every chunk of ``ticket`` is done."""
+        return all(token in self._done for token in ticket.chunks)
+
+    def take(self, ticket: Ticket) -> Dropped:
+        """The records ``ticket``'s chunks dropped (they are all done), forgotten here."""
+        return [s for token in ticket.chunks for s in self._done.pop(token)]
+
+    def add(self, token: int, dropped: Dropped) -> None:
+        """Chunk ``token`` is done, having dropped ``dropped``."""
+        self._done[token] = dropped
+        if self._released:
+            self._give_back_released()
+
+    def release(self, ticket: Ticket) -> None:
+        """``ticket`` will not be collected: its slot and block go back once it is done."""
+        self._released.append(ticket)
+        self._give_back_released()
+
+    def _give_back_released(self) -> None:
+        for ticket in list(self._released):
+            if self.finished(ticket):
+                for token in ticket.chunks:
+                    del self._done[token]
+                self._released.remove(ticket)
+                self._blocks.give_back(ticket.slot, ticket.spec, ticket.rows, ticket.block)
+
+
 class WorkerPool:
     """W worker processes that run ``fn`` on chunks of rows into shared-memory slots
     (``read_ahead``: the most steps and bytes the loader's read-ahead holds; ``PoolBlocks``).
@@ -85,7 +124,8 @@ class WorkerPool:
         source_arrays: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         payload = pickle.dumps((list(sys.path), send_by_value(fn), skip))
-        self.num_workers, self.timeout_s = num_workers, timeout_s
+        self.num_workers = num_workers
+        self.timeout_s = timeout_s
         self._blocks = PoolBlocks(STATUS_STRIDE * num_workers, read_ahead)
         self._slots, self._inputs = self._blocks.slots, self._blocks.inputs
         self.shared = None if source_arrays is None else self._blocks.share(source_arrays)
@@ -94,11 +134,12 @@ class WorkerPool:
         # Also at exit (finalize runs then); an atexit hook would keep the pool alive.
         self._finalizer = weakref.finalize(self, _shutdown, self._crew.workers, self._blocks)
         self._cond = threading.Condition()
-        self._done: dict[int, Dropped] = {}  # token -> records skipped or filtered
-        self._released: list[Ticket] = []  # dropped, their chunks not all done yet
+        self._chunks = DoneChunks(self._blocks)
         self._failure: str | None = None
-        self._receiving, self._heard = False, time.monotonic()
-        self._token, self.busy_s = 0, 0.0  # busy_s: seconds on chunks, as replies say
+        self._receiving = False  # a thread reads the replies
+        self._heard = time.monotonic()  # when a reply last came
+        self._token = 0
+        self.busy_s = 0.0  # seconds on chunks, as replies say
         self.starved = False  # rows were waited for while a worker had none in hand
 
     def submit(
@@ -124,9 +165,15 @@ class WorkerPool:
             return self._queue(block, layouts, bounds, ids, spec, seed, epoch)
 
     def _queue(
-        self, block: int | None, layouts: list[Layout], bounds: list[tuple[int, int]],
-        ids: np.ndarray, spec: Spec, seed: int, epoch: int,
-    ) -> Ticket:  # fmt: skip
+        self,
+        block: int | None,
+        layouts: list[Layout],
+        bounds: list[tuple[int, int]],
+        ids: np.ndarray,
+        spec: Spec,
+        seed: int,
+        epoch: int,
+    ) -> Ticket:
         """A ticket for rows laid out in input block ``block`` (``None``: ``shared``), a
         chunk ``[lo, hi)`` for each layout, each sent to the worker with the fewest in
         hand (under the lock)."""
@@ -189,16 +236,7 @@ class WorkerPool:
         """Drops ``ticket``'s batch: its slot and block are reused once its chunks are done
         (a worker may still be writing into the slot)."""
         with self._cond:
-            self._released.append(ticket)
-            self._give_back_released()
-
-    def _give_back_released(self) -> None:
-        for ticket in list(self._released):
-            if all(token in self._done for token in ticket.chunks):
-                for token in ticket.chunks:
-                    del self._done[token]
-                self._released.remove(ticket)
-                self._blocks.give_back(ticket.slot, ticket.spec, ticket.rows, ticket.block)
+            self._chunks.release(ticket)
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -208,8 +246,8 @@ class WorkerPool:
         with self._cond:
             while True:
                 self._raise_if_failed()
-                if all(token in self._done for token in ticket.chunks):
-                    return [s for token in ticket.chunks for s in self._done.pop(token)]
+                if self._chunks.finished(ticket):
+                    return self._chunks.take(ticket)
                 if not self.starved and self._crew.idle():
                     self.starved = True  # waited while a worker had nothing to do
                 if self._receiving:  # another thread reads the replies; it will wake us
@@ -233,11 +271,10 @@ class WorkerPool:
                 if self._failure is None:  # not a pipe this pool closed itself
                     self._fail(done or self._crew.death(worker))
                 return
+            dropped, seconds = done
             with self._cond:
-                self._done[token], seconds = done
+                self._chunks.add(token, dropped)
                 self.busy_s += seconds
-                if self._released:
-                    self._give_back_released()
         if heard:
             self._heard = time.monotonic()
         elif time.monotonic() - self._heard > self.timeout_s:
