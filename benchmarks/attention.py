@@ -1,39 +1,18 @@
 """Attention without a dense mask: packed_attention's memory and time, against the dense path.
 
-``meshfeed.train.packed_attention`` against ``segment_mask`` and a softmax.
-
-One attention call on CPU, batch 1, 4 heads of 64, float32, on a row of ``T`` tokens:
-
-- **memory**: XLA's compiled ``memory_analysis()`` (temporaries + arguments + outputs)
-  of the forward pass and of the forward and backward pass (the gradient of a scalar
-  loss with respect to q, k, v), at T = 2k, 8k and 32k, for ``packed_attention`` and for
-  the dense path (``segment_mask`` + ``jax.nn.dot_product_attention(mask=...)``). Only
-  compiled, never run, so the dense path's 32k entry (whose scores alone are 16 GiB) is
-  its compiled figure. Each entry also gives its bytes over those of q, k and v, and the
-  last entries the per-doubling growth of that overhead from 8k to 32k (goal <= 1.1:
-  what a call holds beyond its inputs stays flat).
-- **time**: seconds per call at equal T (2k and 8k; the dense path's 32k does not fit in
-  this machine's memory), both paths on the same packed row (documents of log-normal
-  lengths, median ~400 tokens, from ``meshfeed.pack``) and on a row of one document:
-  rotating rounds, each path timed over a window of >= 0.3 s, the median of the
-  per-round ratios (``packed_over_dense``). ``packed_attention`` alone at 32k.
-- **blocks**: ``packed_attention``'s forward and backward at 8k for blocks of 128 to
-  1024 tokens (the default's reason).
-
-Prints one JSON line per measurement; ``--smoke``: T = 512 and 1024, forward and
-backward only, one round (~15 s here, nearly all of it compiling).
+One call on CPU (batch 1, 4 heads of 64, float32, a row of ``T`` tokens) of
+``meshfeed.train.packed_attention`` against ``segment_mask`` +
+``jax.nn.dot_product_attention(mask=...)``: ``memory`` (compiled ``memory_analysis()``,
+forward and forward + backward, at T = 2k, 8k, 32k; compiled only, so the dense 32k
+that would not fit is still a figure; the growth per doubling from 8k to 32k, goal
+<= 1.1), ``time`` (seconds a call on a packed row and on a row of one document, rotating
+rounds, the median of the per-round ratios) and ``blocks`` (the block size at 8k).
+``--smoke``: T = 512 and 1024, forward and backward, one round.
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-import argparse
 import functools
-import json
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,11 +20,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
+from memory_fns import MB, memory_figures, peak_bytes
 
 import meshfeed
 
 HEADS, DIM = 4, 64
-MB = 2**20
 
 
 def packed_row(length: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -100,60 +80,43 @@ def memory_line(path: str, grad: bool, length: int, call: Any, smoke: bool) -> f
     """Prints the call's memory; returns its peak over the bytes of q, k and v."""
     stats = call.memory_analysis()
     qkv = 3 * length * HEADS * DIM * 4
-    peak = (
-        stats.temp_size_in_bytes
-        + stats.argument_size_in_bytes
-        + stats.output_size_in_bytes
-        - stats.alias_size_in_bytes
+    _emit(
+        "memory",
+        grad,
+        smoke,
+        path=path,
+        tokens=length,
+        heads=HEADS,
+        head_dim=DIM,
+        qkv_mb=round(qkv / MB, 2),
+        **memory_figures(stats, digits=2),
+        peak_over_qkv=round(peak_bytes(stats) / qkv, 3),
     )
-    print(
-        json.dumps(
-            {
-                "benchmark": "attention",
-                "part": "memory",
-                "path": path,
-                "passes": _passes(grad),
-                "tokens": length,
-                "heads": HEADS,
-                "head_dim": DIM,
-                "qkv_mb": round(qkv / MB, 2),
-                "temporaries_mb": round(stats.temp_size_in_bytes / MB, 2),
-                "arguments_mb": round(stats.argument_size_in_bytes / MB, 2),
-                "outputs_mb": round(stats.output_size_in_bytes / MB, 2),
-                "peak_mb": round(peak / MB, 2),
-                "peak_over_qkv": round(peak / qkv, 3),
-                "smoke": smoke,
-            }
-        ),
-        flush=True,
-    )
-    return peak / qkv
+    return peak_bytes(stats) / qkv
 
 
 def growth_line(
     path: str, grad: bool, low: int, high: int, over: dict[int, float], smoke: bool
 ) -> None:
     per_doubling = (over[high] / over[low]) ** (1 / np.log2(high / low))
-    print(
-        json.dumps(
-            {
-                "benchmark": "attention",
-                "part": "memory_growth",
-                "path": path,
-                "passes": _passes(grad),
-                "from_tokens": low,
-                "to_tokens": high,
-                "peak_over_qkv_per_doubling": round(per_doubling, 3),
-                "peak_per_doubling": round(2 * per_doubling, 3),
-                "smoke": smoke,
-            }
-        ),
-        flush=True,
+    _emit(
+        "memory_growth",
+        grad,
+        smoke,
+        path=path,
+        from_tokens=low,
+        to_tokens=high,
+        peak_over_qkv_per_doubling=round(per_doubling, 3),
+        peak_per_doubling=round(2 * per_doubling, 3),
     )
 
 
 def _passes(grad: bool) -> str:
     return "forward_backward" if grad else "forward"
+
+
+def _emit(part: str, grad: bool, smoke: bool, **fields: Any) -> None:
+    emit("attention", smoke=smoke, part=part, passes=_passes(grad), **fields)
 
 
 def _seconds_per_call(run: Callable[[], Any], window: float) -> float:
@@ -166,18 +129,12 @@ def _seconds_per_call(run: Callable[[], Any], window: float) -> float:
             return elapsed / calls
 
 
-def rounds_of(
-    calls: dict[Any, Callable[[], Any]], rounds: int, window: float
-) -> dict[Any, list[float]]:
-    """Seconds per call of each entry, per round, in rotating order."""
-    names = list(calls)
-    got: dict[Any, list[float]] = {name: [] for name in names}
-    for name in names:
-        jax.block_until_ready(calls[name]())  # warm
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            got[name].append(_seconds_per_call(calls[name], window))
-    return got
+def rounds_of(calls: dict[Any, Callable[[], Any]], rounds: int, window: float) -> list[dict]:
+    """Seconds per call of each entry (warmed first), per round, in rotating order."""
+    for call in calls.values():
+        jax.block_until_ready(call())
+    timed = {name: functools.partial(_seconds_per_call, c, window) for name, c in calls.items()}
+    return in_rounds(timed, rounds)
 
 
 def timing(
@@ -190,23 +147,22 @@ def timing(
         ("one_document", one_document(length)),
     ):
         args = (q, k, v, jnp.asarray(ids), jnp.asarray(pos), w)
-        got = rounds_of({p: functools.partial(c, *args) for p, c in calls.items()}, rounds, window)
+        per_round = rounds_of(
+            {p: functools.partial(c, *args) for p, c in calls.items()}, rounds, window
+        )
         line: dict[str, Any] = {
-            "benchmark": "attention",
             "part": "time",
             "row": row,
             "tokens": length,
             "documents": int(ids.max()),
             "passes": _passes(grad),
             "rounds": rounds,
-            "smoke": smoke,
         }
-        for path, seconds in got.items():
-            line[f"{path}_s"] = round(statistics.median(seconds), 4)
-        if "dense" in got:
-            ratios = [a / b for a, b in zip(got["packed"], got["dense"], strict=True)]
-            line["packed_over_dense"] = round(statistics.median(ratios), 3)
-        print(json.dumps(line), flush=True)
+        for path in calls:
+            line[f"{path}_s"] = round(median_of(per_round, path) or 0.0, 4)
+        if "dense" in calls:
+            line["packed_over_dense"] = median_ratio(per_round, "packed", "dense")
+        emit("attention", smoke=smoke, **line)
 
 
 def run(
@@ -240,34 +196,18 @@ def blocks(length: int, sizes: list[int], rounds: int, window: float, smoke: boo
     ids, pos = (jnp.asarray(x) for x in packed_row(length))
     q, k, v, w = arrays(length)
     calls = {
-        size: functools.partial(compiled("packed", True, length, size), q, k, v, ids, pos, w)
+        str(size): functools.partial(compiled("packed", True, length, size), q, k, v, ids, pos, w)
         for size in sizes
     }
-    for size, seconds in rounds_of(calls, rounds, window).items():
-        print(
-            json.dumps(
-                {
-                    "benchmark": "attention",
-                    "part": "blocks",
-                    "tokens": length,
-                    "block": size,
-                    "passes": "forward_backward",
-                    "seconds": round(statistics.median(seconds), 4),
-                    "rounds": rounds,
-                    "smoke": smoke,
-                }
-            ),
-            flush=True,
-        )
+    per_round = rounds_of(calls, rounds, window)
+    for size in sizes:
+        seconds = round(median_of(per_round, str(size)) or 0.0, 4)
+        _emit("blocks", True, smoke, tokens=length, block=size, seconds=seconds, rounds=rounds)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument(
-        "--smoke", action="store_true", help="T = 512 and 1024, forward and backward, one round"
-    )
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    use_cpu_devices(count=1)
+    args = arguments(__doc__, rounds=3)
     if args.smoke:
         run([512, 1024], [1024], [1024], [True], rounds=1, window=0.05, smoke=True)
         return

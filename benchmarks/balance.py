@@ -1,73 +1,12 @@
-"""Balanced steps: how evenly each rule spreads a step's attention over the devices.
+"""Balanced steps: how evenly each rule spreads a step's attention cost over the devices.
 
-On document lengths alone (no devices, no data). Three mixes of lengths: ``log_uniform``
-(137 .. 131,072 tokens), ``pareto`` (alpha 1.1 from 137, clipped at 131,072) and
-``short_long`` (95% log-uniform 137 .. 4,096, 5% log-uniform 65,536 .. 131,072). Rows of
-``T`` = 32k and 128k tokens; a document longer than ``T`` is cut into ``T``-token pieces
-(``long_docs="split"``) for every rule alike. ``D`` = 8, 64 and 512 data-parallel devices
-with ``r`` rows each, ``G = D r`` rows a step: ``r = 1`` (the static-shape case, a
-device's work is one row) everywhere, and ``r = 4`` where ``G`` stays within 512.
-
-An epoch is documents enough for ``--steps`` steps of 512 rows (at most
-``--max-documents``), the same documents for every rule, given to meshfeed as an
-``ArraySource`` of ``Ragged`` tokens whose values are a zero-byte view (only the lengths
-are read). meshfeed is used through its public names only:
-
-- ``meshfeed_balanced``: ``meshfeed.pack(source, T, algorithm="best_fit_decreasing",
-  balance="pairs", step_rows=G)`` (``window``: ``--window``, by default pack's own for
-  the algorithm, 1,048,576 documents): the plan's rows served by cost in steps of ``G``
-  (empty rows make the steps whole, spread over the cheapest steps, at most ``G / 8`` a
-  step); ``meshfeed.inspect.step_balance(packed, D)`` gives each device's
-  cost in each step as the loader deals a step's rows to the devices. The steps are then
-  put in a seeded numpy permutation, which stands in for the loader's keyed shuffle of
-  the steps (for the Spearman figure; no other figure depends on the steps' order). Its
-  token-cost figure is from a pack with ``token_cost=6 d`` (the cost model a user would
-  give it); every other figure is from the "pairs" pack.
-- ``meshfeed_random`` (meshfeed today, no ``balance``): the same plan's rows (the
-  balanced pack's served rows that hold tokens; their ``row_costs`` are the plan rows'
-  costs) in a seeded numpy permutation (standing in for the loader's keyed shuffle of
-  the rows), ``G`` a step, the last step made whole with empty rows; a step's rows to the
-  devices in order. Its token-cost figure adds ``6 d`` a token to each row's cost, the
-  cost ``row_costs`` gives with ``token_cost``.
-- the peers (``balance_rules``, each rule written out from its definition): they re-plan
-  every step from that step's sequences, so each step gets a buffer -- the sequences
-  carried from the step before, then the next of the epoch's pieces in a random order --
-  holding at most ``G T`` tokens (tunix, TRL, slime) or at least ``G T`` (torchtitan),
-  whichever suits the rule (``balance_rules.FILL``). The rule forms the step's ``G`` rows
-  of ``T`` tokens, ``r`` to a device. A sequence it leaves out (it fits no row, or lands
-  past the step's rows) goes back to the buffer for the next step, as tunix's leftover
-  and torchtitan's fresh micro-batch do. TRL and slime place all they are given with no
-  token cap: a device whose rows cannot hold its tokens is a *cap violation*. The peers
-  run over the first steps of that stream (as many as ``--peer-pieces`` sequences, at
-  least ``--peer-min-steps``): their steps are alike draws, so a prefix measures them.
-
-Per rule and setting: ``imbalance`` -- the mean over steps of the slowest device's cost
-over the mean device's, cost "pairs" (``sum L(L+1)/2``); ``imbalance_full_steps`` the
-same over the steps that hold no empty row (those an epoch's length leaves short);
-``imbalance_time`` -- the epoch's synchronous time over the balanced time, ``sum max /
-sum mean``, where a cheap step weighs little; ``imbalance_token_cost`` (and ``_time``)
--- the same with ``6 d`` (``d = 4096``) added per token; for a peer, ``imbalance_floor``
--- the least any split of its steps' sequences could reach, each step's dearest
-sequence alone on a device; ``padding`` -- empty slots over all slots;
-``plan_ms_per_step`` -- what a rule adds to each step, over its steps: for a peer, our
-Python version of its rule (so only indicative; its sequences come to it packed for
-free); for meshfeed's balanced rule, ``balance_ms_per_step`` -- ordering the plan's rows
-by cost, once (the balanced ``pack``'s own ``stats()["balance_seconds"]``) -- plus
-``deal_ms_per_step``, what the loader does each step (a step's ``G`` costs read with
-``row_costs``, its rows dealt by ``deal`` below, best of 3); ``pack_ms_per_step`` --
-the plan itself (``pack`` without ``balance``), which meshfeed makes whether or not it
-balances, and ``balanced_pack_ms_per_step`` -- ``pack`` with ``balance``, the two in
-one call, once; ``cap_violations`` --
-(step, device) pairs whose rows cannot hold the device's tokens; ``spearman`` --
-Spearman's rho of a step's place in the epoch against its mean segment length as its
-tokens see it, ``sum L^2 / sum L`` over its segments (a length curriculum if far from
-0; the token-weighted mean, as the per-row segment counts are not public), beside
-``spearman_noise95``, the band a random order stays in 95% of the time at that many
-steps. A ``goals`` line says which of meshfeed's goals its balanced rule meets (the
-imbalance goal is for ``D = 64``).
-
-Prints one JSON line per measurement; ``--smoke`` for CI; ``--table FILE`` prints the
-lines of an earlier run as a Markdown table.
+On document lengths alone: three mixes (``MIXES``), rows of ``T`` = 32k and 128k tokens,
+``D`` = 8, 64 and 512 data-parallel devices with ``r`` = 1 or 4 rows each (``G = D r``
+rows a step, up to 512). meshfeed's ``pack(balance="pairs", step_rows=G)`` dealt as the
+loader deals it (``inspect.step_balance``) and meshfeed without ``balance`` against the
+rules of tunix, TRL, torchtitan and slime (``balance_rules``), each re-planning every
+step from a buffer of the epoch's pieces in a random order. The figures of a rule are
+``summary``'s; goals: ``GOALS`` at ``D = 64``. ``--smoke`` for CI.
 """
 
 from __future__ import annotations
@@ -75,12 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from collections.abc import Callable
 
 import numpy as np
 from balance_rules import FILL, RULES
+from harness import arguments
 
 import meshfeed
 from meshfeed.inspect import step_balance
@@ -96,6 +35,21 @@ EMPTY = -1
 """A served row that is empty (all padding), as the benchmark marks it."""
 SEED = 0
 """The seed of the numpy permutations that stand in for the loader's keyed shuffles."""
+SMOKE = {
+    "devices": [8, 64],
+    "steps": 12,
+    "max_documents": 10**5,
+    "peer_pieces": 3_000,
+    "peer_min_steps": 4,
+}
+FULL = {
+    "devices": [8, 64, 512],
+    "steps": 200,
+    "max_documents": 20 * 10**6,
+    "peer_pieces": 300_000,
+    "peer_min_steps": 20,
+}
+"""The flags' values left unset, under ``--smoke`` and not."""
 
 
 def _log_uniform(rng: np.random.Generator, n: int, low: float, high: float) -> np.ndarray:
@@ -156,9 +110,14 @@ class Epoch:
         """``meshfeed.pack`` of the epoch (``balance`` its balance arguments), and its time."""
         start = time.perf_counter()
         packed = meshfeed.pack(
-            self.source, self.seq_len, algorithm=ALGORITHM, window=self.window,
-            long_docs="split", plan_dir=False, **balance,
-        )  # fmt: skip
+            self.source,
+            self.seq_len,
+            algorithm=ALGORITHM,
+            window=self.window,
+            long_docs="split",
+            plan_dir=False,
+            **balance,
+        )
         return packed, time.perf_counter() - start
 
     def balanced(self, step_rows: int, token_cost: float) -> tuple[meshfeed.Packed, float]:
@@ -360,6 +319,15 @@ def ratios(costs: np.ndarray) -> tuple[float, float, float]:
 def summary(
     figures: dict[str, np.ndarray], devices: int, per_device: int, seq_len: int
 ) -> dict[str, float | int]:
+    """A rule's figures at one setting. ``imbalance``: the mean over steps of the slowest
+    device's cost over the mean device's, cost "pairs" (``sum L(L+1)/2``);
+    ``_full_steps``: over the steps with no empty row; ``imbalance_time``: ``sum max / sum
+    mean`` over the epoch; ``imbalance_token_cost``: with ``6 d`` a token added;
+    ``padding``: empty slots over all; ``cap_violations``: (step, device) pairs whose rows
+    cannot hold the device's tokens; ``spearman``: Spearman's rho of a step's place
+    against its tokens' mean segment length (``sum L^2 / sum L``), beside
+    ``spearman_noise95``, the band a random order stays in 95% of the time; for a peer,
+    ``imbalance_floor``: the least any split of its steps could reach."""
     steps, capacity = len(figures["tokens"]), per_device * seq_len
     imbalance, p99, time_ratio = ratios(figures["pairs"])
     imbalance_tc, _, time_tc = ratios(figures["token_cost"])
@@ -420,9 +388,12 @@ def measure(args: argparse.Namespace) -> None:
                     if devices * per_device > max(args.devices):  # past the epoch's size
                         continue
                     at = {
-                        **setting, "name": "rule", "devices": devices,
-                        "rows_per_device": per_device, "step_rows": devices * per_device,
-                    }  # fmt: skip
+                        **setting,
+                        "name": "rule",
+                        "devices": devices,
+                        "rows_per_device": per_device,
+                        "step_rows": devices * per_device,
+                    }
                     for line in meshfeed_lines(epoch, devices, per_device):
                         print(json.dumps({**at, **line}), flush=True)
                         if line["rule"] != "meshfeed_random":
@@ -435,7 +406,12 @@ def measure(args: argparse.Namespace) -> None:
 
 
 def meshfeed_lines(epoch: Epoch, devices: int, per_device: int) -> list[dict]:
-    """The lines of meshfeed's rules (today's, balanced) at one setting."""
+    """The lines of meshfeed's rules (today's, balanced) at one setting. Balanced:
+    ``plan_ms_per_step`` is ordering the plan's rows once (``balance_ms_per_step``, the
+    pack's ``balance_seconds``) plus what the loader does each step (``deal_ms_per_step``,
+    best of 3); ``pack_ms_per_step`` the plan itself (``pack`` without ``balance``),
+    ``balanced_pack_ms_per_step`` ``pack`` with it; its token-cost figures from a pack
+    with ``token_cost=6 d``."""
     step_rows = devices * per_device
     packed, pack_s = epoch.balanced(step_rows, 0.0)
     served = Served(packed)
@@ -475,7 +451,10 @@ def _meshfeed_line(
 def peer_lines(
     args: argparse.Namespace, epoch: Epoch, stream: np.ndarray, devices: int, per_device: int
 ) -> list[dict]:
-    """The peers' lines at one setting, each over the first steps of ``stream``."""
+    """The peers' lines at one setting, each over the first steps of ``stream`` (as many
+    as ``--peer-pieces`` sequences, at least ``--peer-min-steps``: their steps are alike
+    draws, so a prefix measures them); ``plan_ms_per_step`` is our Python version of the
+    rule, so only indicative."""
     rows, seq_len = devices * per_device, epoch.seq_len
     wanted = int(args.peer_pieces * epoch.mean_piece / (rows * seq_len))
     steps = min(int(stream.sum()) // (rows * seq_len) - 2, max(args.peer_min_steps, wanted))
@@ -488,32 +467,25 @@ def peer_lines(
     return lines
 
 
-def table(path: str) -> None:
-    """The lines of an earlier run as a Markdown table, one row per rule and setting."""
-    keys = ("imbalance", "imbalance_time", "imbalance_token_cost", "imbalance_floor", "padding",
-            "plan_ms_per_step", "balance_ms_per_step", "deal_ms_per_step", "pack_ms_per_step",
-            "cap_violations",
-            "spearman")  # fmt: skip
-    print("| mix | T | D | r | rule | steps | " + " | ".join(keys) + " |")
-    print("|---" * (6 + len(keys)) + "|")
-    with open(path) as lines:
-        for text in lines:
-            line = json.loads(text)
-            if line.get("name") == "rule":
-                head = [line["mix"], f"{line['seq_len'] // 1024}k", line["devices"]]
-                head += [line["rows_per_device"], line["rule"], line["steps"]]
-                cells = head + [line.get(k, "") for k in keys]
-                print("| " + " | ".join(str(v) for v in cells) + " |")
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
+    args = arguments(__doc__, add=_flags)
+    for key, value in (SMOKE if args.smoke else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    measure(args)
+
+
+def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mixes", nargs="+", default=list(MIXES), choices=list(MIXES))
     parser.add_argument("--seq-lens", nargs="+", type=int, default=[32768, 131072])
     parser.add_argument("--devices", nargs="+", type=int, default=None)
-    parser.add_argument("--rows-per-device", nargs="+", type=int, default=[1, 4],
-                        help="r; a (D, r) with D r past the largest D is left out")  # fmt: skip
+    parser.add_argument(
+        "--rows-per-device",
+        nargs="+",
+        type=int,
+        default=[1, 4],
+        help="r; a (D, r) with D r past the largest D is left out",
+    )
     parser.add_argument("--rules", nargs="*", default=list(RULES), choices=list(RULES))
     parser.add_argument("--steps", type=int, help="steps of the largest D in an epoch")
     parser.add_argument("--max-documents", type=int, help="documents an epoch holds at most")
@@ -525,19 +497,7 @@ def main() -> None:
         default=None,
         help="documents planned together (default: pack's for the algorithm)",
     )
-    parser.add_argument("--table", metavar="FILE", help="print an earlier run's lines as a table")
-    args = parser.parse_args()
-    if args.table:
-        return table(args.table)
-    smoke = {"devices": [8, 64], "steps": 12, "max_documents": 10**5, "peer_pieces": 3_000,
-             "peer_min_steps": 4}  # fmt: skip
-    full = {"devices": [8, 64, 512], "steps": 200, "max_documents": 20 * 10**6,
-            "peer_pieces": 300_000, "peer_min_steps": 20}  # fmt: skip
-    for key, value in (smoke if args.smoke else full).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    measure(args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

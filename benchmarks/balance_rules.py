@@ -1,33 +1,9 @@
-"""The peers' balancing rules, written out from their definitions for ``balance.py``.
+"""The peers' balancing rules for ``balance.py``, written out from their definitions.
 
 Each rule takes one step's buffer of sequence lengths (``int64``, each at most ``T``)
-and forms the ``G = D * r`` rows of a step for ``D`` data-parallel devices, ``r`` rows
-each. It returns a ``Step``: per sequence its row in the step (``-1``: left out, carried
-to the next step), per row its device, and what a row may hold. Only the decisions are
-the peers'; the code is ours (their sources were read, not copied):
-
-- ``tunix``: ``balanced_pack`` of google/tunix PR #1665 (head 4e62b75d, open):
-  Karmarkar-Karp on token counts into ``k`` packs, ``k = ceil(sum / T)`` rounded up to a
-  multiple of ``num_packs`` (one row per data-parallel shard, ``D``), raised by ``D``
-  until every pack holds at most ``T``; packs come out by sum, largest first, and are
-  cut into chunks of ``D`` (row ``j`` of a chunk to device ``j``).
-- ``trl``: ``_balance_by_squared_length`` of TRL's async GRPO trainer (``FixedCountBatcher``):
-  longest first, each onto the device of least ``sum L^2`` (ties: the lowest); no cap.
-- ``torchtitan``: ``_assign_training_samples_to_rows`` of pytorch/torchtitan PR #3938
-  (head ddf65c8d, open; main has next fit and no balancing): ``G`` open rows; longest
-  first, each into the open row of least ``sum L^2`` that has room; the first sequence
-  that fits no row closes the micro-batch; rows dealt to devices ``chunk[rank::D]``.
-- ``slime``: ``build_dp_schedule`` of THUDM/slime with ``--balance-by-flops`` (which
-  turns on ``--balance-data``): Karmarkar-Karp (verl's) on ``alpha * L + L^2`` into
-  ``ceil(sum / T)`` micro-batches with no token cap; their count raised to a multiple of
-  ``D`` by splitting the largest multi-sequence one by tokens; then Karmarkar-Karp with
-  equal counts over the devices on the micro-batches' sums.
-
-``karmarkar_karp`` is the largest differencing method both verl and tunix use: every
-arrangement of ``k`` sums kept sorted; the two of largest spread (largest minus
-smallest sum) merged, each one's ``i``-th largest sum with the other's ``i``-th
-smallest, until one is left. Ties among equal spreads are broken by age here, not by
-verl's comparison of the sets: the same method, not always the same partition.
+and forms the ``G = D * r`` rows of a step, ``r`` for each of ``D`` devices, as a
+``Step``. Only the decisions are the peers' (their sources were read, not copied); each
+rule's docstring names its source.
 """
 
 from __future__ import annotations
@@ -49,8 +25,13 @@ class Step(NamedTuple):
 
 
 def karmarkar_karp(values: np.ndarray, k: int, equal_size: bool = False) -> np.ndarray:
-    """Per value its group, groups numbered by sum, largest first (the order both verl's
-    and tunix's partitions come out in). ``equal_size``: ``len(values) % k == 0`` and
+    """The largest differencing method verl and tunix use: every arrangement of ``k``
+    sums kept sorted; the two of largest spread merged, one's ``i``-th largest sum with
+    the other's ``i``-th smallest, until one is left (ties by age here, not by verl's
+    comparison of the sets: the same method, not always the same partition).
+
+    Returns per value its group, groups numbered by sum, largest first (the order both
+    verl's and tunix's partitions come out in). ``equal_size``: ``len(values) % k == 0`` and
     every group gets ``len(values) / k`` (each first arrangement is ``k`` consecutive
     values of the sorted ones, one to a group)."""
     values = np.asarray(values, np.float64)
@@ -136,8 +117,11 @@ class _State:
 
 
 def tunix(lengths: np.ndarray, devices: int, per_device: int, seq_len: int) -> Step:
-    """tunix PR #1665: packs balanced by tokens, as many as fit ``T`` each (see module);
-    the first ``per_device`` chunks of ``D`` packs make the step, the rest are carried."""
+    """``balanced_pack`` of google/tunix PR #1665 (head 4e62b75d, open): Karmarkar-Karp
+    on token counts into ``k = ceil(sum / T)`` packs rounded up to a multiple of ``D``,
+    raised by ``D`` until every pack holds at most ``T``; packs by sum, largest first,
+    cut into chunks of ``D`` (row ``j`` of a chunk to device ``j``). The first
+    ``per_device`` chunks make the step, the rest are carried."""
     n = len(lengths)
     k = -(-int(lengths.sum()) // seq_len)
     k = min(-(-k // devices) * devices, n)
@@ -153,7 +137,9 @@ def tunix(lengths: np.ndarray, devices: int, per_device: int, seq_len: int) -> S
 
 
 def trl(lengths: np.ndarray, devices: int, per_device: int, seq_len: int) -> Step:
-    """TRL: longest first onto the device of least ``sum L^2``; every sequence placed."""
+    """``_balance_by_squared_length`` of TRL's async GRPO trainer (``FixedCountBatcher``):
+    longest first onto the device of least ``sum L^2`` (ties: the lowest); no token cap,
+    every sequence placed."""
     row = np.empty(len(lengths), np.int64)
     loads = [(0, d) for d in range(devices)]  # (sum L^2, device): the least, then the lowest
     for i in np.argsort(-lengths, kind="stable").tolist():
@@ -165,8 +151,10 @@ def trl(lengths: np.ndarray, devices: int, per_device: int, seq_len: int) -> Ste
 
 
 def torchtitan(lengths: np.ndarray, devices: int, per_device: int, seq_len: int) -> Step:
-    """torchtitan PR #3938: into the open row of least ``sum L^2`` that has room, longest
-    first; the first sequence with no room closes the step (it and the rest carried)."""
+    """``_assign_training_samples_to_rows`` of pytorch/torchtitan PR #3938 (head ddf65c8d,
+    open; main has next fit and no balancing): longest first into the open row of least
+    ``sum L^2`` that has room; the first sequence with no room closes the step (it and
+    the rest carried); rows dealt to devices ``chunk[rank::D]``."""
     rows = devices * per_device
     room = np.full(rows, seq_len, np.int64)
     cost = np.zeros(rows, np.float64)
@@ -184,9 +172,11 @@ def torchtitan(lengths: np.ndarray, devices: int, per_device: int, seq_len: int)
 
 
 def slime(lengths: np.ndarray, devices: int, per_device: int, seq_len: int) -> Step:
-    """slime ``--balance-by-flops``: micro-batches balanced by ``alpha L + L^2`` with no
-    token cap, made a multiple of ``D``, then dealt to the devices by Karmarkar-Karp
-    with equal counts; every sequence placed."""
+    """``build_dp_schedule`` of THUDM/slime with ``--balance-by-flops`` (which turns on
+    ``--balance-data``): Karmarkar-Karp (verl's) on ``alpha L + L^2`` into ``ceil(sum /
+    T)`` micro-batches with no token cap, their count raised to a multiple of ``D`` by
+    splitting the largest, then dealt to the devices by Karmarkar-Karp with equal counts;
+    every sequence placed."""
     n = len(lengths)
     mbs = max(1, -(-int(lengths.sum()) // seq_len))
     workload = ALPHA * lengths.astype(np.float64) + lengths.astype(np.float64) ** 2

@@ -1,59 +1,51 @@
 """Workload V, conversations to tokens and an assistant-only mask: ``prepare(chat=)`` and peers.
 
-The data: generated tool-calling conversations (a system prompt in most, user and
-assistant turns, tool calls and their results, unicode), one JSON Lines record each with
-the ``tools`` it may call (one to three of a pool, OpenAI's schema), and a byte-level BPE
-trained here on such text, wrapped as a ``transformers`` fast tokenizer. The templates
-are real ones, as TRL keeps them: Qwen2.5's own (no ``{% generation %}`` blocks, so
-meshfeed derives the mask from turn boundaries) and Qwen2.5's training variant (with
-them). Every entry is given the loaded tokenizer, in a fresh process, and is timed from
-reading the JSON Lines to having every conversation's ids (and, on the template with
-blocks, HF's ``assistant_masks``):
-
-- ``datasets``: the peer at its best, ``Dataset.from_json`` then ``Dataset.map`` of a
-  batch of ``apply_chat_template`` (``batched=True``, ``num_proc=2``,
-  ``keep_in_memory=True``: no Arrow cache written);
-- ``datasets-rows``: the same map one record a call (``batched=False``), as the
-  ``datasets`` docs' first example writes it;
-- ``loop``: ``apply_chat_template`` in a plain loop in one process;
-- ``meshfeed``: ``meshfeed.prepare(..., chat="messages", workers=2)``, a folder out, with
-  the loss mask on both templates.
-
-Every entry's ids are hashed after its clock stops, and a run whose entries disagree
-fails. Rounds rotate the order; the lines give conversations per second and the median
-over rounds of meshfeed's ratio to each, taken within each round. Goal: >= 1.5x
-``datasets`` on both templates. ``--smoke`` for CI: 100 conversations, one round,
-meshfeed and ``datasets``, the last template.
+Generated tool-calling conversations (JSON Lines, each with its ``tools``), a byte-level
+BPE trained here as a ``transformers`` fast tokenizer, and two of TRL's templates:
+Qwen2.5's own (no ``{% generation %}`` blocks: meshfeed's mask from turn boundaries) and
+its training variant (with blocks). Each entry is given the loaded tokenizer, runs in a
+fresh process, and is timed from reading the JSON Lines to every conversation's ids
+(and masks): ``meshfeed.prepare(chat="messages", workers=2)`` against ``datasets``
+(``from_json`` + a batched ``map`` of ``apply_chat_template``, ``num_proc=2``, in
+memory: the peer at its best), ``datasets-rows`` (the map a record a call) and a plain
+``loop``. Every entry's ids are hashed and must agree. Rotating rounds, the medians of
+meshfeed's per-round ratios; goal >= 1.5x ``datasets``. ``--smoke`` for CI (100
+conversations, meshfeed and ``datasets``, the last template).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
+import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from harness import arguments, emit, in_rounds, median_of, median_ratio, run_child
+
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 ENTRIES = ("datasets", "datasets-rows", "loop", "meshfeed")
 TEMPLATES = ("qwen2_5", "qwen2_5_training")
-WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "weather", "today", "is", "sunny",
-         "cold", "function", "call", "result", "héllo", "日本語", "😀", "city", "flight",
-         "book", "price", "search", "find", "me", "please", "tomorrow", "morning"]  # fmt: skip
+VOCABULARY = (
+    "the a cat dog sat on mat weather today is sunny cold function call result héllo 日本語 😀"
+    " city flight book price search find me please tomorrow morning"
+)
+WORDS = VOCABULARY.split()
 TOOLS = ("weather", "flights", "hotels", "stocks", "search", "calendar")
 
 
 def _tool(name: str) -> dict:
     query = {"type": "string", "description": f"what to look up in {name}"}
     parameters = {"type": "object", "required": ["query"], "properties": {"query": query}}
-    function = {"name": name, "description": f"Looks things up in {name}.",
-                "parameters": parameters}  # fmt: skip
+    description = f"Looks things up in {name}."
+    function = {"name": name, "description": description, "parameters": parameters}
     return {"type": "function", "function": function}
 
 
@@ -100,15 +92,20 @@ def make_data(folder: Path, n: int) -> tuple[Path, Path]:
     model.decoder = tokenizers.decoders.ByteLevel()
     specials = ["<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
     trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=4000, special_tokens=specials, show_progress=False,
+        vocab_size=4000,
+        special_tokens=specials,
+        show_progress=False,
         initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
+    )
     corpus = [template(TEMPLATES[0]), *(json.dumps(r, ensure_ascii=False) for r in samples)]
     model.train_from_iterator(corpus * 5, trainer)
     hf = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=model, unk_token="<unk>", eos_token="<|im_end|>",
-        pad_token="<|endoftext|>", additional_special_tokens=["<|im_start|>"],
-    )  # fmt: skip
+        tokenizer_object=model,
+        unk_token="<unk>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
     hf.save_pretrained(folder / "tokenizer")
     return data, folder / "tokenizer"
 
@@ -139,9 +136,12 @@ def _child(name: str, data: str, tokenizer: str, out: str, chat_template: str) -
     extra = {"return_assistant_tokens_mask": True} if blocks else {}
 
     def encode(messages, tools):
-        got = hf.apply_chat_template(messages, tools=tools, chat_template=text, tokenize=True,
-                                     return_dict=True, **extra)  # fmt: skip
+        options = {"tools": tools, "chat_template": text, "tokenize": True, "return_dict": True}
+        got = hf.apply_chat_template(messages, **options, **extra)
         return {"input_ids": got["input_ids"], "assistant_masks": got.get("assistant_masks")}
+
+    def encode_row(record):
+        return encode(record["messages"], record["tools"])
 
     def encode_batch(batch):
         groups: dict[str, list[int]] = {}  # one call a set of tools
@@ -158,8 +158,15 @@ def _child(name: str, data: str, tokenizer: str, out: str, chat_template: str) -
     start = time.perf_counter()
     read = None
     if name == "meshfeed":
-        meshfeed.prepare(data, out, tokenizer=hf, chat="messages", chat_template=text,
-                         workers=2, progress=False)  # fmt: skip
+        meshfeed.prepare(
+            data,
+            out,
+            tokenizer=hf,
+            chat="messages",
+            chat_template=text,
+            workers=2,
+            progress=False,
+        )
         seconds = time.perf_counter() - start
         source = meshfeed.open_source(out)
         got = source[np.arange(len(source))]
@@ -174,98 +181,91 @@ def _child(name: str, data: str, tokenizer: str, out: str, chat_template: str) -
     else:
         rows = datasets.Dataset.from_json(data, keep_in_memory=True)
         read = time.perf_counter() - start
+        columns = rows.column_names
         if name == "datasets":
-            mapped = rows.map(encode_batch, batched=True, num_proc=2, keep_in_memory=True,
-                              remove_columns=rows.column_names)  # fmt: skip
+            mapped = rows.map(
+                encode_batch, batched=True, num_proc=2, keep_in_memory=True, remove_columns=columns
+            )
         else:
-            mapped = rows.map(lambda r: encode(r["messages"], r["tools"]), num_proc=2,
-                              remove_columns=rows.column_names)  # fmt: skip
+            mapped = rows.map(encode_row, num_proc=2, remove_columns=columns)
         seconds = time.perf_counter() - start
         ids = mapped["input_ids"]
         masks = mapped["assistant_masks"] if blocks else None
-    print(json.dumps({"seconds": seconds, "read_seconds": read, "conversations": len(ids),
-                      "digest": _digest(ids, masks)}))  # fmt: skip
+    digest = _digest(ids, masks)
+    got = {"seconds": seconds, "read_seconds": read, "conversations": len(ids), "digest": digest}
+    print(json.dumps(got))
 
 
 def _run(name: str, data: Path, tokenizer: Path, scratch: Path, chat_template: str) -> dict:
+    """One entry in a fresh process, with a ``datasets`` cache of its own."""
     out = tempfile.mkdtemp(dir=scratch)
-    command = [sys.executable, __file__, "--run", name, "--data", str(data),
-               "--tokenizer", str(tokenizer), "--out", str(Path(out) / "out"),
-               "--template", chat_template]  # fmt: skip
-    env = {**__import__("os").environ, "HF_DATASETS_CACHE": out}
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
+    command = [__file__, "--run", name, "--data", str(data), "--tokenizer", str(tokenizer)]
+    command += ["--out", str(Path(out) / "out"), "--template", chat_template]
+    got = run_child(command, env={**os.environ, "HF_DATASETS_CACHE": out})
     shutil.rmtree(out, ignore_errors=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return got
+
+
+def _flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--conversations", type=int, default=20_000)
+    parser.add_argument(
+        "--templates",
+        nargs="+",
+        default=list(TEMPLATES),
+        metavar="NAME",
+        help="TRL's chat_templates/NAME.jinja, each on its own",
+    )
+    parser.add_argument("--entries", nargs="+", default=list(ENTRIES), choices=ENTRIES)
+    for flag in ("--template", "--run", "--data", "--tokenizer", "--out"):
+        parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="a few conversations, one round")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--conversations", type=int, default=20_000)
-    parser.add_argument("--templates", nargs="+", default=list(TEMPLATES), metavar="NAME",
-                        help="TRL's chat_templates/NAME.jinja, each on its own")  # fmt: skip
-    parser.add_argument("--entries", nargs="+", default=list(ENTRIES), choices=ENTRIES)
-    parser.add_argument("--template", help=argparse.SUPPRESS)
-    for flag in ("--run", "--data", "--tokenizer", "--out"):
-        parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = arguments(__doc__, rounds=5, smoke={"rounds": 1, "conversations": 100}, add=_flags)
     if args.run:
         _child(args.run, args.data, args.tokenizer, args.out, args.template)
         return
-    rounds, n = (1, 100) if args.smoke else (args.rounds, args.conversations)
     chosen = ["datasets"] if args.smoke and "--entries" not in sys.argv else args.entries
     entries = tuple(dict.fromkeys(["meshfeed", *chosen]))
     scratch = Path(tempfile.mkdtemp(prefix="meshfeed-chat-bench-"))
     try:
-        data, tokenizer = make_data(scratch, n)
+        data, tokenizer = make_data(scratch, args.conversations)
         templates = args.templates[-1:] if args.smoke else args.templates  # the same code
         for chat_template in templates:
-            per_round = []
-            for r in range(rounds):
-                order = entries[r % len(entries) :] + entries[: r % len(entries)]
-                per_round.append(
-                    {e: _run(e, data, tokenizer, scratch, chat_template) for e in order}
-                )
+            runs = {
+                e: functools.partial(_run, e, data, tokenizer, scratch, chat_template)
+                for e in entries
+            }
+            per_round = in_rounds(runs, args.rounds)
             digests = {e: {got[e]["digest"] for got in per_round} for e in entries}
             if len(set().union(*digests.values())) != 1:
                 raise RuntimeError(f"{chat_template}: the entries' ids differ: {digests}")
-            _report(per_round, entries, chat_template, n, rounds, args.smoke)
+            for got in per_round:
+                for one in got.values():
+                    one["rate"] = one["conversations"] / one["seconds"]
+                    if one["read_seconds"] is not None:
+                        one["map_seconds"] = one["seconds"] - one["read_seconds"]
+            for name in entries:
+                _report(per_round, name, chat_template, args)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _report(per_round: list, entries: tuple, chat_template: str, n: int, rounds: int,
-            smoke: bool) -> None:  # fmt: skip
-    for name in entries:
-        rates = [got[name]["conversations"] / got[name]["seconds"] for got in per_round]
-        ratio = statistics.median(
-            (got["meshfeed"]["conversations"] / got["meshfeed"]["seconds"]) / rate
-            for got, rate in zip(per_round, rates, strict=True)
-        )
-        line = {"benchmark": "chat", "workload": "V", "template": chat_template,
-                "entry": name, "conversations": n, "rounds": rounds,
-                "conversations_per_s": round(statistics.median(rates), 1),
-                "meshfeed_over_this": round(ratio, 3), **_read_part(per_round, name),
-                "smoke": smoke,
-                "python": sys.version.split()[0]}  # fmt: skip
-        print(json.dumps(line), flush=True)
-
-
-def _read_part(per_round: list, name: str) -> dict:
-    """For a ``datasets`` entry: the seconds ``from_json`` took, and meshfeed's ratio to the
-    map alone (the peer's time less its read), medians over rounds."""
-    if per_round[0][name]["read_seconds"] is None:
-        return {}
-    mapped = [
-        (got[name]["seconds"] - got[name]["read_seconds"]) / got["meshfeed"]["seconds"]
-        for got in per_round
-    ]
-    reads = [got[name]["read_seconds"] for got in per_round]
-    return {"read_s": round(statistics.median(reads), 2),
-            "meshfeed_over_map_alone": round(statistics.median(mapped), 3)}  # fmt: skip
+def _report(per_round: list, name: str, chat_template: str, args: argparse.Namespace) -> None:
+    line = {
+        "workload": "V",
+        "template": chat_template,
+        "entry": name,
+        "conversations": args.conversations,
+        "rounds": args.rounds,
+        "conversations_per_s": round(median_of(per_round, name, "rate") or 0.0, 1),
+        "meshfeed_over_this": median_ratio(per_round, "meshfeed", name, "rate"),
+    }
+    if per_round[0][name]["read_seconds"] is not None:  # a ``datasets`` entry: its read apart
+        line["read_s"] = round(median_of(per_round, name, "read_seconds") or 0.0, 2)
+        mapped = [got[name]["map_seconds"] / got["meshfeed"]["seconds"] for got in per_round]
+        line["meshfeed_over_map_alone"] = round(statistics.median(mapped), 3)
+    emit("chat", smoke=args.smoke, **line, devices=None, processes=None)
 
 
 if __name__ == "__main__":

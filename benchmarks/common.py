@@ -1,6 +1,17 @@
-"""What the benchmarks share: timing, the hand-off to global arrays, the digits workload.
+"""What the benchmarks share: timing, the peers' loaders, global arrays, the digits.
 
-Benchmarks use meshfeed's public API only; anything two of them need lives here.
+Benchmarks use meshfeed's public API only; anything two of them need lives here (the
+harness itself, flags, rounds and JSON lines, is ``harness.py``). An entry is a ``Run``:
+a callable that starts an endless iterator of global ``jax.Array`` batches.
+
+- ``measure(run, batch, seconds)``: samples/s of a ``Run`` in steady state;
+- ``loader_batches(make_source, batch, **options)``: meshfeed's ``Loader`` as a ``Run``;
+- ``torch_batches(dataset, batch, ...)``: the PyTorch ``DataLoader`` as a ``Run``, or the
+  reason it is skipped; ``Records`` and ``collate`` for a map-style dataset over arrays;
+- ``to_global(batches, global_batch_size)``: a peer's host batches as global arrays;
+- ``loops_at_once(script, count)``: ``count`` fresh processes timed together;
+- the digits workload: ``digits``, ``digits_params``, ``digits_loss``, ``fit_digits``;
+- ``Remote``: an in-memory source with a store's latency per read.
 """
 
 from __future__ import annotations
@@ -20,6 +31,13 @@ import meshfeed
 DIGITS_BATCH_SIZE = 64
 DIGITS_LEARNING_RATE = 3e-3
 
+Run = Callable[[], Iterator[Any]]
+
+
+def not_installed(package: str) -> str:
+    """The line a skipped peer's entry gives in place of figures."""
+    return f"{package} is not installed (pip install 'meshfeed[bench]')"
+
 
 def measure(
     run: Callable[[], Iterator[Any]],
@@ -38,7 +56,8 @@ def measure(
     it = run()
     for _ in range(warmup):
         jax.block_until_ready(next(it))
-    done, start = 0, time.perf_counter()
+    done = 0
+    start = time.perf_counter()
     while True:
         jax.block_until_ready(next(it))
         done += 1
@@ -78,6 +97,82 @@ def to_global(batches: Iterator[dict[str, np.ndarray]], global_batch_size: int) 
             )
             for k, v in batch.items()
         }
+
+
+def loader_batches(make_source: Callable[[], meshfeed.Source], batch: int, **options: Any) -> Run:
+    """``Loader(make_source(), global_batch_size=batch, **options)`` on every device,
+    endless, as a ``Run`` (the loader closed when its iterator is dropped)."""
+    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
+
+    def run() -> Iterator[Any]:
+        loader = meshfeed.Loader(
+            make_source(),
+            global_batch_size=batch,
+            sharding=sharding,
+            num_epochs=None,
+            **options,
+        )
+        try:
+            yield from loader
+        finally:
+            loader.close()
+
+    return run
+
+
+def collate(records: Any) -> dict[str, np.ndarray]:
+    """A list of records as one batch, field by field (the peers' numpy collate)."""
+    return {k: np.stack([r[k] for r in records]) for k in records[0]}
+
+
+class Records:
+    """Per-record random access over arrays, the shape Grain and PyTorch datasets take;
+    on several processes, each process's peer reads its own share of the examples."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
+        share = slice(jax.process_index(), None, jax.process_count())
+        self.arrays = {k: a[share] for k, a in arrays.items()}
+        self.n = len(next(iter(self.arrays.values())))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return {k: a[i] for k, a in self.arrays.items()}
+
+
+def torch_batches(
+    dataset: Any,
+    batch: int,
+    *,
+    workers: int = 0,
+    collate_fn: Callable[[Any], Any] = collate,
+    **options: Any,
+) -> Run | str:
+    """The PyTorch ``DataLoader`` over a map-style ``dataset`` (shuffled, seeded, this
+    process's share of ``batch``), then global arrays, endless; or why it is skipped."""
+    try:
+        import torch
+        from torch.utils.data import DataLoader
+    except ImportError:
+        return not_installed("torch")
+
+    def run() -> Iterator[Any]:
+        loader = DataLoader(
+            dataset,
+            batch_size=batch // jax.process_count(),
+            shuffle=True,
+            drop_last=True,
+            collate_fn=collate_fn,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            generator=torch.Generator().manual_seed(0),
+            **options,
+        )
+        while True:
+            yield from to_global(iter(loader), batch)
+
+    return run
 
 
 def digits() -> dict[str, np.ndarray]:
@@ -130,7 +225,8 @@ class Remote:
     """An in-memory source that takes ``latency_s`` per read, like a remote store."""
 
     def __init__(self, source: meshfeed.ArraySource, latency_s: float) -> None:
-        self.source, self.latency_s = source, latency_s
+        self.source = source
+        self.latency_s = latency_s
 
     @property
     def fields(self) -> Mapping[str, meshfeed.sources.FieldSpec]:

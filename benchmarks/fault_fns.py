@@ -34,13 +34,6 @@ def decode_crop_checked(record: dict[str, Any], rng: np.random.Generator) -> dic
         raise ValueError(f"the image does not decode: {error}") from error
 
 
-def images(n: int, side: int) -> dict[str, np.ndarray]:
-    """``n`` random ``side`` x ``side`` RGB uint8 images and int32 labels."""
-    rng = np.random.default_rng(0)
-    image = rng.integers(0, 256, (n, side, side, 3), dtype=np.uint8)
-    return {"image": image, "label": rng.integers(0, 10, n, dtype=np.int32)}
-
-
 def dequantize(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     """uint8 -> float32 in [0, 1) plus uniform noise of one level from the example's
     generator: a cheap record transform whose output is 4x its input."""

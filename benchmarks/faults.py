@@ -1,64 +1,34 @@
 """Faults of a real run, timed: bad records skipped, and rows through files when /dev/shm is small.
 
-Two workloads, each ending in global ``jax.Array`` batches on 8 CPU devices
-(``batch_sharding(make_mesh(data=8))``), read by ``Loader(record_transform=...,
-num_workers=2)`` with worker processes:
-
-- F, bad records: workload C (``decode_throughput.py``: PNG-encoded 32x32 RGB images,
-  decoded and randomly cropped per record, global batch 256), where 1% of the images
-  (the ids divisible by 100) are cut to their first half, so the record transform
-  raises ``ValueError`` on them. Entries: ``clean`` (no bad image, ``on_error="raise"``),
-  ``bad 1%, skip`` (the bad images, ``on_error="skip"``) and ``clean, skip`` (no bad
-  image, ``on_error="skip"``: what the mode costs alone, its ``mask`` field). The lines
-  also give the examples skipped in every full epoch handed out, against the bad ids
-  the schedule put in it. Goal: ``bad 1%, skip`` >= 0.95x ``clean``.
-- G, the file-backed transport: 64 rows a step of 96x96x3 uint8 images turned into
-  float32 with one level of uniform noise from each example's generator (a cheap record
-  transform, so the transport's cost shows; 6.75 MiB of output rows a step). Each entry
-  runs in a child process started by ``unshare -rm`` (a user and mount namespace, no
-  root needed): ``shm`` with /dev/shm as it is, ``files`` under a private 8 MiB tmpfs on
-  /dev/shm, too small for two steps, so the rows go through memory-mapped files in
-  TMPDIR. The child checks that they did (meshfeed's line on stderr, and block files in
-  its ``meshfeed-rows-*`` folder while the loader runs). Goal: ``files`` >= 0.75x
-  ``shm``. The same children also time a medium step (64 rows of 32x32x3, 1 MiB a step
-  with its inputs), which fits a few steps in half of the 8 MiB: there the read-ahead is
-  cut to fit (``read-ahead cut``) instead.
-
-Every round times each entry once (a child times its two loaders), in an order that
-rotates from round to round; ratios are taken within a round, and the lines give
-medians over rounds. Prints one JSON line per entry; ``--smoke`` for CI.
+F: workload C with 1% of its PNGs cut in half, ``on_error="skip"`` against clean data
+(goal >= 0.95x). G: rows of a cheap record transform in children under ``unshare -rm``, a
+private 8 MiB /dev/shm (rows through memory-mapped files, or a read-ahead cut to fit)
+against /dev/shm as it is (goal >= 0.75x). Rotating rounds, medians of per-round ratios.
+``--smoke`` for CI; the workloads are in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse
 import collections
 import contextlib
 import gc
 import glob
+import itertools
 import json
-import platform
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TextIO
 
-import jax
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fault_fns import decode_crop_checked, dequantize, images, is_bad, pngs
+from fault_fns import decode_crop_checked, dequantize, is_bad, pngs
+from harness import arguments, emit, in_rounds, median_of, use_cpu_devices
+from workload_fns import images
 
 import meshfeed
 from common import measure
@@ -196,68 +166,51 @@ def _children(small: bool, first: int, n: int, seconds: float) -> dict[str, Any]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
-    parser.add_argument("--seconds", type=float, default=2.0, help="per entry per round")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds; the median")
+def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--examples", type=int, default=8192, help="workload F's images")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+
+
+def _ratios(a: list[float], b: list[float]) -> dict[str, Any]:
+    """The median of per-round ratios ``a / b``, and each round's."""
+    ratio = [x / y for x, y in zip(a, b, strict=True)]
+    return {"median": round(statistics.median(ratio), 3), "by_round": [round(x, 3) for x in ratio]}
+
+
+def main() -> None:
+    use_cpu_devices()
+    smoke = {"seconds": 0.3, "rounds": 1, "examples": 2048}
+    args = arguments(__doc__, seconds=2.0, rounds=7, smoke=smoke, add=_flags)
     if args.child:
         _child(args)
         return
-    seconds, rounds, n = (
-        (0.3, 1, 2048) if args.smoke else (args.seconds, args.rounds, args.examples)
-    )
+    seconds = args.seconds
+    n = args.examples
     rows_n = 256 if args.smoke else 1024
     clean, bad = pngs(n)
     no_unshare = _unshare_fails()
-    tasks: dict[str, Callable[[int], Any]] = {
-        "clean": lambda r: _records(clean, "raise", seconds),
-        "bad 1%, skip": lambda r: _records(bad, "skip", seconds),
-        "clean, skip": lambda r: _records(clean, "skip", seconds),
+    tasks: dict[str, Callable[[], Any]] = {
+        "clean": lambda: _records(clean, "raise", seconds),
+        "bad 1%, skip": lambda: _records(bad, "skip", seconds),
+        "clean, skip": lambda: _records(clean, "skip", seconds),
     }
     if no_unshare is None:
-        tasks["shm"] = lambda r: _children(False, r, rows_n, seconds)
-        tasks["small shm"] = lambda r: _children(True, r, rows_n, seconds)
-    names = list(tasks)
-    per_round: list[dict[str, Any]] = []
-    for r in range(rounds):
-        got: dict[str, Any] = {}
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            got[name] = tasks[name](r)
-            gc.collect()
-            time.sleep(0.3)  # let the entry's workers go before the next one starts
-        per_round.append(got)
-
-    def median(fn: Callable[[dict[str, Any]], float]) -> float:
-        return round(statistics.median(fn(r) for r in per_round), 3)
-
-    common = {
-        "benchmark": "faults",
-        "num_workers": 2,
-        "rounds": rounds,
-        "window_s": seconds,
-        "devices": jax.device_count(),
-        "smoke": args.smoke,
-        "jax": jax.__version__,
-        "python": platform.python_version(),
-    }
+        # Two children a round; the round's number picks which step size a child times first.
+        calls = itertools.count()
+        tasks["shm"] = lambda: _children(False, next(calls) // 2, rows_n, seconds)
+        tasks["small shm"] = lambda: _children(True, next(calls) // 2, rows_n, seconds)
+    per_round = in_rounds(tasks, args.rounds)
+    run = {"num_workers": 2, "rounds": args.rounds, "window_s": seconds, "smoke": args.smoke}
+    clean_rates = [r["clean"]["rate"] for r in per_round]
     for name in ("clean", "bad 1%, skip", "clean, skip"):
-        line: dict[str, Any] = {
-            **common,
-            "workload": "F",
-            "name": name,
-            "global_batch_size": BATCH,
-            "examples": n,
-            "records_per_s": round(median(lambda r, name=name: r[name]["rate"])),
-        }
+        line: dict[str, Any] = {"workload": "F", "name": name, "global_batch_size": BATCH}
+        line["examples"] = n
+        line["records_per_s"] = round(median_of(per_round, name, "rate") or 0)
         if name != "clean":
-            ratio = [r[name]["rate"] / r["clean"]["rate"] for r in per_round]
-            line["ratio_to_clean"] = round(statistics.median(ratio), 3)
-            line["ratio_by_round"] = [round(x, 3) for x in ratio]
+            ratio = _ratios([r[name]["rate"] for r in per_round], clean_rates)
+            line["ratio_to_clean"] = ratio["median"]
+            line["ratio_by_round"] = ratio["by_round"]
             skipped = [c for r in per_round for c in r[name]["skipped"]]
             line["skipped_per_epoch"] = sorted(set(skipped))  # every full epoch handed out
             line["epochs_counted"] = len(skipped)
@@ -265,44 +218,37 @@ def main() -> None:
             skipped = [c for r in per_round for c in r[name]["skipped"]]
             bad_ids = [c for r in per_round for c in r[name]["bad"]]
             line["bad_per_epoch"] = sorted(set(bad_ids))
-            line["skipped_are_the_bad"] = skipped == bad_ids and all(
-                r[name]["all_bad"] for r in per_round
-            )
+            all_bad = all(r[name]["all_bad"] for r in per_round)
+            line["skipped_are_the_bad"] = skipped == bad_ids and all_bad
             line["error"] = per_round[-1][name]["error"]
             line["goal"] = 0.95
-        print(json.dumps(line), flush=True)
+        emit("faults", **run, **line)
     for step, goal, entries in (
         ("large", 0.75, ("transport shm", "transport files")),
         ("medium", None, ("read-ahead shm", "read-ahead cut")),
     ):
         side = SIDES[step]
         for name in entries:
-            line = {
-                **common,
-                "workload": "G",
-                "name": name,
-                "global_batch_size": ROWS_BATCH,
-                "row": f"{side}x{side}x3 float32",
-                "examples": rows_n,
-            }
+            line = {"workload": "G", "name": name, "global_batch_size": ROWS_BATCH}
+            line |= {"row": f"{side}x{side}x3 float32", "examples": rows_n}
             if no_unshare is not None:
-                line["skipped"] = no_unshare
-                print(json.dumps(line), flush=True)
+                emit("faults", **run, **line, skipped=no_unshare)
                 continue
             where = "small shm" if name.endswith(("files", "cut")) else "shm"
             line["shm_mib"] = per_round[0][where]["shm_mib"]
-            line["records_per_s"] = round(median(lambda r, s=step, w=where: r[w][s]["rate"]))
+            rates = [r[where][step]["rate"] for r in per_round]
+            line["records_per_s"] = round(statistics.median(rates))
             line["mib_per_s"] = round(line["records_per_s"] * side * side * 3 * 4 / 2**20, 1)
             if where == "small shm":
-                ratio = [r["small shm"][step]["rate"] / r["shm"][step]["rate"] for r in per_round]
-                line["ratio_to_shm"] = round(statistics.median(ratio), 3)
-                line["ratio_by_round"] = [round(x, 3) for x in ratio]
+                ratio = _ratios(rates, [r["shm"][step]["rate"] for r in per_round])
+                line["ratio_to_shm"] = ratio["median"]
+                line["ratio_by_round"] = ratio["by_round"]
                 if goal is not None:
                     line["goal"] = goal
             line["file_blocks"] = max(r[where][step]["file_blocks"] for r in per_round)
             line["file_mib"] = round(max(r[where][step]["file_mib"] for r in per_round), 1)
             line["meshfeed_said"] = per_round[0][where][step]["said"]
-            print(json.dumps(line), flush=True)
+            emit("faults", **run, **line)
 
 
 if __name__ == "__main__":

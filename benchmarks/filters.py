@@ -1,42 +1,24 @@
 """Filters: ``meshfeed.select`` against a plain loop, a loader over a selection against
 one over the kept rows copied out, and what a selection costs on disk.
 
-- ``select``: 20,000, 200,000 and 2,000,000 examples (``--examples``) in ``.npy`` files
-  read as memory maps (a score, and a 32-float embedding), three predicates:
-  ``threshold`` (``score > 0.5``: the cheapest there is, ~0.15 us a record),
-  ``embedding`` (the embedding's dot product with a direction above 0: ~1 us) and
-  ``text`` (the embedding written out as text and searched with a regular expression, as
-  a quality or language filter over text is: ~20 us). Entries, each timed once a round
-  in an order that rotates, each with an empty cache: ``loop`` (one process calls the
-  predicate on every record, the arrays read whole first), ``select:2`` (``workers=2``:
-  this process and one worker, which rests from an earlier call as it does for 60 s
-  after each), ``select:2 cold`` (the same with no worker resting: one starts, ~0.1 s,
-  while this process writes the first parts), ``select:auto`` (``workers=None``: a
-  process a core). Seconds; ratios are the loop's time over the entry's.
-- ``loader``: 262,144 examples of 64 float32, half of them kept; a ``Loader`` (batch 256,
-  8 CPU devices, shuffled, endless, no training) over the selection against one over
-  the kept rows copied into a source of their own: rows/s in windows of at least 0.3 s.
+- ``select``: 20,000 to 2,000,000 examples in memory-mapped ``.npy`` files, three
+  predicates (``threshold``, ``embedding``, ``text``: ~0.15, ~1 and ~20 us a record):
+  a plain ``loop`` against ``select`` with ``workers=2`` (a worker resting, and
+  ``cold``) and ``workers=None``; seconds, and the loop's time over the entry's.
+- ``loader``: a ``Loader`` (batch 256, 8 CPU devices) over a selection of half of
+  262,144 rows against one over the kept rows copied out: rows/s.
 - ``bytes``: the selection's file over the source's examples.
 
-Medians over rounds; ratios are medians of per-round ratios. One JSON line per entry;
-``--smoke`` for CI.
+Rotating rounds, medians of per-round ratios; README.md says more. ``--smoke`` for CI.
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 import argparse
 import importlib
 import json
-import platform
+import os
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -47,9 +29,10 @@ from typing import Any
 import jax
 import numpy as np
 
-import meshfeed
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
+
+import meshfeed
 from common import measure
 
 DIRECTION = np.linspace(-1.0, 1.0, 32, dtype=np.float32)
@@ -90,7 +73,8 @@ def _data(folder: str, n: int) -> meshfeed.ArraySource:
 def _loop(folder: str, keep: Callable[[dict[str, Any]], bool]) -> float:
     """Seconds of a plain loop: the arrays read whole, the predicate on every record."""
     began = time.perf_counter()
-    score, vectors = np.load(f"{folder}/score.npy"), np.load(f"{folder}/embedding.npy")
+    score = np.load(f"{folder}/score.npy")
+    vectors = np.load(f"{folder}/embedding.npy")
     kept = [i for i in range(len(score)) if keep({"score": score[i], "embedding": vectors[i]})]
     assert kept is not None
     return time.perf_counter() - began
@@ -123,24 +107,13 @@ def _select_size(args: argparse.Namespace, folder: str, common: dict[str, Any], 
             "select:2 cold": lambda keep=keep: _select(source, keep, 2, cold=True),
             "select:auto": lambda keep=keep: _select(source, keep, None),
         }
-        names = list(entries)
-        rounds: list[dict[str, float]] = []
-        for r in range(args.rounds):
-            k = r % len(names)
-            rounds.append({e: entries[e]() for e in names[k:] + names[:k]})
-        for entry in names:
-            line = {
-                **common,
-                "workload": "select",
-                "predicate": name,
-                "name": entry,
-                "examples": n,
-                "seconds": round(statistics.median(x[entry] for x in rounds), 4),
-            }
+        per_round = in_rounds(entries, args.rounds, pause=0)
+        for entry in entries:
+            line = {"workload": "select", "predicate": name, "name": entry, "examples": n}
+            line["seconds"] = round(median_of(per_round, entry) or 0.0, 4)
             if entry != "loop":
-                ratios = [x["loop"] / x[entry] for x in rounds]
-                line["ratio_to_loop"] = round(statistics.median(ratios), 3)
-            print(json.dumps(line), flush=True)
+                line["ratio_to_loop"] = median_ratio(per_round, "loop", entry)
+            emit("filters", **common, **line)
 
 
 def _loader_part(args: argparse.Namespace, folder: str, common: dict[str, Any]) -> None:
@@ -154,67 +127,45 @@ def _loader_part(args: argparse.Namespace, folder: str, common: dict[str, Any]) 
     )
     sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
 
-    def run(src: Any) -> Callable[[], Any]:
-        return lambda: iter(
-            meshfeed.Loader(src, global_batch_size=256, sharding=sharding, num_epochs=None)
-        )
+    def rate(src: Any) -> Callable[[], float]:
+        def loader() -> Any:
+            return iter(
+                meshfeed.Loader(src, global_batch_size=256, sharding=sharding, num_epochs=None)
+            )
 
-    entries = {"selection": run(selection), "copied": run(copied)}
-    names, rounds = list(entries), []
-    seconds = 0.3 if args.smoke else args.seconds
-    for r in range(args.rounds):
-        rounds.append(
-            {e: measure(entries[e], 256, seconds) for e in names[r % 2 :] + names[: r % 2]}
-        )
-    ratio = statistics.median(x["selection"] / x["copied"] for x in rounds)
-    for entry in names:
-        line = {
-            **common,
-            "workload": "loader",
-            "name": entry,
-            "kept": len(selection),
-            "rows_per_s": round(statistics.median(x[entry] for x in rounds)),
-        }
+        return lambda: measure(loader, 256, args.seconds)
+
+    per_round = in_rounds({"selection": rate(selection), "copied": rate(copied)}, args.rounds, 0)
+    for entry in ("selection", "copied"):
+        line = {"workload": "loader", "name": entry, "kept": len(selection)}
+        line["rows_per_s"] = round(median_of(per_round, entry) or 0.0)
         if entry == "selection":
-            line["ratio_to_copied"] = round(ratio, 3)
-        print(json.dumps(line), flush=True)
+            line["ratio_to_copied"] = median_ratio(per_round, "selection", "copied")
+        emit("filters", **common, **line)
     meta = json.loads((Path(folder) / "selections" / selection.key / "selection.json").read_text())
-    print(
-        json.dumps(
-            {
-                **common,
-                "workload": "bytes",
-                "name": "selection",
-                "examples": n,
-                "kept": meta["kept"],
-                "stored": meta["stored"],
-                "bytes_per_example": round(meta["bytes_per_example"], 3),
-            }
-        ),
-        flush=True,
+    emit(
+        "filters",
+        **common,
+        workload="bytes",
+        name="selection",
+        examples=n,
+        kept=meta["kept"],
+        stored=meta["stored"],
+        bytes_per_example=round(meta["bytes_per_example"], 3),
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--seconds", type=float, default=1.0, help="a loader's window")
+def _add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--examples", default="20000,200000,2000000", help="comma-separated")
     parser.add_argument("--predicates", default=",".join(PREDICATES), help="comma-separated")
     parser.add_argument("--no-loader", action="store_true", help="the select part only")
     parser.add_argument("--no-select", action="store_true", help="the loader part only")
-    args = parser.parse_args()
-    if args.smoke:
-        args.rounds = 1
-    common = {
-        "benchmark": "filters",
-        "rounds": args.rounds,
-        "cores": os.cpu_count(),
-        "smoke": args.smoke,
-        "jax": jax.__version__,
-        "python": platform.python_version(),
-    }
+
+
+def main() -> None:
+    use_cpu_devices()
+    args = arguments(__doc__, seconds=1.0, rounds=7, add=_add_flags)
+    common = {"smoke": args.smoke, "rounds": args.rounds, "cores": os.cpu_count()}
     with tempfile.TemporaryDirectory() as folder:
         if not args.no_select:
             _select_part(args, folder, common)

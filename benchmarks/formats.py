@@ -1,54 +1,30 @@
 """Workload W, streaming formats: WebDataset shards read by index, and how fast files index.
 
-Loading: 20,000 PNG-encoded 32x32 RGB images with a class each, written as 8 WebDataset
-shards by webdataset's own ``ShardWriter``. Every entry decodes each image and takes a
-random 28x28 crop (the decode workload's function), shuffles, and ends in global
-``jax.Array`` batches of 256 on 8 CPU devices in one process:
-
-- ``meshfeed``: ``TarSource`` (the shards indexed once) in a ``Loader`` with
-  ``record_transform`` on 2 worker processes, a per-sample shuffle;
-- ``webdataset``: webdataset's own pipeline -- ``WebDataset(shardshuffle=True)``, a
-  1,000-sample shuffle buffer, the same decode in ``map``, ``batched(256)`` -- in a
-  PyTorch ``DataLoader`` with 2 workers, then ``make_array_from_process_local_data``.
-
-Each round times both for ``--seconds``, in an order that rotates; the lines report the
-median samples/s and the median of per-round ratios. Goal: meshfeed >= 1.1x webdataset.
-
-Indexing: the same shards (``tar``: 8 files, 123 MB), 16 shards of twice as many samples
-(``tar-16``: 246 MB), with ``--big`` 64 shards of 8 times as many (``tar-64``: ~1 GB),
-and about 100 MB each of JSON Lines and TFRecord files (the latter written by the
-``tfrecord`` package), each indexed by ``meshfeed.index(workers=2)`` against reading the
-files once front to back, both with the files evicted from the page cache first
-(``posix_fadvise(DONTNEED)``), in rounds whose order rotates; MB/s, the median of per-
-round ratios (goal >= 0.5) and the index's bytes per sample. ``--ray`` times
-``executor="ray"`` as well, on a local Ray of this machine's cores started by the script
-(its workers started before the timing). ``--part indexing`` skips the loading part.
-``--smoke`` for CI.
+Loading: ``TarSource`` in a ``Loader`` (2 record workers) against webdataset's own pipeline
+in a PyTorch ``DataLoader`` (2 workers), samples/s; goal >= 1.1x. Indexing:
+``meshfeed.index`` (``--ray``: on a local Ray too) against reading the files once, page
+cache evicted; goal >= 0.5x. ``--part indexing`` skips loading. ``--smoke`` for CI; the
+workload is in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 import argparse
 import json
+import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 from decode_fns import decode_crop, encode_all
+from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
 
 import meshfeed
 from common import measure, to_global
@@ -77,8 +53,14 @@ def _meshfeed(shards: list[str]) -> Callable[[], Iterator[Any]]:
     sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
 
     def run() -> Iterator[Any]:
-        loader = meshfeed.Loader(source, global_batch_size=BATCH, sharding=sharding,
-                                 num_epochs=None, record_transform=crop, num_workers=2)  # fmt: skip
+        loader = meshfeed.Loader(
+            source,
+            global_batch_size=BATCH,
+            sharding=sharding,
+            num_epochs=None,
+            record_transform=crop,
+            num_workers=2,
+        )
         try:
             yield from loader
         finally:
@@ -116,8 +98,9 @@ def _webdataset(shards: list[str]) -> Callable[[], Iterator[Any]]:
             .map(_Crop())
             .batched(BATCH, collation_fn=_collate, partial=False)
         )
-        loader = DataLoader(pipeline, batch_size=None, num_workers=2, persistent_workers=True,
-                            collate_fn=_same)  # fmt: skip
+        loader = DataLoader(
+            pipeline, batch_size=None, num_workers=2, persistent_workers=True, collate_fn=_same
+        )
         yield from to_global(iter(loader), BATCH)
 
     return run
@@ -143,7 +126,8 @@ def _read_once(paths: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def _index_once(paths: list[str], executor: Any = "local") -> tuple[float, int]:
+def _index_once(paths: list[str], executor: str, per_sample: dict[str, int]) -> float:
+    """Seconds to index ``paths`` from disk; the index's bytes per sample into ``per_sample``."""
     for p in paths:
         Path(p + ".meshfeed-index.npz").unlink(missing_ok=True)
     _evict(paths)
@@ -151,7 +135,8 @@ def _index_once(paths: list[str], executor: Any = "local") -> tuple[float, int]:
     report = meshfeed.index(paths, workers=2, executor=executor, progress=False)
     seconds = time.perf_counter() - start
     index_bytes = sum(os.path.getsize(p + ".meshfeed-index.npz") for p in paths)
-    return seconds, index_bytes // max(1, report.samples)
+    per_sample[executor] = index_bytes // max(1, report.samples)
+    return seconds
 
 
 def write_jsonl(folder: Path, total_mb: float, files: int = 8) -> list[str]:
@@ -189,19 +174,17 @@ def write_tfrecords(folder: Path, total_mb: float, files: int = 8) -> list[str]:
     return paths
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=3.0, help="per entry per round")
+def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--part", choices=("all", "loading", "indexing"), default="all")
     parser.add_argument("--ray", action="store_true", help="time executor='ray' as well")
     parser.add_argument("--big", action="store_true", help="index tar-64 (~1 GB) as well")
     parser.add_argument("--sets", default=None, help="indexing: these sets only (comma-separated)")
-    args = parser.parse_args()
-    n, shards, mb = 20_000, 8, 100.0
-    if args.smoke:
-        n, shards, mb, args.rounds, args.seconds = 1024, 2, 2.0, 1, 0.3
+
+
+def main() -> None:
+    use_cpu_devices()
+    args = arguments(__doc__, seconds=3.0, rounds=5, add=_flags)
+    n, shards, mb = (1024, 2, 2.0) if args.smoke else (20_000, 8, 100.0)
     scratch = Path(tempfile.mkdtemp(prefix="meshfeed-formats-bench-"))
     try:
         _run(args, scratch, n, shards, mb)
@@ -212,10 +195,8 @@ def main() -> None:
 def _run(args: argparse.Namespace, scratch: Path, n: int, shards: int, mb: float) -> None:
     (scratch / "wds").mkdir()
     paths = write_shards(scratch / "wds", n, shards)
-    base = {"benchmark": "formats", "devices": jax.device_count(), "smoke": args.smoke,
-            "python": sys.version.split()[0]}  # fmt: skip
     if args.part in ("all", "loading"):
-        _loading(args, paths, base)
+        _loading(args, paths)
     if args.part in ("all", "indexing"):
         (scratch / "wds16").mkdir()
         sets = {"tar": paths, "tar-16": write_shards(scratch / "wds16", 2 * n, 2 * shards)}
@@ -228,58 +209,62 @@ def _run(args: argparse.Namespace, scratch: Path, n: int, shards: int, mb: float
             sets["tar-64"] = write_shards(scratch / "wds64", 8 * n, 64)
         if args.sets:
             sets = {k: v for k, v in sets.items() if k in args.sets.split(",")}
-        _indexing(args, sets, base, scratch)
+        _indexing(args, sets, scratch)
 
 
-def _loading(args: argparse.Namespace, paths: list[str], base: dict[str, Any]) -> None:
+def _loading(args: argparse.Namespace, paths: list[str]) -> None:
     entries = {"meshfeed": _meshfeed(paths), "webdataset": _webdataset(paths)}
-    rounds: list[dict[str, float]] = []
-    for r in range(args.rounds):
-        names = list(entries)[r % 2 :] + list(entries)[: r % 2]
-        rounds.append({name: measure(entries[name], BATCH, args.seconds) for name in names})
+    timed = {name: lambda e=e: measure(e, BATCH, args.seconds) for name, e in entries.items()}
+    per_round = in_rounds(timed, args.rounds, pause=0.0)
     for name in entries:
-        ratio = statistics.median(r[name] / r["webdataset"] for r in rounds)
-        line = {**base, "workload": "W", "part": "loading", "name": name, "rounds": len(rounds),
-                "samples_per_s": round(statistics.median(r[name] for r in rounds)),
-                "ratio_to_webdataset": round(ratio, 3)}  # fmt: skip
-        print(json.dumps(line), flush=True)
+        emit(
+            "formats",
+            smoke=args.smoke,
+            workload="W",
+            part="loading",
+            name=name,
+            rounds=args.rounds,
+            samples_per_s=round(median_of(per_round, name) or 0),
+            ratio_to_webdataset=median_ratio(per_round, name, "webdataset"),
+        )
 
 
-def _indexing(
-    args: argparse.Namespace, sets: dict[str, list[str]], base: dict[str, Any], scratch: Path
-) -> None:
+def _indexing(args: argparse.Namespace, sets: dict[str, list[str]], scratch: Path) -> None:
     contenders = ["read", "local"] + (["ray"] if args.ray else [])
     if args.ray:
         import ray
 
-        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
-                 log_to_driver=False)  # fmt: skip
+        ray.init(
+            address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False
+        )
         (scratch / "warm").mkdir()
         warm = write_jsonl(scratch / "warm", 0.01, files=2 * (os.cpu_count() or 1))
         meshfeed.index(warm, executor="ray", progress=False)  # its workers started
     for kind, files in sets.items():
         size = sum(os.path.getsize(p) for p in files)
-        rounds: list[dict[str, float]] = []
-        per_sample = 0
-        for r in range(args.rounds):
-            order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
-            times = {}
-            for what in order:
-                if what == "read":
-                    times["read"] = _read_once(files)
-                else:
-                    times[what], per_sample = _index_once(files, what)
-            rounds.append(times)
-        read = statistics.median(size / r["read"] / 1e6 for r in rounds)
+        per_sample: dict[str, int] = {}  # index bytes per sample, by executor
+        entries: dict[str, Callable[[], float]] = {"read": partial(_read_once, files)}
         for what in contenders[1:]:
-            rate = statistics.median(size / r[what] / 1e6 for r in rounds)
-            ratio = statistics.median(r["read"] / r[what] for r in rounds)
-            line = {**base, "workload": "W", "part": "indexing", "name": kind, "executor": what,
-                    "files": len(files), "mb": round(size / 1e6, 1), "rounds": len(rounds),
-                    "index_mb_per_s": round(rate), "read_mb_per_s": round(read),
-                    "ratio_to_read": round(ratio, 3),
-                    "index_bytes_per_sample": per_sample}  # fmt: skip
-            print(json.dumps(line), flush=True)
+            entries[what] = partial(_index_once, files, what, per_sample)
+        per_round = in_rounds(entries, args.rounds, pause=0.0)
+        read = statistics.median(size / r["read"] / 1e6 for r in per_round)
+        for what in contenders[1:]:
+            rate = statistics.median(size / r[what] / 1e6 for r in per_round)
+            emit(
+                "formats",
+                smoke=args.smoke,
+                workload="W",
+                part="indexing",
+                name=kind,
+                executor=what,
+                files=len(files),
+                mb=round(size / 1e6, 1),
+                rounds=args.rounds,
+                index_mb_per_s=round(rate),
+                read_mb_per_s=round(read),
+                ratio_to_read=median_ratio(per_round, "read", what),
+                index_bytes_per_sample=per_sample[what],
+            )
     if args.ray:
         ray.shutdown()  # pyright: ignore[reportPossiblyUnboundVariable]
 

@@ -1,45 +1,23 @@
 """Workload Q, a store's slow tail: hedged range reads against none.
 
-The store is the local S3 server (moto, ``meshfeed.testing.S3Server``) behind a
-``CountingProxy`` that holds a share of the range reads (each chosen at random with a
-seed; a duplicate is drawn like any request) for some seconds before forwarding them.
-The data: a meshfeed folder of 64 shards of 32 rows (a 64-byte row and an int32 label),
-read with the per-example shuffle, global batch 32 on 8 CPU devices, one process, the
-default read-ahead: ~75 range requests a step, so at 3% nearly every step has a held one.
-
-For each held share (0, 1, 3, 10%) and hold (0.5, 2 s), with ``hedge=True`` (the
-default) and ``hedge=False``: the seconds of ``--steps`` steps (after one untimed), the
-requests, the duplicates sent and won. Runs in rounds whose order rotates; each run's
-time over the round's clean run (no hold, no hedging: the build before), median over
-rounds. Goal at 3% x 2 s: <= 1.3x the clean run, duplicates <= 5% of requests.
-
-Then the store's floor (issue 51, part 3): every range read held ``LATENCY_S`` (a far
-store that answers late, not a tail), batch ``FLOOR_BATCH``, a loop that computes
-``STEP_S`` a step (a sleep); the
-share of the time the loop waits on input, with the default read-ahead against fixed
-depths, in rotating rounds. Goal: the default waits no more than the best fixed depth.
-
-Prints one JSON line per case; ``--smoke`` for CI.
+A folder on moto's S3 server behind a ``CountingProxy`` that holds a share of the range
+reads; ``hedge=True`` and ``hedge=False`` against the clean run, rotating rounds. Goal at
+3% x 2 s: <= 1.3x the clean run, duplicates <= 5% of requests. ``Q-floor``: every read
+held, the default read-ahead's input wait against fixed depths. ``--smoke`` for CI; the
+workload is in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 import argparse
-import json
-import platform
-import statistics
+import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
+from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
 
 import meshfeed
 from meshfeed.testing import CountingProxy, S3Server
@@ -47,17 +25,39 @@ from meshfeed.testing import CountingProxy, S3Server
 SHARES = (0.0, 0.01, 0.03, 0.10)
 HOLDS = (0.5, 2.0)
 BATCH = 32
-LATENCY_S, STEP_S, FLOOR_BATCH = 0.5, 0.1, 8  # a far store; ~16 range reads a step
+LATENCY_S = 0.5  # the floor: a far store; ~16 range reads a step
+STEP_S = 0.1
+FLOOR_BATCH = 8
 DEPTHS = ("auto", 2, 4, 16)
 
 
-def _run(url: str, options: dict[str, Any], proxy: CountingProxy, case: dict[str, Any],
-         steps: int, seed: int) -> dict[str, float]:  # fmt: skip
-    source = meshfeed.open_source(url, storage_options=options, hedge=case["hedge"])
-    loader = meshfeed.Loader(
-        source, global_batch_size=BATCH, num_epochs=None, shuffle=True, seed=seed,
+def round_seeds(entries: int) -> Callable[[], int]:
+    """A seed for each call of ``entries`` entries run in rounds: the round's number + 1."""
+    calls = itertools.count()
+    return lambda: 1 + next(calls) // entries
+
+
+def _loader(url: str, options: dict[str, Any], seed: int, **kwargs: Any) -> meshfeed.Loader:
+    hedge = kwargs.pop("hedge", True)
+    return meshfeed.Loader(
+        meshfeed.open_source(url, storage_options=options, hedge=hedge),
+        num_epochs=None,
+        shuffle=True,
+        seed=seed,
         sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=8)),
-    )  # fmt: skip
+        **kwargs,
+    )
+
+
+def _run(
+    url: str,
+    options: dict[str, Any],
+    proxy: CountingProxy,
+    case: dict[str, Any],
+    steps: int,
+    seed: int,
+) -> dict[str, float]:
+    loader = _loader(url, options, seed, global_batch_size=BATCH, hedge=case["hedge"])
     it = iter(loader)
     jax.block_until_ready(next(it))
     proxy.hold("range", case["share"], case["hold"], seed=seed)
@@ -67,19 +67,15 @@ def _run(url: str, options: dict[str, Any], proxy: CountingProxy, case: dict[str
         jax.block_until_ready(next(it))
     seconds = time.perf_counter() - start
     proxy.hold("range", 0.0, 0.0)
-    url = loader.stats()["source"]["url"]
+    url_stats = loader.stats()["source"]["url"]
     loader.close()
-    got = {k: url[k] for k in ("requests", "hedges", "hedges_won")}
+    got = {k: url_stats[k] for k in ("requests", "hedges", "hedges_won")}
     return {"seconds": seconds, **got}
 
 
 def _waits(url: str, options: dict[str, Any], prefetch: Any, steps: int, seed: int) -> float:
     """The share of ``steps`` steps' time the loop waited on input (after one untimed)."""
-    source = meshfeed.open_source(url, storage_options=options)
-    loader = meshfeed.Loader(
-        source, global_batch_size=FLOOR_BATCH, num_epochs=None, shuffle=True, seed=seed,
-        sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=8)), prefetch=prefetch,
-    )  # fmt: skip
+    loader = _loader(url, options, seed, global_batch_size=FLOOR_BATCH, prefetch=prefetch)
     it = iter(loader)
     jax.block_until_ready(next(it))
     loader.stats(reset=True)
@@ -97,33 +93,36 @@ def _floor(url: str, options: dict[str, Any], proxy: CountingProxy, args: Any) -
     rounds, steps = (1, 5) if args.smoke else (args.rounds, 4 * args.steps)
     proxy.hold("range", 1.0, LATENCY_S)
     depths = DEPTHS[:2] if args.smoke else DEPTHS
-    got: dict[Any, list[float]] = {d: [] for d in depths}
-    for r in range(rounds):
-        for d in depths[r % len(depths) :] + depths[: r % len(depths)]:
-            got[d].append(_waits(url, options, d, steps, seed=r + 1))
+    seed = round_seeds(len(depths))
+    entries = {str(d): lambda d=d: _waits(url, options, d, steps, seed()) for d in depths}
+    per_round = in_rounds(entries, rounds, pause=0.0)
     proxy.hold("range", 0.0, 0.0)
-    for d, shares in got.items():
-        line = {
-            "benchmark": "hedge", "workload": "Q-floor", "prefetch": d, "latency_s": LATENCY_S,
-            "step_s": STEP_S, "steps": steps, "rounds": rounds,
-            "input_wait": round(statistics.median(shares), 4),
-            "smoke": args.smoke, "jax": jax.__version__, "python": platform.python_version(),
-        }  # fmt: skip
-        print(json.dumps(line), flush=True)
+    for d in depths:
+        emit(
+            "hedge",
+            smoke=args.smoke,
+            workload="Q-floor",
+            prefetch=d,
+            latency_s=LATENCY_S,
+            step_s=STEP_S,
+            steps=steps,
+            rounds=rounds,
+            input_wait=round(median_of(per_round, str(d)) or 0.0, 4),
+        )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny, for CI")
-    parser.add_argument("--rounds", type=int, default=3)
+def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--shares", type=float, nargs="+", default=SHARES, help="held shares")
     parser.add_argument("--holds", type=float, nargs="+", default=HOLDS, help="seconds held")
-    args = parser.parse_args()
-    shares, holds = ((0.0, 0.03), (0.5,)) if args.smoke else (args.shares, args.holds)
-    rounds, steps = (1, 3) if args.smoke else (args.rounds, args.steps)
+
+
+def main() -> None:
+    use_cpu_devices()
+    smoke = {"shares": (0.0, 0.03), "holds": (0.5,), "rounds": 1, "steps": 3}
+    args = arguments(__doc__, rounds=3, smoke=smoke, add=_flags)
     cases = [{"share": 0.0, "hold": 0.0, "hedge": h} for h in (False, True)]
-    for share, hold in ((s, t) for s in shares if s for t in holds):
+    for share, hold in ((s, t) for s in args.shares if s for t in args.holds):
         cases += [{"share": share, "hold": hold, "hedge": h} for h in (False, True)]
     server = S3Server()
     proxy = CountingProxy(server.port)
@@ -138,28 +137,31 @@ def main() -> None:
         meshfeed.write_source(url, data, shard_size=32, storage_options=server.storage_options)
         options = {**server.storage_options, "endpoint_url": proxy.endpoint}
         if not args.smoke:  # the store's latencies learned
-            _run(url, options, proxy, cases[1], 2 * steps, 0)
-        runs: list[list[dict[str, float]]] = [[] for _ in cases]
-        for r in range(rounds):
-            order = list(range(len(cases)))
-            order = order[r % len(order) :] + order[: r % len(order)]
-            for i in order:
-                runs[i].append(_run(url, options, proxy, cases[i], steps, seed=r + 1))
-        clean = [run["seconds"] for run in runs[0]]
-        for case, got in zip(cases, runs, strict=True):
-            ratio = statistics.median(g["seconds"] / c for g, c in zip(got, clean, strict=True))
+            _run(url, options, proxy, cases[1], 2 * args.steps, 0)
+        seed = round_seeds(len(cases))
+        entries = {
+            str(i): lambda c=case: _run(url, options, proxy, c, args.steps, seed())
+            for i, case in enumerate(cases)
+        }
+        per_round = in_rounds(entries, args.rounds, pause=0.0)
+        for i, case in enumerate(cases):
+            got = [r[str(i)] for r in per_round]
             requests = sum(g["requests"] for g in got)
-            line = {
-                "benchmark": "hedge", "workload": "Q", **case, "steps": steps, "rounds": rounds,
-                "seconds": round(statistics.median(g["seconds"] for g in got), 3),
-                "against_clean": round(ratio, 3),
-                "requests": int(requests),
-                "duplicates": int(sum(g["hedges"] for g in got)),
-                "duplicates_won": int(sum(g["hedges_won"] for g in got)),
-                "duplicate_share": round(sum(g["hedges"] for g in got) / max(requests, 1), 4),
-                "smoke": args.smoke, "jax": jax.__version__, "python": platform.python_version(),
-            }  # fmt: skip
-            print(json.dumps(line), flush=True)
+            hedges = sum(g["hedges"] for g in got)
+            emit(
+                "hedge",
+                smoke=args.smoke,
+                workload="Q",
+                **case,
+                steps=args.steps,
+                rounds=args.rounds,
+                seconds=round(median_of(per_round, str(i), "seconds") or 0.0, 3),
+                against_clean=median_ratio(per_round, str(i), "0", "seconds"),
+                requests=int(requests),
+                duplicates=int(hedges),
+                duplicates_won=int(sum(g["hedges_won"] for g in got)),
+                duplicate_share=round(hedges / max(requests, 1), 4),
+            )
         _floor(url, options, proxy, args)
     finally:
         proxy.close()

@@ -1,40 +1,27 @@
 """Keras overhead: ``meshfeed.keras``'s step under ``meshfeed.fit`` vs the guide's bare step.
 
-One process, 8 CPU devices, data parallel. The model is the Keras multi-device guide's
-convnet (conv + batch norm + dropout) on MNIST-shaped uint8 images, global batch 128.
-The baseline is the guide's ``train_step`` (``model.stateless_call``,
-``optimizer.stateless_apply``, ``jax.value_and_grad``) under ``jax.jit``, looping over
-batches placed on the devices before timing; ``meshfeed.keras.make_train_step`` (its
-``TrainState`` from ``meshfeed.keras.create_state``) runs under ``meshfeed.fit``, fed by
-a ``meshfeed.Loader``, and also computes the accuracy each step. Both sync
-once per ``--steps``-step run's quarter. Rounds are interleaved; medians are reported.
-
-Goal: ``fit`` time per step <= 1.15x the bare step. Prints one JSON line per
-measurement; ``--smoke`` for CI.
+The Keras multi-device guide's convnet, global batch 128, 8 CPU devices; the peer is the
+guide's jitted ``stateless_call`` step on batches placed before timing. Goal: ``fit`` <=
+1.15x the bare step. ``--smoke`` for CI; the workload is in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("KERAS_BACKEND", "jax")
+os.environ.setdefault("KERAS_BACKEND", "jax")  # read when keras is imported
 
 import argparse
-import json
-import platform
-import statistics
 import time
 from typing import Any
 
 import jax
 import keras
 import numpy as np
+from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from workload_fns import images
 
 import meshfeed
 import meshfeed.keras
@@ -62,13 +49,8 @@ def convnet() -> keras.Model:
 
 
 def make_loader(mesh: Any, n: int) -> meshfeed.Loader:
-    rng = np.random.default_rng(0)
-    data = {
-        "image": rng.integers(0, 256, (n, 28, 28, 1), dtype=np.uint8),
-        "label": rng.integers(0, 10, n, dtype=np.int32),
-    }
     return meshfeed.Loader(
-        meshfeed.ArraySource(data),
+        meshfeed.ArraySource(images(n, side=28, channels=1)),
         global_batch_size=BATCH,
         sharding=meshfeed.batch_sharding(mesh),
         num_epochs=None,
@@ -125,7 +107,8 @@ def bare(mesh: Any, n: int, steps: int) -> float:
 def keras_fit(mesh: Any, n: int, steps: int) -> float:
     """``meshfeed.keras``'s step under ``meshfeed.fit``, fed by the loader: seconds per
     step, compilation excluded."""
-    model, optimizer = convnet(), keras.optimizers.Adam(1e-3)
+    model = convnet()
+    optimizer = keras.optimizers.Adam(1e-3)
     state = meshfeed.keras.create_state(model, optimizer, mesh=mesh)
     step = meshfeed.keras.make_train_step(
         model,
@@ -144,54 +127,32 @@ def keras_fit(mesh: Any, n: int, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
+def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    steps, rounds, n = (4, 1, 1024) if args.smoke else (args.steps, args.rounds, 20_000)
+
+
+def main() -> None:
+    use_cpu_devices()
+    args = arguments(__doc__, rounds=3, smoke={"steps": 4, "rounds": 1}, add=_flags)
+    n = 1024 if args.smoke else 20_000
     mesh = meshfeed.make_mesh(data=8)
-    bare_runs, fit_runs = [], []
-    for _ in range(rounds):
-        bare_runs.append(bare(mesh, n, steps))
-        fit_runs.append(keras_fit(mesh, n, steps))
-    base, fit_step = statistics.median(bare_runs), statistics.median(fit_runs)
-    common = {
-        "benchmark": "keras_overhead",
-        "global_batch_size": BATCH,
-        "steps": steps,
-        "rounds": rounds,
-        "devices": jax.device_count(),
-        "processes": jax.process_count(),
-        "smoke": args.smoke,
-        "jax": jax.__version__,
-        "keras": keras.__version__,
-        "python": platform.python_version(),
-    }
-    print(
-        json.dumps(
-            {
-                **common,
-                "name": "bare_stateless_step",
-                "seconds_per_step": base,
-                "samples_per_s": round(BATCH / base),
-            }
-        )
+    per_round = in_rounds(
+        {
+            "bare_stateless_step": lambda: bare(mesh, n, args.steps),
+            "keras_fit": lambda: keras_fit(mesh, n, args.steps),
+        },
+        args.rounds,
     )
-    print(
-        json.dumps(
-            {
-                **common,
-                "name": "keras_fit",
-                "seconds_per_step": fit_step,
-                "samples_per_s": round(BATCH / fit_step),
-                "ratio_to_bare": round(
-                    statistics.median(f / b for f, b in zip(fit_runs, bare_runs, strict=True)), 3
-                ),  # the median of the rounds' ratios
-            }
-        )
-    )
+    base = median_of(per_round, "bare_stateless_step")
+    fit_step = median_of(per_round, "keras_fit")
+    assert base is not None and fit_step is not None
+    run = {"global_batch_size": BATCH, "steps": args.steps, "rounds": args.rounds}
+    run |= {"keras": keras.__version__, "smoke": args.smoke}
+    bare_line = {"seconds_per_step": base, "samples_per_s": round(BATCH / base)}
+    emit("keras_overhead", name="bare_stateless_step", **run, **bare_line)
+    fit = {"seconds_per_step": fit_step, "samples_per_s": round(BATCH / fit_step)}
+    ratio = median_ratio(per_round, "keras_fit", "bare_stateless_step")  # of the rounds' ratios
+    emit("keras_overhead", name="keras_fit", **run, **fit, ratio_to_bare=ratio)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,17 @@
 """Workload L, a lost process: how soon the survivors end, and what they say.
 
-Processes are started as a cluster manager starts them (coordinator, count and id in
-the environment; no ``meshfeed launch`` to stop the others), and train the demo's
-convnet on the digits with ``fit``, a checkpoint every 5 steps. Right after dispatching
-step 12, process 1 is SIGKILLed (part ``kill``) or SIGSTOPped (part ``stop``). Each round
-runs meshfeed (``meshfeed.initialize()``: the watch, default ``heartbeat_timeout``) and
-the peer, plain ``jax.distributed.initialize(heartbeat_timeout_seconds=20)`` -- what
-meshfeed hands JAX as its backstop -- in rotating order, and measures the seconds from
-the death to each survivor's exit, its exit code and its last line. Part ``load``: how
-late a thread that wakes every 0.25 s (as the watch's does) wakes, at most, in each of
-4 processes x 2 devices training 300 steps while two busy loops hold the 2 cores: the
-margin ``heartbeat_timeout`` must cover. One JSON line per measurement; ``--smoke`` for
-CI (one round of ``kill``, a short ``load``).
+Processes started as a cluster manager starts them (no ``meshfeed launch``) train the
+demo's convnet with ``fit``; after step 12, process 1 is SIGKILLed (part ``kill``) or
+SIGSTOPped (``stop``). meshfeed's watch (``meshfeed.initialize()``) against plain
+``jax.distributed.initialize(heartbeat_timeout_seconds=20)``, rotating rounds: seconds
+from the death to each survivor's exit, its exit code and last line. Part ``load``: how
+late a 0.25 s timer thread wakes in 4 processes x 2 devices under two busy loops.
+``--smoke`` (one round of ``kill``, a short ``load``) for CI.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import signal
 import statistics
@@ -26,6 +20,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import arguments, emit
 
 from meshfeed.testing import cluster_env, free_port
 
@@ -76,11 +74,11 @@ print(f"late {late[0]:.4f}", flush=True)
 """
 
 
-_JAX_HEARTBEAT = 20  # plain JAX's heartbeat timeout: meshfeed's backstop (5 in --smoke)
-
-
-def _run(tmp: Path, how: str, action: str, processes: int, devices: int, steps: int) -> dict:
-    """One job; the survivors' seconds to exit after the death, codes and last lines."""
+def _run(
+    tmp: Path, how: str, action: str, processes: int, devices: int, steps: int, heartbeat: int
+) -> dict:
+    """One job; the survivors' seconds to exit after the death, codes and last lines.
+    ``heartbeat``: plain JAX's heartbeat timeout, meshfeed's backstop."""
     coordinator = f"127.0.0.1:{free_port()}"
     out = tmp / f"{how}-{action}-{time.monotonic_ns()}"
     job = tmp / "job.py"
@@ -89,7 +87,7 @@ def _run(tmp: Path, how: str, action: str, processes: int, devices: int, steps: 
     for i in range(processes):
         env = cluster_env(i, processes, devices, coordinator)
         env["BENCH_DIR"] = str(Path(__file__).resolve().parent)
-        env["BENCH_JAX_HEARTBEAT"] = str(_JAX_HEARTBEAT)
+        env["BENCH_JAX_HEARTBEAT"] = str(heartbeat)
         log = Path(f"{out}.{i}.log")
         with log.open("w") as f:
             cmd = [sys.executable, str(job), how, action, str(steps), "12", str(out)]
@@ -126,68 +124,65 @@ def _run(tmp: Path, how: str, action: str, processes: int, devices: int, steps: 
     return {"survivors": survivors}
 
 
-def _emit(record: dict) -> None:
-    print(json.dumps({"benchmark": "lost_process", "machine": platform.node(), **record}))
+def _emit(smoke: bool, **fields: Any) -> None:
+    emit("lost_process", smoke=smoke, machine=platform.node(), devices=8, **fields)
 
 
-def _deaths(tmp: Path, action: str, rounds: int) -> None:
+def _deaths(tmp: Path, action: str, args: argparse.Namespace) -> None:
+    heartbeat = 5 if args.smoke else 20  # the smoke checks the code runs: a shorter wait
     ratios = []
-    for r in range(rounds):
-        order = ["meshfeed", "jax"] if r % 2 == 0 else ["jax", "meshfeed"]
+    for r in range(args.rounds):
         took = {}
-        for how in order:
-            result = _run(tmp, how, action, processes=2, devices=4, steps=30)
+        for how in ["meshfeed", "jax"] if r % 2 == 0 else ["jax", "meshfeed"]:
+            result = _run(tmp, how, action, 2, 4, steps=30, heartbeat=heartbeat)
             for s in result["survivors"]:
-                _emit({"part": action, "who": how, "round": r, **s})
+                _emit(args.smoke, part=action, who=how, round=r, **s, processes=2)
             took[how] = max(s["seconds_to_exit"] or float("inf") for s in result["survivors"])
         ratios.append(took["meshfeed"] / took["jax"])
     _emit(
-        {
-            "part": action,
-            "summary": "median survivor exit time, meshfeed / plain JAX",
-            "ratio": statistics.median(ratios),
-            "rounds": rounds,
-        }
+        args.smoke,
+        part=action,
+        summary="median survivor exit time, meshfeed / plain JAX",
+        ratio=statistics.median(ratios),
+        rounds=args.rounds,
+        processes=2,
     )
 
 
-def _load(tmp: Path, steps: int) -> None:
+def _load(tmp: Path, smoke: bool) -> None:
+    steps = 15 if smoke else 300
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
-        result = _run(tmp, "meshfeed", "none", processes=4, devices=2, steps=steps)
+        result = _run(tmp, "meshfeed", "none", 4, 2, steps=steps, heartbeat=20)
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
     late = [s["late"] for s in result["survivors"] if s["late"] is not None]
     _emit(
-        {
-            "part": "load",
-            "processes": 4,
-            "steps": steps,
-            "busy_loops": 2,
-            "longest_wake_delay_s": max(late) if late else None,
-            "exit_codes": [s["exit_code"] for s in result["survivors"]],
-        }
+        smoke,
+        part="load",
+        processes=4,
+        steps=steps,
+        busy_loops=2,
+        longest_wake_delay_s=max(late) if late else None,
+        exit_codes=[s["exit_code"] for s in result["survivors"]],
     )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="kill,stop,load")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
-    parts = ["kill", "load"] if args.smoke else args.parts.split(",")
-    if args.smoke:  # the peer's wait shortened: the smoke checks the code runs
-        global _JAX_HEARTBEAT
-        _JAX_HEARTBEAT = 5
+    args = arguments(
+        __doc__,
+        rounds=3,
+        smoke={"rounds": 1, "parts": "kill,load"},
+        add=lambda p: p.add_argument("--parts", default="kill,stop,load"),
+    )
     with tempfile.TemporaryDirectory(prefix="meshfeed-lost-") as tmp:
-        for part in parts:
+        for part in args.parts.split(","):
             if part in ("kill", "stop"):
-                _deaths(Path(tmp), part, 1 if args.smoke else args.rounds)
+                _deaths(Path(tmp), part, args)
             elif part == "load":
-                _load(Path(tmp), 15 if args.smoke else 300)
+                _load(Path(tmp), args.smoke)
             else:
                 raise SystemExit(f"unknown part {part!r}; pass kill, stop or load.")
 

@@ -1,22 +1,13 @@
 """Workload D, memory: one epoch over a 4 GiB memmapped source; peak resident memory.
 
-The file (262144 rows x 4096 uint32, 4 GiB) is written in chunks by this script, then a
-fresh process opens it with ``np.load(mmap_mode="r")``, feeds every row once through a
-shuffled ``meshfeed.Loader`` (global batch 256, 8 CPU devices, default prefetch) and
-reports its peak RSS (``ru_maxrss``), which includes JAX itself. For comparison the same
-process shape runs a gather through the mapping (``ArraySource(pread=False)``), whose
-touched pages stay resident.
-
-Goal: peak RSS <= 1.5 GiB with the default reads. ``--smoke``: a 64 MiB file.
-Prints one JSON line per measurement.
+A fresh process (8 CPU devices) feeds every row of a 262144 x 4096 uint32 ``.npy`` file
+opened with ``np.load(mmap_mode="r")`` once through a shuffled ``Loader`` (batch 256)
+and reports its peak RSS (JAX included), with the default ``pread`` reads and with a
+gather through the mapping. Goal: peak RSS <= 1.5 GiB by default. ``--smoke``: 64 MiB.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -25,12 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import arguments, emit, use_cpu_devices
+
 WIDTH = 4096  # uint32 per row: 16 KiB rows
 BATCH = 256
 
 MEASURE = """
-import os, resource, sys, time
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import resource, sys, time
 import jax, numpy as np, meshfeed
 path, pread = sys.argv[1], sys.argv[2] == "1"
 source = meshfeed.ArraySource({"x": np.load(path, mmap_mode="r")}, pread=pread)
@@ -59,10 +52,11 @@ def write_file(path: Path, rows: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="a 64 MiB file, for CI")
-    parser.add_argument("--dir", default=None, help="where to write the file (default: temp)")
-    args = parser.parse_args()
+    args = arguments(
+        __doc__,
+        add=lambda p: p.add_argument("--dir", help="where to write the file (default: temp)"),
+    )
+    use_cpu_devices()  # in the processes that measure
     rows = 4096 if args.smoke else 262_144
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = Path(tmp) / "data.npy"
@@ -71,31 +65,27 @@ def main() -> None:
         written = time.perf_counter() - start
         size = path.stat().st_size
         for name, pread in (("pread (default)", "1"), ("through the mapping", "0")):
-            env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-            out = subprocess.check_output(
-                [sys.executable, "-c", MEASURE, str(path), pread], env=env, text=True
-            ).split()
-            peak, seconds, steps = int(out[0]), float(out[1]), int(out[2])
-            print(
-                json.dumps(
-                    {
-                        "benchmark": "memory",
-                        "workload": "D",
-                        "name": name,
-                        "file_bytes": size,
-                        "file_gib": round(size / 2**30, 3),
-                        "peak_rss_bytes": peak,
-                        "peak_rss_gib": round(peak / 2**30, 3),
-                        "rss_to_file": round(peak / size, 3),
-                        "epoch_seconds": round(seconds, 2),
-                        "samples_per_s": round(steps * BATCH / seconds),
-                        "steps": steps,
-                        "write_seconds": round(written, 1),
-                        "smoke": args.smoke,
-                        "python": platform.python_version(),
-                    }
-                ),
-                flush=True,
+            command = [sys.executable, "-c", MEASURE, str(path), pread]
+            out = subprocess.check_output(command, text=True).split()
+            peak = int(out[0])
+            seconds = float(out[1])
+            steps = int(out[2])
+            emit(
+                "memory",
+                smoke=args.smoke,
+                workload="D",
+                name=name,
+                file_bytes=size,
+                file_gib=round(size / 2**30, 3),
+                peak_rss_bytes=peak,
+                peak_rss_gib=round(peak / 2**30, 3),
+                rss_to_file=round(peak / size, 3),
+                epoch_seconds=round(seconds, 2),
+                samples_per_s=round(steps * BATCH / seconds),
+                steps=steps,
+                write_seconds=round(written, 1),
+                devices=8,
+                processes=1,
             )
 
 

@@ -1,38 +1,28 @@
 """Workload W, a packed corpus at start-up: the packing plan kept as data against planning it.
 
-A meshfeed folder of N documents (log-normal lengths, mean ~33 tokens, uint16 tokens, in
-shards of 2^20 documents), packed into rows of 2,048. Each entry runs in a fresh
-process, timed from after its imports (``jax`` and meshfeed) to its first batch, with
-the process's peak RSS:
-
-- ``unpacked``: ``open_source`` and a first read of 16 documents (the floor: opening the
-  data, no plan at all);
-- ``kept``: ``open_source`` + ``pack(src, 2048)`` reading the plan kept beside the data
-  (built once, before the rounds) + a ``Loader``'s first batch of 16 rows;
-- ``planned``: the same with ``pack(..., plan_dir=False)``, the plan made in memory on
-  every start, as every host did before.
-
-Lines per N: each entry's median seconds and peak RSS over rounds (rotating order), and
-``kept`` less ``unpacked`` (goal: <= 1 s and <= 100 MB at 16M, flat in N). One line per
-N for the build: ``meshfeed pack``'s documents/s on 1 and 2 worker processes and the
-in-memory planner's, the same plan (``--ray``: also as Ray tasks on a local Ray of 2 CPUs,
-started before the timing). ``--s3``: the requests to open a packed folder on
-the local S3 server at 10^5 and 10^6 documents (goal: equal, <= 4). ``--smoke`` for CI.
+A meshfeed folder of N documents (log-normal lengths, mean ~33 tokens, uint16) packed
+into rows of 2,048; each entry a fresh process timed from after its imports to its first
+batch, with its peak RSS: ``unpacked`` (open and a first read: the floor), ``kept``
+(``pack`` reading the plan kept beside the data, then a ``Loader``'s first batch) and
+``planned`` (the plan made in memory, ``plan_dir=False``). Goal: ``kept`` less
+``unpacked`` <= 1 s and <= 100 MB at 16M, flat in N. Also the plan's build rate on 1 and
+2 workers (``--ray``: Ray tasks too) against the in-memory planner, and ``--s3``: the
+requests to open a packed folder on the local S3 server (goal: <= 4). ``--smoke`` for CI.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
 import shutil
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from harness import arguments, emit, in_rounds, median_of, run_child
 
 SEQ_LEN = 2048
 ENTRIES = ("unpacked", "kept", "planned")
@@ -69,8 +59,8 @@ def _child(entry: str, data: str) -> None:
     else:
         packed = meshfeed.pack(source, SEQ_LEN, plan_dir=None if entry == "kept" else False)
         mesh = meshfeed.make_mesh(data=1)
-        loader = meshfeed.Loader(packed, global_batch_size=16,
-                                 sharding=meshfeed.batch_sharding(mesh), prefetch=0)  # fmt: skip
+        sharding = meshfeed.batch_sharding(mesh)
+        loader = meshfeed.Loader(packed, global_batch_size=16, sharding=sharding, prefetch=0)
         next(iter(loader))
         rows = len(packed)
     seconds = time.perf_counter() - start
@@ -90,11 +80,7 @@ def _peak_rss() -> int:
 
 
 def _run(entry: str, data: Path) -> dict:
-    command = [sys.executable, __file__, "--run", entry, "--data", str(data)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{entry} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child([__file__, "--run", entry, "--data", str(data)])
 
 
 def build_rates(data: Path, n: int, ray: bool = False) -> dict:
@@ -106,7 +92,7 @@ def build_rates(data: Path, n: int, ray: bool = False) -> dict:
     start = time.perf_counter()
     memory = meshfeed.pack(source, SEQ_LEN, plan_dir=False)
     planned = time.perf_counter() - start
-    out = {"planner_docs_per_s": round(n / planned)}
+    out: dict[str, float] = {"planner_docs_per_s": round(n / planned)}
     builds: list[tuple[str, dict]] = [("1", {"plan_workers": 1}), ("2", {"plan_workers": 2})]
     if ray:
         import ray as ray_module
@@ -132,22 +118,17 @@ def local(sizes: list[int], rounds: int, smoke: bool, ray: bool = False) -> None
         try:
             data = write_documents(scratch / "data", n)
             rates = build_rates(data, n, ray)
-            print(json.dumps({"benchmark": "pack_plan", "workload": "W", "part": "build",
-                              "documents": n, **rates, "smoke": smoke}), flush=True)  # fmt: skip
-            got: dict[str, list[dict]] = {e: [] for e in ENTRIES}
-            for r in range(rounds):
-                for e in ENTRIES[r % 3 :] + ENTRIES[: r % 3]:
-                    got[e].append(_run(e, data))
-            line = {"benchmark": "pack_plan", "workload": "W", "part": "start-up",
-                    "documents": n, "rounds": rounds, "smoke": smoke}  # fmt: skip
+            emit("pack_plan", smoke=smoke, workload="W", part="build", documents=n, **rates)
+            entries = {e: functools.partial(_run, e, data) for e in ENTRIES}
+            per_round = in_rounds(entries, rounds)
+            line = {"workload": "W", "part": "start-up", "documents": n, "rounds": rounds}
             for e in ENTRIES:
-                line[f"{e}_s"] = round(statistics.median(g["seconds"] for g in got[e]), 3)
-                line[f"{e}_rss_mb"] = round(
-                    statistics.median(g["peak_rss"] for g in got[e]) / 2**20, 1
-                )
+                line[f"{e}_s"] = round(median_of(per_round, e, "seconds") or 0.0, 3)
+                rss = median_of(per_round, e, "peak_rss") or 0.0
+                line[f"{e}_rss_mb"] = round(rss / 2**20, 1)
             line["kept_over_unpacked_s"] = round(line["kept_s"] - line["unpacked_s"], 3)
             line["kept_over_unpacked_mb"] = round(line["kept_rss_mb"] - line["unpacked_rss_mb"], 1)
-            print(json.dumps(line), flush=True)
+            emit("pack_plan", smoke=smoke, **line)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -169,31 +150,38 @@ def s3(sizes: list[int], smoke: bool) -> None:
                 s3fs.S3FileSystem(**server.storage_options).put(
                     str(local_data), url, recursive=True
                 )
-            meshfeed.pack(meshfeed.open_source(url, storage_options=server.storage_options),
-                          SEQ_LEN)  # fmt: skip
+            meshfeed.pack(
+                meshfeed.open_source(url, storage_options=server.storage_options), SEQ_LEN
+            )
             options = {**server.storage_options, "endpoint_url": proxy.endpoint}
             proxy.reset()
             packed = meshfeed.pack(meshfeed.open_source(url, storage_options=options), SEQ_LEN)
             opening = proxy.counts()
-            print(json.dumps({"benchmark": "pack_plan", "workload": "W", "part": "s3-open",
-                              "documents": n, "requests": opening["total"],
-                              "head": opening["head"], "rows": len(packed),
-                              "smoke": smoke}), flush=True)  # fmt: skip
+            emit(
+                "pack_plan",
+                smoke=smoke,
+                workload="W",
+                part="s3-open",
+                documents=n,
+                requests=opening["total"],
+                head=opening["head"],
+                rows=len(packed),
+            )
     finally:
         proxy.close()
         server.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="small sizes, one round")
+def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 16_000_000])
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--s3", action="store_true", help="the S3 requests part only")
     parser.add_argument("--ray", action="store_true", help="time the build on Ray tasks too")
     parser.add_argument("--run", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+
+
+def main() -> None:
+    args = arguments(__doc__, rounds=3, smoke={"rounds": 1, "sizes": [20_000]}, add=_flags)
     if args.run:
         _child(args.run, args.data)
         return
@@ -201,8 +189,7 @@ def main() -> None:
     if args.s3:
         s3([10_000] if args.smoke else [100_000, 1_000_000], args.smoke)
         return
-    sizes, rounds = ([20_000], 1) if args.smoke else (args.sizes, args.rounds)
-    local(sizes, rounds, args.smoke, args.ray)
+    local(args.sizes, args.rounds, args.smoke, args.ray)
     if args.smoke:
         s3([10_000], smoke=True)
 

@@ -1,35 +1,13 @@
 """Packing: padding, packed tokens/s into global arrays, and planning cost, against Grain.
 
-Documents with log-normal lengths, as web text has them (median ~400 tokens, a long
-tail), packed into rows of ``seq_len`` 2048 on one process with 8 CPU devices:
-
-- **padding**: ``meshfeed.pack`` (best fit, default window) against Grain's
-  ``BestFitPackIterDataset`` (at several ``num_packing_bins``) on the same documents.
-  Grain wants documents no longer than ``seq_len``, so it gets them cut into
-  ``seq_len`` pieces first -- the pieces ``long_docs="split"`` makes.
-- **throughput**: packed rows to global ``jax.Array`` batches (global batch 16, split
-  over 8 devices): ``Loader(pack(source))`` against Grain's pipeline (source ->
-  best-fit packing -> batch -> ``make_array_from_process_local_data``), rounds in
-  rotating order, the median of the per-round ratios.
-- **planning**: the time and memory to plan 1M documents (the plan's arrays, and the
-  peak traced while planning), per document.
-
-Prints one JSON line per measurement; ``--smoke`` for CI.
+Log-normal document lengths packed into rows of 2048: ``meshfeed.pack`` against Grain's
+``BestFitPackIterDataset`` (documents cut to ``seq_len`` first, as Grain wants them) for
+padding and throughput, and the time and memory to plan 1M documents. ``--smoke`` for CI;
+the workload is in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-import argparse
-import json
-import platform
-import statistics
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -37,6 +15,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -71,26 +50,21 @@ def grain_documents(src: meshfeed.ArraySource) -> list[dict[str, np.ndarray]]:
     ]
 
 
-def grain_rows(documents: list[dict[str, np.ndarray]], bins: int) -> Any:
+def grain_rows(documents: list[dict[str, np.ndarray]], bins: int, repeat: bool = True) -> Any:
+    """Grain's best-fit packing of ``documents`` (over and over, if ``repeat``)."""
     import grain
     import grain.experimental as ge
 
-    ds = grain.MapDataset.source(documents).repeat(None).to_iter_dataset()
+    ds = grain.MapDataset.source(documents)
+    ds = (ds.repeat(None) if repeat else ds).to_iter_dataset()
     return ge.BestFitPackIterDataset(
         ds, length_struct={"tokens": SEQ_LEN}, num_packing_bins=bins, seed=0
     )
 
 
 def grain_padding(documents: list[dict[str, np.ndarray]], bins: int) -> float:
-    import grain
-    import grain.experimental as ge
-
-    ds = grain.MapDataset.source(documents).to_iter_dataset()
-    rows = ge.BestFitPackIterDataset(
-        ds, length_struct={"tokens": SEQ_LEN}, num_packing_bins=bins, seed=0
-    )
     count = tokens = 0
-    for row in rows:
+    for row in grain_rows(documents, bins, repeat=False):
         count += 1
         tokens += int((row["tokens_segment_ids"] > 0).sum())
     return 1 - tokens / (count * SEQ_LEN)
@@ -122,22 +96,18 @@ def throughput(src: meshfeed.ArraySource, bins: int, rounds: int, seconds: float
         return to_global(batches(), BATCH)
 
     entries: dict[str, Callable[[], Iterator[Any]]] = {"meshfeed": ours, "grain": grain}
-    names = list(entries)
-    ratios, rates = [], {n: [] for n in names}
-    for r in range(rounds):
-        got = {}
-        for name in names[r % 2 :] + names[: r % 2]:
-            got[name] = measure(entries[name], BATCH, seconds) * SEQ_LEN
-            rates[name].append(got[name])
-        ratios.append(got["meshfeed"] / got["grain"])
+    per_round = in_rounds(
+        {name: lambda e=e: measure(e, BATCH, seconds) * SEQ_LEN for name, e in entries.items()},
+        rounds,
+    )
     return {
-        "meshfeed_tokens_per_s": round(statistics.median(rates["meshfeed"])),
-        "grain_tokens_per_s": round(statistics.median(rates["grain"])),
-        "ratio_to_grain": round(statistics.median(ratios), 2),
+        "meshfeed_tokens_per_s": round(median_of(per_round, "meshfeed") or 0),
+        "grain_tokens_per_s": round(median_of(per_round, "grain") or 0),
+        "ratio_to_grain": median_ratio(per_round, "meshfeed", "grain", digits=2),
     }
 
 
-def planning(n: int) -> dict[str, float]:
+def planning(n: int) -> dict[str, Any]:
     sizes = lengths(n, seed=2)
     src = meshfeed.ArraySource(
         {
@@ -163,44 +133,20 @@ def planning(n: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
-    args = parser.parse_args()
-    docs, plan_docs, rounds, seconds = (
-        (2_000, 50_000, 1, 0.3) if args.smoke else (20_000, 1_000_000, 5, 1.0)
-    )
-    common = {
-        "benchmark": "packing",
-        "seq_len": SEQ_LEN,
-        "smoke": args.smoke,
-        "jax": jax.__version__,
-        "python": platform.python_version(),
-    }
+    use_cpu_devices()
+    args = arguments(__doc__)
+    docs, plan_docs = (2_000, 50_000) if args.smoke else (20_000, 1_000_000)
+    rounds, seconds = (1, 0.3) if args.smoke else (5, 1.0)
+    run = {"seq_len": SEQ_LEN, "smoke": args.smoke}
     src = source(docs)
     packed = meshfeed.pack(src, SEQ_LEN)
-    line = {
-        **common,
-        "name": "padding",
-        "documents": docs,
-        "meshfeed": round(packed.stats()["padding_fraction"], 5),
-    }
+    padding = {"documents": docs, "meshfeed": round(packed.stats()["padding_fraction"], 5)}
     for bins in (64, 256) if args.smoke else (64, 256, 1024):
-        line[f"grain_{bins}_bins"] = round(grain_padding(grain_documents(src), bins), 5)
-    print(json.dumps(line), flush=True)
-    print(
-        json.dumps(
-            {
-                **common,
-                "name": "throughput",
-                "documents": docs,
-                "global_batch_size": BATCH,
-                "grain_bins": 256,
-                **throughput(src, 256, rounds, seconds),
-            }
-        ),
-        flush=True,
-    )
-    print(json.dumps({**common, "name": "planning", **planning(plan_docs)}), flush=True)
+        padding[f"grain_{bins}_bins"] = round(grain_padding(grain_documents(src), bins), 5)
+    emit("packing", name="padding", **run, **padding)
+    speed = {"documents": docs, "global_batch_size": BATCH, "grain_bins": 256}
+    emit("packing", name="throughput", **run, **speed, **throughput(src, 256, rounds, seconds))
+    emit("packing", name="planning", **run, **planning(plan_docs))
 
 
 if __name__ == "__main__":

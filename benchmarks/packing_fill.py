@@ -1,29 +1,18 @@
 """Packing fill: meshfeed's planner against Graphcore's histogram packers on BERT's lengths.
 
-Graphcore's packing paper (arXiv 2107.02027) packs BERT pretraining sequences (English
-Wikipedia at 512 tokens) and SQuAD 1.1 (at 384) with two histogram packers, SPFHP and
-LPFHP; its published length histograms are ``data/graphcore_histograms.json`` (MIT, the
-source in the file). For each histogram this draws documents (seeded), then measures
-the real-token fraction (tokens over rows x seq_len) and the plan time per document of:
-
-- meshfeed's ``best_fit`` (at its default window) and ``best_fit_decreasing`` (at
-  several windows), through ``meshfeed.pack`` (seed 0), with no cap on documents a row
-  and with ``max_segments=12``;
-- SPFHP and LPFHP as the paper and its reference code define them (written out below,
-  not copied), with ``max_sequences_per_pack=12``, their published setting. They work on
-  the histogram of the whole set at once -- counts per length, giving rows as repeated
-  patterns of lengths -- so their time is from the lengths to the patterns, without
-  saying which document goes where.
-
-A first line per histogram runs SPFHP and LPFHP on the published histogram itself:
-the paper's figures (Wikipedia: 99.6040% and 99.8129%), which checks the code below.
-
-Prints one JSON line per measurement; ``--smoke`` for CI (20k documents, two windows).
+Documents drawn (seeded) from the length histograms Graphcore's packing paper (arXiv
+2107.02027) publishes for BERT's Wikipedia at 512 and SQuAD 1.1 at 384
+(``data/graphcore_histograms.json``, MIT), packed by ``meshfeed.pack``'s ``best_fit``
+and ``best_fit_decreasing`` (several windows; with no cap and ``max_segments=12``) and
+by SPFHP and LPFHP written out from the paper (``max_sequences_per_pack=12``, on the
+histogram at once: their time is to the rows' patterns). Real-token fraction and plan
+time a document; a first line per histogram checks the code below against the paper's
+figures on the published histogram (Wikipedia: 99.6040% and 99.8129%). ``--smoke`` for
+CI (20k documents, two windows).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import time
@@ -32,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from harness import arguments
 
 import meshfeed
 from meshfeed.types import Algorithm
@@ -225,9 +215,7 @@ def fills(name: str, documents: int, windows: tuple[int, ...]) -> list[dict[str,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
-    args = parser.parse_args()
+    args = arguments(__doc__)
     documents = 20_000 if args.smoke else 1_000_000
     windows = (16_384, 65_536) if args.smoke else (16_384, 65_536, 262_144, 1_048_576)
     common = {"benchmark": "packing_fill", "smoke": args.smoke, "python": platform.python_version()}

@@ -15,6 +15,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+PANELS = [  # results file, title, figure
+    ("decode_throughput", "C: PNG decode + crop, by workers", "samples_per_s"),
+    ("source_throughput", "P, R: Parquet and ArrayRecord files", "samples_per_s"),
+    ("memory", "D: 4 GiB memmap, peak RSS (GiB)", "peak_rss_gib"),
+    ("input_wait", "E: fit, share of time waiting for input", "input_wait_share"),
+]
+
 
 def load(folder: Path) -> dict[str, list[dict[str, Any]]]:
     return {
@@ -50,23 +57,13 @@ def main() -> None:
             rows = [r for r in data.get(stem, []) if r.get("workload") == workload]
             if rows:
                 panels.append((rows, f"{workload}: arrays, {label} devices", "samples_per_s"))
-    if "decode_throughput" in data:
-        panels.append(
-            (data["decode_throughput"], "C: PNG decode + crop, by workers", "samples_per_s")
-        )
-    if "source_throughput" in data:
-        panels.append(
-            (data["source_throughput"], "P, R: Parquet and ArrayRecord files", "samples_per_s")
-        )
-    if "memory" in data:
-        panels.append((data["memory"], "D: 4 GiB memmap, peak RSS (GiB)", "peak_rss_gib"))
-    if "input_wait" in data:
-        panels.append(
-            (data["input_wait"], "E: fit, share of time waiting for input", "input_wait_share")
-        )
+    for stem, title, key in PANELS:
+        if stem in data:
+            panels.append((data[stem], title, key))
     columns = 2
     rows_count = -(-len(panels) // columns)
-    figure, axes = plt.subplots(rows_count, columns, figsize=(12, 3.2 * rows_count), squeeze=False)
+    size = (12, 3.2 * rows_count)
+    figure, axes = plt.subplots(rows_count, columns, figsize=size, squeeze=False)
     for ax, (rows, title, key) in zip(axes.flat, panels, strict=False):
         _bars(ax, rows, title, key)
     for ax in list(axes.flat)[len(panels) :]:

@@ -1,32 +1,10 @@
 """Workload T, text to tokens: ``meshfeed.prepare`` against the tokenizer alone and two peers.
 
-The corpus is Python's own standard library (``.py`` sources, about 30 MB: it ships with
-Python), one JSON Lines record per module, split over 8 files; the tokenizer is a 16k
-byte-level BPE trained here on part of it with Hugging Face ``tokenizers``. Every entry
-tokenizes the same text with the same tokenizer, each in a fresh process:
-
-- ``limit``: the tokenizer alone, the text already in memory, as fast as it goes on this
-  machine: the better of ``encode_batch_fast`` on all cores in one process
-  (``limit:threads``) and one single-threaded process per core (``limit:processes``),
-  each in batches of 256 texts and ending with the ids as Python lists (``.ids``), the
-  tokenizer's output;
-- ``datasets``: ``load_dataset("json")``, ``Dataset.map(tokenize, batched=True,
-  num_proc=2)`` with ``encode_batch_fast``, then ``save_to_disk``;
-- ``datatrove``: its ``JsonlReader`` and ``DocumentTokenizer`` (no shuffle) on a local
-  executor with 2 tasks;
-- ``meshfeed``: ``meshfeed.prepare`` with 2 workers, JSON Lines in, a folder of tokens out.
-
-Every entry but the limit reads the JSON Lines files and writes its tokens to disk, so
-its time includes both. Each round runs every entry once, in an order that rotates from
-round to round; the lines report tokens per second (the text's tokens, specials left
-out, so every entry counts the same number) and the median over rounds of the ratios
-taken within each round. The last lines give ``prepare``'s peak memory per worker
-process (its ``VmHWM``) on the corpus and on four copies of it.
-
-Goal: meshfeed >= 0.9x the limit and >= 1.25x each peer. ``--max-mb`` caps the corpus
-(20 MB: ``--max-mb 20``), ``--copies K`` writes it K times over (200 MB: ``--copies 7``),
-``--entries`` picks entries (the two limits always among them), ``--no-memory`` skips
-the worker-memory lines. ``--smoke`` for CI.
+The stdlib's ``.py`` sources as JSON Lines, a 16k BPE trained here: ``meshfeed.prepare``
+(2 workers) against the tokenizer alone (``limit:threads``, ``limit:processes``),
+``datasets.map(num_proc=2)`` + ``save_to_disk`` and datatrove (2 tasks), each in a fresh
+process, rotating rounds; then a worker's peak memory. Goal: >= 0.9x the limit and >= 1.25x
+each peer. ``--smoke`` for CI; the workload is in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -44,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from harness import arguments, emit, in_rounds, run_child, use_cpu_devices
 
 ENTRIES = ("limit:threads", "limit:processes", "datasets", "datatrove", "meshfeed")
 
@@ -81,9 +61,11 @@ def train_tokenizer(corpus: Path, path: Path, vocab: int) -> None:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab, special_tokens=["<|endoftext|>"], show_progress=False,
+        vocab_size=vocab,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
+    )
     tokenizer.train_from_iterator(texts, trainer)
     tokenizer.save(str(path))
 
@@ -105,17 +87,8 @@ def _encode_all(model: object, texts: list[str]) -> int:
     return tokens
 
 
-def _limit_threads(corpus: Path, tokenizer: str, out: Path) -> dict:
-    from tokenizers import Tokenizer
-
-    texts = _texts(corpus)
-    model = Tokenizer.from_file(tokenizer)
-    start = time.perf_counter()
-    tokens = _encode_all(model, texts)
-    return {"seconds": time.perf_counter() - start, "tokens": tokens}
-
-
-def _limit_share(corpus: Path, tokenizer: str, share: str) -> dict:
+def _limit(corpus: Path, tokenizer: str, share: str = "0/1") -> dict:
+    """The tokenizer alone on share ``k/n`` of the texts, already in memory."""
     from tokenizers import Tokenizer
 
     k, n = map(int, share.split("/"))
@@ -126,25 +99,22 @@ def _limit_share(corpus: Path, tokenizer: str, share: str) -> dict:
     return {"seconds": time.perf_counter() - start, "tokens": tokens}
 
 
+def _limit_threads(corpus: Path, tokenizer: str, out: Path) -> dict:
+    return _limit(corpus, tokenizer)
+
+
+def _command(run: str, corpus: Path, tokenizer: str | Path, out: Path) -> list[str]:
+    """The command line of a fresh process that runs entry ``run`` (``--run``)."""
+    paths = ["--corpus", str(corpus), "--tokenizer", str(tokenizer), "--out", str(out)]
+    return [__file__, "--run", run, *paths]
+
+
 def _limit_processes(corpus: Path, tokenizer: str, out: Path) -> dict:
     cores = os.cpu_count() or 1
     env = {**os.environ, "RAYON_NUM_THREADS": "1"}
     shares = [
         subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "--run",
-                "share",
-                "--corpus",
-                str(corpus),
-                "--tokenizer",
-                tokenizer,
-                "--out",
-                str(out),
-                "--share",
-                f"{k}/{cores}",
-            ],
+            [sys.executable, *_command("share", corpus, tokenizer, out), "--share", f"{k}/{cores}"],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
@@ -174,8 +144,13 @@ def _datasets(corpus: Path, tokenizer: str, out: Path) -> dict:
     ds = datasets.load_dataset(
         "json", data_files=files, split="train", cache_dir=str(out / "cache")
     )
-    mapped = ds.map(tokenize, batched=True, num_proc=2, remove_columns=ds.column_names,
-                    load_from_cache_file=False)  # fmt: skip
+    mapped = ds.map(
+        tokenize,
+        batched=True,
+        num_proc=2,
+        remove_columns=ds.column_names,
+        load_from_cache_file=False,
+    )
     mapped.save_to_disk(str(out / "tokens"))
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "tokens": int(sum(map(len, mapped["input_ids"])))}
@@ -187,14 +162,16 @@ def _datatrove(corpus: Path, tokenizer: str, out: Path) -> dict:
     from datatrove.pipeline.tokens import DocumentTokenizer
 
     start = time.perf_counter()
+    tokenize = DocumentTokenizer(
+        str(out / "tokens"),
+        tokenizer_name_or_path=tokenizer,
+        eos_token="<|endoftext|>",
+        shuffle_documents=False,
+    )
+    pipeline = [JsonlReader(str(corpus), glob_pattern="*.jsonl"), tokenize]
     LocalPipelineExecutor(
-        pipeline=[
-            JsonlReader(str(corpus), glob_pattern="*.jsonl"),
-            DocumentTokenizer(str(out / "tokens"), tokenizer_name_or_path=tokenizer,
-                              eos_token="<|endoftext|>", shuffle_documents=False),
-        ],
-        tasks=2, workers=2, logging_dir=str(out / "logs"),
-    ).run()  # fmt: skip
+        pipeline=pipeline, tasks=2, workers=2, logging_dir=str(out / "logs")
+    ).run()
     return {"seconds": time.perf_counter() - start, "tokens": None}
 
 
@@ -202,14 +179,21 @@ def _meshfeed(corpus: Path, tokenizer: str, out: Path) -> dict:
     import meshfeed
 
     start = time.perf_counter()
-    status = meshfeed.prepare(str(corpus / "*.jsonl"), out / "tokens", tokenizer=tokenizer,
-                              workers=2, progress=False)  # fmt: skip
+    inputs = str(corpus / "*.jsonl")
+    status = meshfeed.prepare(
+        inputs, out / "tokens", tokenizer=tokenizer, workers=2, progress=False
+    )
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "tokens": status.tokens - status.documents}  # EOS left out
 
 
-RUNS = {"limit:threads": _limit_threads, "limit:processes": _limit_processes,
-        "datasets": _datasets, "datatrove": _datatrove, "meshfeed": _meshfeed}  # fmt: skip
+RUNS = {
+    "limit:threads": _limit_threads,
+    "limit:processes": _limit_processes,
+    "datasets": _datasets,
+    "datatrove": _datatrove,
+    "meshfeed": _meshfeed,
+}
 
 
 class _ChildPeaks:
@@ -247,7 +231,7 @@ class _ChildPeaks:
 def _child(args: argparse.Namespace) -> None:
     peaks = _ChildPeaks()
     if args.run == "share":
-        result = _limit_share(Path(args.corpus), args.tokenizer, args.share)
+        result = _limit(Path(args.corpus), args.tokenizer, args.share)
     else:
         result = RUNS[args.run](Path(args.corpus), args.tokenizer, Path(args.out))
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -259,20 +243,15 @@ def run_entry(name: str, corpus: Path, tokenizer: Path, scratch: Path) -> dict:
     out = scratch / name.replace(":", "_")
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    run = subprocess.run(
-        [sys.executable, __file__, "--run", name, "--corpus", str(corpus), "--tokenizer",
-         str(tokenizer), "--out", str(out)], capture_output=True, text=True,
-    )  # fmt: skip
-    if run.returncode != 0:
-        return {"error": run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed"}
-    shutil.rmtree(out, ignore_errors=True)
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    try:
+        return run_child(_command(name, corpus, tokenizer, out))
+    except RuntimeError as error:
+        return {"error": str(error).strip().splitlines()[-1]}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="a small corpus, one round (CI)")
-    parser.add_argument("--rounds", type=int, default=3)
+def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-mb", type=float, default=30.0, help="text in the corpus, MB")
     parser.add_argument("--vocab", type=int, default=16384)
     parser.add_argument("--copies", type=int, default=1, help="the corpus this many times over")
@@ -280,12 +259,15 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the worker-memory lines")
     for flag in ("--run", "--corpus", "--tokenizer", "--out", "--share"):
         parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+
+
+def main() -> None:
+    smoke = {"rounds": 1, "max_mb": 1.0, "vocab": 2048}
+    args = arguments(__doc__, rounds=3, smoke=smoke, add=_flags)
     if args.run:
         _child(args)
         return
-    if args.smoke:
-        args.rounds, args.max_mb, args.vocab = 1, 1.0, 2048
+    use_cpu_devices()  # JAX in this process only says the devices on each line
     scratch = Path(tempfile.mkdtemp(prefix="meshfeed-prepare-bench-"))
     try:
         _rounds(args, scratch)
@@ -297,13 +279,14 @@ def _rounds(args: argparse.Namespace, scratch: Path) -> None:
     corpus, size = make_corpus(scratch, args.max_mb, copies=args.copies)
     tokenizer = scratch / "tokenizer.json"
     train_tokenizer(corpus, tokenizer, args.vocab)
-    base = {"benchmark": "prepare", "workload": "T", "corpus_mb": round(size / 1e6, 1),
-            "vocab": args.vocab, "smoke": args.smoke, "python": sys.version.split()[0]}  # fmt: skip
-    entries = tuple(e for e in ENTRIES if e in args.entries.split(","))
-    per_round: list[dict[str, dict]] = []
-    for r in range(args.rounds):
-        order = entries[r % len(entries) :] + entries[: r % len(entries)]
-        per_round.append({name: run_entry(name, corpus, tokenizer, scratch) for name in order})
+    base = {"workload": "T", "corpus_mb": round(size / 1e6, 1), "vocab": args.vocab}
+    base["smoke"] = args.smoke
+    entries = {
+        e: lambda e=e: run_entry(e, corpus, tokenizer, scratch)
+        for e in ENTRIES
+        if e in args.entries.split(",")
+    }
+    per_round = in_rounds(entries, args.rounds, pause=0.0)
     tokens = next(e["tokens"] for e in per_round[0].values() if e.get("tokens"))
 
     def rate(entry: dict) -> float | None:
@@ -312,30 +295,26 @@ def _rounds(args: argparse.Namespace, scratch: Path) -> None:
     def limit(round_: dict) -> float:
         return max(rate(round_[n]) or 0.0 for n in ("limit:threads", "limit:processes"))
 
+    def ratio(name: str, to: Any) -> float:
+        return round(statistics.median((rate(r[name]) or 0) / to(r) for r in per_round), 3)
+
     for name in entries:
         runs = [r[name] for r in per_round]
         line = {**base, "name": name, "rounds": len(runs)}
         if any("error" in x for x in runs):
-            print(json.dumps({**line, "error": next(x["error"] for x in runs if "error" in x)}))
+            emit("prepare", **line, error=next(x["error"] for x in runs if "error" in x))
             continue
         counted = [x["tokens"] for x in runs if x.get("tokens") is not None]
         line["tokens"] = tokens
         line["tokens_agree"] = all(c == tokens for c in counted)
         line["tokens_per_s"] = round(statistics.median(rate(x) or 0.0 for x in runs))
-        line["ratio_to_limit"] = round(
-            statistics.median((rate(r[name]) or 0) / limit(r) for r in per_round), 3
-        )
+        line["ratio_to_limit"] = ratio(name, limit)
         for peer in ("datasets", "datatrove"):
             if name != peer and peer in entries and "error" not in per_round[0][peer]:
-                line[f"ratio_to_{peer}"] = round(
-                    statistics.median(
-                        (rate(r[name]) or 0) / (rate(r[peer]) or 1) for r in per_round
-                    ),
-                    3,
-                )
+                line[f"ratio_to_{peer}"] = ratio(name, lambda r, p=peer: rate(r[p]) or 1)
         line["peak_rss_mib"] = round(max(x["peak_rss_mib"] for x in runs))
         line["peak_child_rss_mib"] = round(max(x["peak_child_rss_mib"] for x in runs))
-        print(json.dumps(line), flush=True)
+        emit("prepare", **line)
     if not args.no_memory:
         _memory(corpus, tokenizer, scratch, base)
 
@@ -352,8 +331,7 @@ def _memory(corpus: Path, tokenizer: Path, scratch: Path, base: dict[str, Any]) 
         mb = sum(p.stat().st_size for p in folder.glob("*.jsonl")) / 1e6
         name = f"meshfeed worker memory, {label}"
         peak = round(entry["peak_child_rss_mib"])
-        line = {**base, "name": name, "input_mb": round(mb, 1), "worker_peak_rss_mib": peak}
-        print(json.dumps(line), flush=True)
+        emit("prepare", **base, name=name, input_mb=round(mb, 1), worker_peak_rss_mib=peak)
 
 
 if __name__ == "__main__":

@@ -1,66 +1,26 @@
 """Record workers on Ray: against worker processes, the loading process's CPU, scaling.
 
-Every entry is a ``Loader(record_transform=..., num_workers=W)`` ending in global
-``jax.Array`` batches on 8 CPU devices (``batch_sharding(make_mesh(data=8))``), global
-batch 256, endless. One local Ray is started here, once, before any loader
-(``ray.init(address="local", num_cpus=16)``: ``"local"`` so that it never joins a
-cluster another program on this machine registered in /tmp/ray; with replies up to 8
-MiB inline, as a local Ray the loader starts has them), and every ``worker_type="ray"``
-loader joins it. Two parts:
-
-- C, decode (``decode_throughput.py``'s workload: PNG-encoded 32x32 RGB images, decoded
-  and randomly cropped per record): ``ray:2`` (``worker_type="ray"``, 2 actors of 1 CPU
-  each) against ``processes:2`` (``worker_type="processes"``), records/s, and the CPU the
-  loading process spends per batch (``time.process_time``: all of its threads, Ray's
-  own included). Goal: ``ratio_to_processes`` >= 0.8. Both use the default
-  ``prefetch="auto"``.
-- S, scaling: a record transform that sleeps 2 ms and then crops (``ray_fns.sleep_crop``),
-  a stand-in for cores elsewhere: each worker is bound by latency, at most 500
-  records/s, not by this machine's two cores. W = 1, 2, 4, 8, 16, 32 Ray workers
-  (``RayOptions(cpus=0.25)``, so that all 63 fit in the 16 logical CPUs at once), with
-  ``prefetch=8`` (``"auto"`` settled anywhere from 2 to 32 steps here, run to run):
-  records/s, ``speedup`` over 1 worker and ``efficiency`` = speedup / W. Goal:
-  efficiency >= 0.8 until the loading side saturates; the lines give the CPU of the
-  loading process, of Ray's own processes (GCS, raylet, agents) and of the workers,
-  per batch and as cores busy, to show where it does.
-
-CPU, per window: the loading process's (``time.process_time``), Ray's own processes'
-(GCS, raylet, agents: this process's descendants that are not record workers) and the
-entry's own record workers' (the processes that appeared while it was built), per batch
-or per record and as cores busy; ``other_workers`` is the other entries' idle workers.
-``idle_cores`` is the same measured once per part with every loader idle (its
-read-ahead full), and ``loader_cpu_ms_per_batch_above_idle`` the loading process's CPU a
-batch less that idle rate: what each batch itself costs it.
-
-Each loader is built once and warmed up (its workers started, its first batches
-taken), and a window times its endless iterator after first taking as many batches as
-its read-ahead may have filled while the other entries ran, plus 2. Every round times
-each entry of a part once, in an order that rotates from round to round; ratios are
-taken within a round and the lines give medians over rounds (and each round's ratio).
-Prints one JSON line per measurement; ``--smoke`` (0.3 s windows, one round, W = 1, 2,
-4) for CI. The full run's lines are appended to ``results/ray_workers.jsonl`` (the
-command in README.md).
+One local Ray (``ray.init(address="local", num_cpus=16)``, replies up to 8 MiB inline,
+as a local Ray the loader starts has them) that every ``worker_type="ray"`` loader
+joins; global batch 256 on 8 CPU devices, endless. Part C: workload C's PNG decode on
+``ray:2`` against ``processes:2``, records/s and the loading process's CPU per batch
+(goal: ``ratio_to_processes`` >= 0.8). Part S: a record transform that sleeps 2 ms then
+crops, on W = 1, 2, 4, ... 32 Ray workers: speedup over 1 worker and efficiency
+(goal >= 0.8 until the loading side saturates), with the CPU of the loading process,
+of Ray's own processes and of the workers. Rotating rounds, medians of per-round
+ratios; README.md says more. ``--smoke`` (W = 1, 2) for CI.
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 import argparse
 import contextlib
-import gc
-import json
-import platform
 import statistics
 import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +30,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_fns import decode_crop, encode_all
+from harness import arguments, emit, in_rounds, use_cpu_devices
 from ray_fns import SLEEP_S, images, sleep_crop
 
 import meshfeed
@@ -90,7 +51,7 @@ _OUT = sys.stdout  # the JSON lines; Ray's own messages go to stderr (``main``)
 
 
 def _emit(line: dict[str, Any]) -> None:
-    print(json.dumps(line), file=_OUT, flush=True)
+    emit("ray_workers", stream=_OUT, **line)
 
 
 def _start_ray() -> Any:
@@ -116,7 +77,8 @@ class _Entry:
         """Builds the loader, takes its first batches, and waits for its ``workers``."""
         before = {p for p, (kind, _) in _descendants().items() if kind == "worker"}
         start = time.perf_counter()
-        self.name, self.loader = name, make()
+        self.name = name
+        self.loader = make()
         self.it: Iterator[Any] = iter(self.loader)
         for _ in range(3):
             self.next()
@@ -159,7 +121,8 @@ def _descendants() -> dict[int, tuple[str, float]]:
     out = {}
     for child in psutil.Process().children(recursive=True):
         try:
-            name, times = child.name(), child.cpu_times()
+            name = child.name()
+            times = child.cpu_times()
             ray_own = not name.startswith("ray::RecordWorker") and (
                 name.startswith("ray::")
                 or name in ("gcs_server", "raylet")
@@ -183,13 +146,15 @@ def _spent(
     return out
 
 
-def _window(entry: _Entry, seconds: float, ahead: int) -> dict[str, float]:
+def _window(entry: _Entry, seconds: float) -> dict[str, float]:
     """Records/s of ``entry`` over ``seconds`` (at least 2 batches), after taking the
-    ``ahead`` batches its read-ahead may hold and 2 more; the CPU spent meanwhile."""
-    for _ in range(ahead + 2):
+    batches its read-ahead may hold and 2 more; the CPU spent meanwhile."""
+    for _ in range((entry.loader.prefetch_depth or 0) + 2):
         entry.next()
     before = _descendants()
-    batches, cpu, start = 0, time.process_time(), time.perf_counter()
+    batches = 0
+    cpu = time.process_time()
+    start = time.perf_counter()
     while True:
         entry.next()
         batches += 1
@@ -214,7 +179,8 @@ def _window(entry: _Entry, seconds: float, ahead: int) -> dict[str, float]:
 def _idle(seconds: float) -> dict[str, float]:
     """Cores busy while every loader sits idle, its read-ahead full."""
     before = _descendants()
-    cpu, start = time.process_time(), time.perf_counter()
+    cpu = time.process_time()
+    start = time.perf_counter()
     time.sleep(seconds)
     loader = time.process_time() - cpu
     elapsed = time.perf_counter() - start
@@ -226,20 +192,11 @@ def _idle(seconds: float) -> dict[str, float]:
     }
 
 
-def _rounds(
-    entries: list[_Entry], rounds: int, seconds: float, pause: float
-) -> list[dict[str, dict[str, float]]]:
-    """Each entry timed once a round, the order rotating from round to round."""
-    per_round = []
-    for r in range(rounds):
-        got: dict[str, dict[str, float]] = {}
-        for entry in entries[r % len(entries) :] + entries[: r % len(entries)]:
-            ahead = entry.loader.prefetch_depth or 0
-            got[entry.name] = _window(entry, seconds, ahead)
-            gc.collect()
-            time.sleep(pause)  # the entry refills its read-ahead before the next one runs
-        per_round.append(got)
-    return per_round
+def _rounds(entries: list[_Entry], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each entry's window once a round, the order rotating; ``--pause`` after each for
+    the entry to refill its read-ahead before the next one runs."""
+    windows = {e.name: partial(_window, e, args.seconds) for e in entries}
+    return in_rounds(windows, args.rounds, args.pause)
 
 
 def _figures(
@@ -274,7 +231,7 @@ def _ratios(
     return round(statistics.median(ratio), 3), [round(x, 3) for x in ratio]
 
 
-def _decode_part(args: argparse.Namespace, common: dict[str, Any], seconds: float) -> None:
+def _decode_part(args: argparse.Namespace, common: dict[str, Any]) -> None:
     """C: 2 Ray workers against 2 worker processes, on the PNG decode."""
     encoded, labels = encode_all(args.examples)
     source = {"png": encoded, "label": labels}
@@ -283,8 +240,8 @@ def _decode_part(args: argparse.Namespace, common: dict[str, Any], seconds: floa
         for kind in ("processes", "ray"):
             entries.append(_Entry(f"{kind}:2", _loader(source, decode_crop, 2, kind), 2))
         time.sleep(args.pause)
-        idle = _idle(max(seconds, 1.0))
-        per_round = _rounds(entries, args.rounds, seconds, args.pause)
+        idle = _idle(max(args.seconds, 1.0))
+        per_round = _rounds(entries, args)
         depth = {e.name: e.loader.prefetch_depth for e in entries}
     finally:
         for entry in entries:
@@ -311,9 +268,7 @@ def _decode_part(args: argparse.Namespace, common: dict[str, Any], seconds: floa
         _emit(line)
 
 
-def _scaling_part(
-    args: argparse.Namespace, common: dict[str, Any], seconds: float, counts: list[int]
-) -> None:
+def _scaling_part(args: argparse.Namespace, common: dict[str, Any], counts: list[int]) -> None:
     """S: 1, 2, 4, ... Ray workers on the sleeping transform."""
     source = images(args.examples)
     options = meshfeed.types.RayOptions(cpus=SCALING_CPUS)
@@ -323,12 +278,13 @@ def _scaling_part(
             make = _loader(source, sleep_crop, w, options, prefetch=SCALING_PREFETCH)
             entries.append(_Entry(f"ray:{w}", make, w))
         time.sleep(IDLE_AFTER_S)  # ray:1 fills its 4 steps at 0.5 s each
-        idle = _idle(max(seconds, 1.0))
-        per_round = _rounds(entries, args.rounds, seconds, args.pause)
+        idle = _idle(max(args.seconds, 1.0))
+        per_round = _rounds(entries, args)
     finally:
         for entry in entries:
             entry.close()
-    base, saturated = entries[0].name, None
+    base = entries[0].name
+    saturated = None
     for w, entry in zip(counts, entries, strict=True):
         speedup, by_round = _ratios(per_round, entry.name, base)
         line: dict[str, Any] = {
@@ -357,39 +313,33 @@ def _scaling_part(
     _emit({**common, "workload": "S", "name": "saturation", **summary})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
-    parser.add_argument("--seconds", type=float, default=2.0, help="per entry per round")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds; the median")
+def _add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--examples", type=int, default=8192, help="images in each source")
     parser.add_argument("--workers", default="1,2,4,8,16,32", help="S's worker counts")
     parser.add_argument("--pause", type=float, default=0.5, help="seconds between windows")
-    args = parser.parse_args()
+
+
+def main() -> None:
+    use_cpu_devices()
+    smoke = {"seconds": 0.3, "rounds": 1, "examples": 1024, "pause": 0.1, "workers": "1,2"}
+    args = arguments(__doc__, seconds=2.0, rounds=7, smoke=smoke, add=_add_flags)
     counts = [int(w) for w in args.workers.split(",")]
-    if args.smoke:
-        args.rounds, args.examples, args.pause, counts = 1, 1024, 0.1, [1, 2]
-    seconds = 0.3 if args.smoke else args.seconds
     # The raylet's warnings reach the driver's sys.stdout whatever log_to_driver says
     # ("(raylet) WARNING: 22 PYTHON worker processes have been started..."): keep them
     # out of the JSON lines.
     with contextlib.redirect_stdout(sys.stderr):
         ray = _start_ray()
         common = {
-            "benchmark": "ray_workers",
             "global_batch_size": BATCH,
             "rounds": args.rounds,
-            "window_s": seconds,
-            "devices": jax.device_count(),
+            "window_s": args.seconds,
             "smoke": args.smoke,
             "ray": ray.__version__,
-            "jax": jax.__version__,
-            "python": platform.python_version(),
         }
         try:
-            _decode_part(args, common, seconds)
+            _decode_part(args, common)
             time.sleep(args.pause)
-            _scaling_part(args, common, seconds, counts)
+            _scaling_part(args, common, counts)
         finally:
             ray.shutdown()
 

@@ -1,37 +1,10 @@
 """The default read-ahead in many fresh processes: one mode, as fast as the best fixed depth.
 
-Workload H: 50,000 CIFAR-shaped rows (32x32x3 uint8) and an int32 label, global batch
-512, 8 CPU devices, ``per_process``, no workers, every default as it is; shuffled. Its
-sources:
-
-- ``memory``: the arrays in memory, an ``ArraySource``;
-- ``mmap``: the same arrays in ``.npy`` files opened with ``mmap_mode="r"``;
-- ``folder``: the same arrays written by ``meshfeed.write_source`` and opened with
-  ``meshfeed.open_source``;
-- ``records``: 16,384 PNG-encoded 32x32 images decoded and cropped per record by 2
-  worker processes (workload C's record transform, global batch 256): the read-ahead
-  whose depth grows to feed the workers.
-
-Each process is fresh (a new interpreter: the read-ahead starts from nothing, as in a
-user's job) and times, after 300 steps of warm-up each (100 for ``records``), the
-default loader (``prefetch="auto"``), fixed depths (``prefetch=0, 1, 2, 16``; 0 reads in
-the loop, no thread), and a
-second ``prefetch=1`` loader whose ratio to the first is the measurement's own noise:
-``noise``) and the floor (a numpy gather of the same ids from the same arrays, then
-``make_array_from_process_local_data``; none for ``records``) in rounds whose order
-rotates, each window at least ``--seconds``, after twice the contender's depth of steps
-untimed (what it read ahead while the others ran is not that window's work).
-``--default-only`` times the default and the floor alone (the protocol issue 49 was
-found with); ``--src`` times another build's meshfeed (``git worktree add``).
-
-A process's line: each contender's median rows/s, the default's median per-round ratio
-to the floor and to the best fixed depth, and where the default ended with its last
-moves. A summary per source: the default's rows/s and its ratio to the floor over the
-processes (min, median, max), the worst process's against the median for both (goal:
->= 0.8, no second mode); the default against the best fixed depth (goal: >= 0.95); the
-depths it ended at.
-
-Prints one JSON line per process and one summary per source; ``--smoke`` for CI.
+Workload H: ``prefetch="auto"`` against ``prefetch=0, 1, 2, 16`` and the floor (a numpy
+gather + ``make_array_from_process_local_data``) over each source, each process fresh,
+rotating rounds. Goals: the worst process >= 0.8x the median, >= 0.95x the best fixed
+depth. ``--default-only`` times the default and the floor alone; ``--src`` another build.
+``--smoke`` for CI; the workload is in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -39,30 +12,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from harness import arguments, emit, in_rounds, median_of, median_ratio, run_child, use_cpu_devices
+from workload_fns import images
 
-HERE = Path(__file__).resolve().parent
+from common import measure
+
 SOURCES = ("memory", "mmap", "folder", "records")
 FIXED = (0, 1, 2, 16)
 BATCH, RECORDS_BATCH = 512, 256
-
-
-def _arrays(n: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return {
-        "image": rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
-        "label": rng.integers(0, 10, n, dtype=np.int32),
-    }
 
 
 def _data(kind: str, n: int, folder: Path) -> tuple[Any, dict[str, np.ndarray] | None]:
@@ -74,7 +39,7 @@ def _data(kind: str, n: int, folder: Path) -> tuple[Any, dict[str, np.ndarray] |
 
         encoded, labels = encode_all(n)
         return meshfeed.ArraySource({"png": encoded, "label": labels}), None
-    arrays = _arrays(n)
+    arrays = images(n)
     if kind == "memory":
         return meshfeed.ArraySource(arrays), arrays
     for name, a in arrays.items():
@@ -109,55 +74,51 @@ def _child(
             depths["1 again"] = 1
         loaders = {
             name: meshfeed.Loader(
-                source, global_batch_size=batch, sharding=sharding, num_epochs=None,
-                prefetch=p, **extra,  # type: ignore[arg-type]
+                source,
+                global_batch_size=batch,
+                sharding=sharding,
+                num_epochs=None,
+                prefetch=p,
+                **extra,
             )
             for name, p in depths.items()
-        }  # fmt: skip
-        steps: dict[str, Callable[[], Any]] = {}
-        for name, loader in loaders.items():
-            it = iter(loader)
-            steps[name] = it.__next__
+        }
+        steps: dict[str, Callable[[], Any]] = {n: iter(x).__next__ for n, x in loaders.items()}
         if floor_arrays is not None:
             steps["floor"] = _floor(floor_arrays, batch, sharding)
         for step in steps.values():
             for _ in range(warmup):
                 jax.block_until_ready(step())
-        names = list(steps)
-        rates: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            for name in order:
-                # Steps read ahead while the others ran are not this window's work: take
-                # twice the depth first (a deep read-ahead of record workers' rows would
-                # otherwise start each window with a head start).
-                loader = loaders.get(name)
-                for _ in range(4 + 2 * (loader.prefetch_depth if loader is not None else 0)):
-                    jax.block_until_ready(steps[name]())
-                rates[name].append(_window(steps[name], batch, seconds))
+
+        def window(name: str) -> float:
+            # Steps read ahead while the others ran are not this window's work: take twice
+            # the depth first (a deep read-ahead of record workers' rows would otherwise
+            # start each window with a head start).
+            loader = loaders.get(name)
+            for _ in range(4 + 2 * (loader.prefetch_depth if loader is not None else 0)):
+                jax.block_until_ready(steps[name]())
+            return measure(lambda: iter(steps[name], None), batch, seconds, warmup=0)
+
+        per_round = in_rounds({n: partial(window, n) for n in steps}, rounds, pause=0.0)
         auto = loaders["auto"]
         stats = auto.stats()["consumer"]["read_ahead"]  # "moves": none before issue 49's build
         line: dict[str, Any] = {
-            "rows_per_s": {k: round(statistics.median(v)) for k, v in rates.items()},
+            "rows_per_s": {k: round(median_of(per_round, k) or 0) for k in steps},
             "depth": auto.prefetch_depth,
             "moves": stats.get("moves", [])[-4:],
         }
         if fixed:
-            best = max(map(str, fixed), key=lambda k: statistics.median(rates[k]))
+            best = max(map(str, fixed), key=lambda k: median_of(per_round, k) or 0)
             line["best_fixed"] = int(best)
-            line["ratio_to_best_fixed"] = _ratio(rates["auto"], rates[best])
-            line["noise"] = _ratio(rates["1 again"], rates["1"])  # identical contenders
-        if "floor" in rates:
-            line["ratio_to_floor"] = _ratio(rates["auto"], rates["floor"])
+            line["ratio_to_best_fixed"] = median_ratio(per_round, "auto", best)
+            line["noise"] = median_ratio(per_round, "1 again", "1")  # identical contenders
+        if "floor" in steps:
+            line["ratio_to_floor"] = median_ratio(per_round, "auto", "floor")
             for p in fixed:
-                line[f"prefetch={p}_ratio_to_floor"] = _ratio(rates[str(p)], rates["floor"])
+                line[f"prefetch={p}_ratio_to_floor"] = median_ratio(per_round, str(p), "floor")
         for loader in loaders.values():
             loader.close()
         return line
-
-
-def _ratio(a: list[float], b: list[float]) -> float:
-    return round(statistics.median(x / y for x, y in zip(a, b, strict=True)), 3)
 
 
 def _floor(arrays: dict[str, np.ndarray], batch: int, sharding: Any) -> Callable[[], Any]:
@@ -178,20 +139,8 @@ def _floor(arrays: dict[str, np.ndarray], batch: int, sharding: Any) -> Callable
     return step
 
 
-def _window(step: Callable[[], Any], batch: int, seconds: float) -> float:
-    import jax
-
-    done, start = 0, time.perf_counter()
-    while True:
-        jax.block_until_ready(step())
-        done += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return done * batch / elapsed
-
-
 def _summary(kind: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"source": kind, "processes": len(lines)}
+    out: dict[str, Any] = {"source": kind}
     if "ratio_to_best_fixed" in lines[0]:
         best = [x["ratio_to_best_fixed"] for x in lines]
         out["ratio_to_best_fixed"] = {"min": min(best), "median": round(statistics.median(best), 3)}
@@ -210,24 +159,20 @@ def _summary(kind: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
+def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--processes", type=int, default=20, help="fresh processes a source")
     parser.add_argument("--sources", default=",".join(SOURCES))
-    parser.add_argument("--seconds", type=float, default=0.3, help="each timed window")
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument(
-        "--default-only", action="store_true", help="the default and the floor alone"
-    )
+    parser.add_argument("--default-only", action="store_true", help="the default and the floor")
     parser.add_argument("--src", help="time the meshfeed in this folder (another build's src)")
     parser.add_argument("--label", default="", help="a label on every line (which build)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+
+
+def main() -> None:
+    use_cpu_devices()  # for the children: JAX starts in them only
+    args = arguments(__doc__, seconds=0.3, rounds=9, smoke={}, add=_flags)
     smoke = args.smoke
-    if args.child:  # JAX and meshfeed are imported from here on, with 8 CPU devices
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if args.child:
         kind = args.child
         n = {True: (2_048, 8_192), False: (16_384, 50_000)}[smoke][kind != "records"]
         warmup = 5 if smoke else (100 if kind == "records" else 300)
@@ -243,28 +188,16 @@ def main() -> None:
     env = dict(os.environ)
     if args.src:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.src, env.get("PYTHONPATH")]))
-    head = {"benchmark": "read_ahead", "workload": "H", "label": args.label}
+    head = {"workload": "H", "label": args.label, "smoke": smoke}
+    head |= {"devices": 8, "processes": processes}  # fresh processes a source, 8 devices each
     for kind in args.sources.split(","):
         lines = []
         for p in range(processes):
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, *tail]
-            out = subprocess.run(
-                cmd, capture_output=True, text=True, cwd=HERE, env=env, check=False
-            )
-            if out.returncode != 0:
-                sys.exit(f"{kind} process {p} failed:\n{out.stderr[-3000:]}")
-            line = json.loads(out.stdout.strip().splitlines()[-1])
+            line = run_child([__file__, "--child", kind, *tail], env=env)
             lines.append(line)
-            print(json.dumps({**head, "source": kind, "process": p, **line}), flush=True)
-        summary = {**head, "name": f"summary:{kind}", **_summary(kind, lines), "smoke": smoke}
-        summary.update(jax=_jax_version(), python=platform.python_version())
-        print(json.dumps(summary), flush=True)
-
-
-def _jax_version() -> str:
-    from importlib.metadata import version
-
-    return version("jax")
+            emit("read_ahead", **head, source=kind, process=p, **line)
+        summary = _summary(kind, lines)
+        emit("read_ahead", **head, name=f"summary:{kind}", **summary)
 
 
 if __name__ == "__main__":

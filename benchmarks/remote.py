@@ -1,40 +1,17 @@
 """Workload S, data in object storage: a meshfeed folder on an S3-compatible server against
 the same folder on local disk.
 
-The server is moto's (``meshfeed.testing.S3Server``) on 127.0.0.1, started and stopped
-here; s3fs is the client. One process, 8 CPU devices. The data: ``--examples`` rows of a
-32x32x3 uint8 image and an int32 label (3 KiB a row), shards of 4096 rows, global batch
-256. Three parts, one JSON line per measurement:
-
-- ``reads``: range requests and bytes fetched over one whole epoch, with the per-example
-  shuffle and with ``shuffle_block=1024`` (window 16), and a second epoch through
-  ``cache_dir``; each checked against what ``loader.plan`` predicts for its first steps.
-- ``speed``: samples/s over ``--steps`` steps and the time to the first batch
-  (``open_source`` + ``Loader`` + first batch), from the server and from local files,
-  per shuffle; rounds in rotating order, ratios (server / local) per round, median.
-- ``input_wait``: the demo's convnet (workload E) trained by ``fit`` on the digits read
-  from the server, default settings, per shuffle and through ``cache_dir``; goal: input
-  wait <= 2%.
-- ``server``: how many small range requests per second the server answers here (16 in
-  flight), the ceiling of every uncached entry: moto is Python and shares the 2 cores.
-
-``--smoke`` for CI.
+moto's server on 127.0.0.1: requests and bytes per epoch by shuffle and through
+``cache_dir`` (``reads``), samples/s and time to first batch against local files
+(``speed``), the demo model's input wait (``input_wait``, goal <= 2%), and the server's
+own rate (``server``). ``--smoke`` for CI; the workload is in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 import argparse
 import itertools
-import json
-import platform
-import statistics
+import os
 import tempfile
 import time
 from collections.abc import Mapping
@@ -42,6 +19,8 @@ from typing import Any
 
 import jax
 import numpy as np
+from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
+from workload_fns import images
 
 import meshfeed
 from common import DIGITS_BATCH_SIZE, digits, fit_digits
@@ -53,28 +32,8 @@ BLOCK = {"shuffle_block": 1024, "shuffle_window": 16}
 ORDERS: dict[str, dict[str, int]] = {"per-example": {}, "block": BLOCK}
 
 
-def _line(**fields: Any) -> None:
-    print(
-        json.dumps(
-            {
-                "benchmark": "remote",
-                "workload": "S",
-                **fields,
-                "devices": jax.device_count(),
-                "jax": jax.__version__,
-                "python": platform.python_version(),
-            }
-        ),
-        flush=True,
-    )
-
-
-def _images(n: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return {
-        "image": rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8),
-        "label": rng.integers(0, 10, size=n, dtype=np.int32),
-    }
+def _line(smoke: bool, **fields: Any) -> None:
+    emit("remote", smoke=smoke, workload="S", **fields)
 
 
 def _loader(source: Any, order: Mapping[str, int], **kwargs: Any) -> meshfeed.Loader:
@@ -88,7 +47,7 @@ def _loader(source: Any, order: Mapping[str, int], **kwargs: Any) -> meshfeed.Lo
     )
 
 
-def reads(url: str, options: Mapping[str, Any], cache_dir: str) -> None:
+def reads(url: str, options: Mapping[str, Any], cache_dir: str, smoke: bool) -> None:
     """Requests and bytes over whole epochs, per shuffle, and through a cache."""
     for name, order in ORDERS.items():
         source = meshfeed.open_source(url, storage_options=options)
@@ -102,6 +61,7 @@ def reads(url: str, options: Mapping[str, Any], cache_dir: str) -> None:
         seconds = time.perf_counter() - start
         requests, fetched = source.requests - before[0], source.bytes_fetched - before[1]
         _line(
+            smoke,
             part="reads",
             name=f"s3:{name}",
             shuffle=name,
@@ -122,6 +82,7 @@ def reads(url: str, options: Mapping[str, Any], cache_dir: str) -> None:
         for batch in loader:
             jax.block_until_ready(batch)
         _line(
+            smoke,
             part="reads",
             name=f"s3:block:cache epoch {epoch}",
             shuffle="block",
@@ -144,37 +105,40 @@ def _timed(path: str, options: Mapping[str, Any] | None, order: Mapping[str, int
     start = time.perf_counter()
     for batch in itertools.islice(batches, steps):
         jax.block_until_ready(batch)
-    return first, steps * BATCH / (time.perf_counter() - start)
+    return {"first_s": first, "samples_per_s": steps * BATCH / (time.perf_counter() - start)}
 
 
-def speed(url: str, options: Mapping[str, Any], local: str, steps: int, rounds: int) -> None:
-    entries = [(where, name) for name in ORDERS for where in ("local", "s3")]
-    got: dict[tuple[str, str], list[tuple[float, float]]] = {e: [] for e in entries}
-    for r in range(rounds):
-        for where, name in entries[r % len(entries) :] + entries[: r % len(entries)]:
-            path, opts = (url, options) if where == "s3" else (local, None)
-            got[where, name].append(_timed(path, opts, ORDERS[name], steps))
-    for (where, name), runs in got.items():
-        local_runs = got["local", name]
+def speed(url: str, options: Mapping[str, Any], local: str, args: argparse.Namespace) -> None:
+    places: dict[str, tuple[str, Mapping[str, Any] | None]] = {
+        "local": (local, None),
+        "s3": (url, options),
+    }
+    entries = {
+        f"{where}:{name}": lambda at=at, o=order: _timed(at[0], at[1], o, args.steps)
+        for name, order in ORDERS.items()
+        for where, at in places.items()
+    }
+    per_round = in_rounds(entries, args.rounds, pause=0.0)
+    for entry in entries:
+        where, name = entry.split(":")
         _line(
+            args.smoke,
             part="speed",
-            name=f"{where}:{name}",
+            name=entry,
             where=where,
             shuffle=name,
-            samples_per_s=round(statistics.median(r[1] for r in runs)),
-            first_batch_s=round(statistics.median(r[0] for r in runs), 3),
-            ratio_samples_vs_local=round(
-                statistics.median(r[1] / lr[1] for r, lr in zip(runs, local_runs, strict=True)), 3
+            samples_per_s=round(median_of(per_round, entry, "samples_per_s") or 0),
+            first_batch_s=round(median_of(per_round, entry, "first_s") or 0.0, 3),
+            ratio_samples_vs_local=median_ratio(per_round, entry, f"local:{name}", "samples_per_s"),
+            ratio_first_batch_vs_local=median_ratio(
+                per_round, entry, f"local:{name}", "first_s", digits=2
             ),
-            ratio_first_batch_vs_local=round(
-                statistics.median(r[0] / lr[0] for r, lr in zip(runs, local_runs, strict=True)), 2
-            ),
-            steps=steps,
-            rounds=rounds,
+            steps=args.steps,
+            rounds=args.rounds,
         )
 
 
-def server_rate(url: str, options: Mapping[str, Any], seconds: float) -> None:
+def server_rate(url: str, options: Mapping[str, Any], seconds: float, smoke: bool) -> None:
     """Small range requests per second the server answers, 16 in flight."""
     source = meshfeed.open_source(url, storage_options=options)
     rng = np.random.default_rng(0)
@@ -184,6 +148,7 @@ def server_rate(url: str, options: Mapping[str, Any], seconds: float) -> None:
         source[np.sort(rng.choice(len(source) // 32, 16, replace=False)) * 32]
     elapsed = time.perf_counter() - start
     _line(
+        smoke,
         part="server",
         name="moto:range requests",
         requests_per_s=round((source.requests - before) / elapsed),
@@ -191,7 +156,7 @@ def server_rate(url: str, options: Mapping[str, Any], seconds: float) -> None:
     )
 
 
-def input_wait(server: S3Server, steps: int, cache_dir: str) -> None:
+def input_wait(server: S3Server, steps: int, cache_dir: str, smoke: bool) -> None:
     """The demo's convnet trained by ``fit`` on the digits read from the server."""
     url = "s3://data/digits"
     # The default shard size (65,536 rows): the digits are one shard of each field.
@@ -213,6 +178,7 @@ def input_wait(server: S3Server, steps: int, cache_dir: str) -> None:
         loader = _loader(source, order, global_batch_size=DIGITS_BATCH_SIZE, num_epochs=None)
         history = fit_digits(loader, steps)
         _line(
+            smoke,
             part="input_wait",
             name=f"fit:{'local' if name.endswith('local files') else 's3'}:{name}",
             shuffle=name,
@@ -228,44 +194,41 @@ def input_wait(server: S3Server, steps: int, cache_dir: str) -> None:
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
+def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--examples", type=int, default=32768)
     parser.add_argument("--steps", type=int, default=30, help="speed: steps timed")
-    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--fit-steps", type=int, default=1000)
     parser.add_argument(
         "--parts",
         default="server,reads,speed,input_wait",
         help="comma-separated parts to run (default: all)",
     )
-    args = parser.parse_args()
-    examples, steps, rounds, fit_steps = (
-        (SHARD // 2, 3, 1, 10)
-        if args.smoke
-        else (args.examples, args.steps, args.rounds, args.fit_steps)
-    )
+
+
+def main() -> None:
+    use_cpu_devices()
+    smoke = {"examples": SHARD // 2, "steps": 3, "rounds": 1, "fit_steps": 10}
+    args = arguments(__doc__, rounds=5, smoke=smoke, add=_flags)
     server = S3Server()
     try:
         server.make_bucket("data")
-        data = _images(examples)
+        data = images(args.examples)
         url = "s3://data/images"
+        options = server.storage_options
         with tempfile.TemporaryDirectory() as tmp:
             local = os.path.join(tmp, "images")
             meshfeed.write_source(local, data, shard_size=SHARD)
-            meshfeed.write_source(
-                url, data, shard_size=SHARD, storage_options=server.storage_options
-            )
+            meshfeed.write_source(url, data, shard_size=SHARD, storage_options=options)
             parts = args.parts.split(",")
             if "server" in parts:
-                server_rate(url, server.storage_options, 0.5 if args.smoke else 3.0)
+                server_rate(url, options, 0.5 if args.smoke else 3.0, args.smoke)
             if "reads" in parts:
-                reads(url, server.storage_options, os.path.join(tmp, "cache"))
+                reads(url, options, os.path.join(tmp, "cache"), args.smoke)
             if "speed" in parts:
-                speed(url, server.storage_options, local, steps, rounds)
+                speed(url, options, local, args)
             if "input_wait" in parts:
-                input_wait(server, fit_steps, os.path.join(tmp, "digits-cache"))
+                cache_dir = os.path.join(tmp, "digits-cache")
+                input_wait(server, args.fit_steps, cache_dir, args.smoke)
     finally:
         server.close()
 

@@ -1,47 +1,19 @@
 """Schedules: what weights by stage and a batch size that ramps cost per step.
 
-A mixture of three sources of 400k examples each read by a ``Loader`` on one process
-with 8 CPU devices, with and without schedules, in the same run. The sources are the
-same size so that what differs is the schedule, not which source a draw falls in (a
-source's size sets the cost of its permutation and of its gathers); the run's 5.1M
-positions read each source in several passes.
-
-- **ids**: example ids resolved per second -- the loader's ids of a step, then the
-  mixture's source and example of each -- the whole schedule path, no data read.
-  ``fixed``: fixed weights, the loader shuffling positions (today's mixture);
-  ``fixed_in_order``: the same read position by position; ``staged``: four weight
-  stages, one reached by a blend over 1,000 steps, read in order; ``ramp``: fixed
-  weights, a batch size 64 -> 128 -> 256; ``staged_ramp``: both. Every contender reads
-  steps of 256 ids (a ramp from its last stage on: a smaller step costs more per id
-  with or without a schedule), each window going on where its last one stopped.
-- **batches**: rows per second as global ``jax.Array`` batches (every field read and
-  placed on the devices), ``fixed`` against ``ramp`` and ``staged_ramp``, from step
-  12,000, where all three read 256 rows a step in the same proportions.
-
-Each contender runs in windows of at least ``--seconds`` seconds, in rounds whose order
-rotates; the figures are medians, the ratios medians of the per-round ratios against
-``fixed``. Prints one JSON line per measurement; ``--smoke`` for CI.
+Workload X: a mixture of three sources read by a ``Loader`` with and without each schedule;
+ids resolved per second, and rows per second as placed global batches, in rotating rounds
+with ratios to ``fixed``. ``--smoke`` for CI; the workload is in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-import argparse
-import json
-import platform
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import numpy as np
+from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
 
 import meshfeed
 from common import measure
@@ -142,45 +114,26 @@ def compare(
     rate: Callable[[Callable[[], meshfeed.Loader], float], float],
     rounds: int,
     seconds: float,
-) -> dict[str, float]:
-    names = list(contenders)
-    rates: dict[str, list[float]] = {n: [] for n in names}
-    ratios: dict[str, list[float]] = {n: [] for n in names if n != "fixed"}
-    for r in range(rounds):
-        got = {}
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            got[name] = rate(contenders[name], seconds)
-            rates[name].append(got[name])
-        for name in ratios:
-            ratios[name].append(got[name] / got["fixed"])
-    out: dict[str, float] = {f"{n}_per_s": round(statistics.median(v)) for n, v in rates.items()}
-    out.update({f"{n}_ratio": round(statistics.median(v), 3) for n, v in ratios.items()})
+) -> dict[str, Any]:
+    entries = {n: lambda b=build: rate(b, seconds) for n, build in contenders.items()}
+    per_round = in_rounds(entries, rounds)
+    out: dict[str, Any] = {f"{n}_per_s": round(median_of(per_round, n) or 0) for n in entries}
+    for name in [n for n in entries if n != "fixed"]:
+        out[f"{name}_ratio"] = median_ratio(per_round, name, "fixed") or 0.0
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--seconds", type=float, default=0.5)
-    args = parser.parse_args()
-    rounds, seconds, scale = (1, 0.3, 20) if args.smoke else (args.rounds, args.seconds, 1)
-    common = {
-        "benchmark": "schedules",
-        "smoke": args.smoke,
-        "global_batch_size": BATCH,
-        "rounds": rounds,
-        "window_s": seconds,
-        "jax": jax.__version__,
-        "python": platform.python_version(),
-    }
+    use_cpu_devices()
+    args = arguments(__doc__, seconds=0.5, rounds=7)
+    scale = 20 if args.smoke else 1
+    run = {"smoke": args.smoke, "global_batch_size": BATCH, "rounds": args.rounds}
+    run["window_s"] = args.seconds
     every = loaders(scale)
-    line = {**common, "name": "ids", **compare(every, ids_rate, rounds, seconds)}
-    print(json.dumps(line), flush=True)
+    emit("schedules", name="ids", **run, **compare(every, ids_rate, args.rounds, args.seconds))
     pair = {n: every[n] for n in ("fixed", "ramp", "staged_ramp")}
-    line = {**common, "name": "batches", **compare(pair, batches_rate, rounds, seconds)}
-    print(json.dumps(line), flush=True)
+    got = compare(pair, batches_rate, args.rounds, args.seconds)
+    emit("schedules", name="batches", **run, **got)
 
 
 if __name__ == "__main__":

@@ -1,36 +1,23 @@
 """Soak: 100,000 steps of the demo's loader with prefetch and record workers.
 
-One process, 8 CPU devices, scikit-learn's digits (global batch 64, shuffled, endless),
-a per-record random shift in 2 worker processes, the default ``prefetch``. Every batch
-is waited for on the devices and dropped. After a warm-up (the first 10% of steps) and at
-the end it records the resident memory of this process and of its workers
-(``/proc/<pid>/status``), the threads of this process and its open files
-(``/proc/self/fd``).
-
-Goals: RSS growth <= 5% after warm-up; no growth in threads or open files. Prints one
-JSON line (and a progress line to stderr every 10%); ``--smoke`` runs 2,000 steps.
+One process, 8 CPU devices, the digits (batch 64, shuffled, endless), a per-record
+random shift in 2 worker processes, the default ``prefetch``; every batch waited for and
+dropped. After the warm-up (10% of steps) and at the end: the resident memory of this
+process and its workers, its threads and open files. Goals: RSS growth <= 5% after
+warm-up; no growth in threads or open files. ``--smoke`` (2,000 steps) for CI.
 """
 
 from __future__ import annotations
 
 import os
-
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-import argparse
-import json
-import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import arguments, emit, use_cpu_devices
 from soak_fns import shift
 
 import meshfeed
@@ -67,11 +54,13 @@ def snapshot() -> dict[str, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="2,000 steps, for CI")
-    parser.add_argument("--steps", type=int, default=100_000)
-    args = parser.parse_args()
-    steps = 2_000 if args.smoke else args.steps
+    use_cpu_devices()
+    args = arguments(
+        __doc__,
+        smoke={"steps": 2_000},
+        add=lambda p: p.add_argument("--steps", type=int, default=100_000),
+    )
+    steps = args.steps
     train = digits()
     loader = meshfeed.Loader(
         meshfeed.ArraySource(train),
@@ -101,24 +90,20 @@ def main() -> None:
     growth = (end["rss_bytes"] + end["worker_rss_bytes"]) / (
         after_warmup["rss_bytes"] + after_warmup["worker_rss_bytes"]
     ) - 1
-    line: dict[str, Any] = {
-        "benchmark": "soak",
-        "steps": steps,
-        "warmup_steps": warm,
-        "steps_per_s": round(steps / seconds),
-        "rss_growth": round(growth, 4),
-        "after_warmup": after_warmup,
-        "end": end,
-        "thread_growth": end["threads"] - after_warmup["threads"],
-        "open_file_growth": end["open_files"] - after_warmup["open_files"],
-        "global_batch_size": GLOBAL_BATCH_SIZE,
-        "num_workers": 2,
-        "devices": jax.device_count(),
-        "smoke": args.smoke,
-        "jax": jax.__version__,
-        "python": platform.python_version(),
-    }
-    print(json.dumps(line), flush=True)
+    emit(
+        "soak",
+        smoke=args.smoke,
+        steps=steps,
+        warmup_steps=warm,
+        steps_per_s=round(steps / seconds),
+        rss_growth=round(growth, 4),
+        after_warmup=after_warmup,
+        end=end,
+        thread_growth=end["threads"] - after_warmup["threads"],
+        open_file_growth=end["open_files"] - after_warmup["open_files"],
+        global_batch_size=GLOBAL_BATCH_SIZE,
+        num_workers=2,
+    )
 
 
 if __name__ == "__main__":

@@ -1,55 +1,25 @@
 """Pod scale: what one host asks of the store to start, against the file count; the
 bounded pool of open files against none.
 
-Workload K, on an S3 server on 127.0.0.1 (moto) behind a ``CountingProxy`` that counts
-every request it forwards:
-
-- ``folder``: a meshfeed folder of N shards x 2 fields (int32 and float32[3], 2 rows a
-  shard), written by ``write_source`` and uploaded;
-- ``tar``: N WebDataset shards of 2 samples (a text and a class), indexed by
-  ``meshfeed.index`` (which writes their catalog) and uploaded;
-- ``parquet``: N Parquet files of 2 rows, catalogued by ``meshfeed index`` and uploaded
-  (the build before took one file per ``ParquetSource``: it opens them one by one).
-
-For N in 8 .. 10^4, a fresh process per build opens the data and exits: the requests the
-proxy saw (by kind) and the seconds of the open. ``--src`` times the build in that folder
-too (``before``; ``git worktree add``), in rotating rounds (one round from 512 files,
-where the requests do not vary; none past ``--before-max``, 2,048 by default: the build
-before sends ~6 requests a file, one after another, ~35 ms each on the local server).
-
-``cache``: a local folder of 64 shards of 32 rows, then 2,048 of 2 rows, of 2 fields
-(32x32x3 uint8 images and labels), read with a global shuffle, batch 512 on 8 CPU devices, in fresh
-processes: the default pool of 128 open files against one of 100,000 (the soft limit
-raised), steps/s in rotating rounds; goal >= 0.95x. Read in the loop (``prefetch=0``):
-on rows this small the read-ahead's thread swings steps/s by +-25% from one process to
-the next, more than the pool costs. 64 shards are 128 files, within the
-bound; 2,048 are 4,096, and a step reads ~970 of them, so with 128 open nearly every
-read would open its file and close another: these files are small (6 KiB), so past the
-bound they are held whole by their bytes instead. Last, 2,048 shards of 32 rows: 4,096
-files again, their images 96 KiB each, over what is held (64 KiB), so nearly every
-image read opens its file: the worst case there is.
-
-Prints one JSON line per measurement; ``--smoke`` for CI.
+Workload K: a folder, tar shards and Parquet files on moto's S3 server behind a
+``CountingProxy``, each opened by a fresh process (``--src``: the build before too); then
+the default pool of 128 open files against 100,000, steps/s (goal >= 0.95x). ``--smoke``
+for CI; the workload is in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
-import platform
-import statistics
-import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from harness import arguments, emit, in_rounds, median_of, median_ratio, run_child
 
-HERE = Path(__file__).resolve().parent
 KINDS = ("folder", "tar", "parquet")
 
 OPEN = """
@@ -141,13 +111,8 @@ def _open(kind: str, url: str, proxy: Any, src: str | None) -> dict[str, Any]:
     if src:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     proxy.reset()
-    out = subprocess.run(
-        [sys.executable, "-c", OPEN, kind, url, proxy.endpoint],
-        capture_output=True, text=True, env=env, check=False,
-    )  # fmt: skip
-    if out.returncode:
-        sys.exit(f"{kind} {url} did not open:\n{out.stderr[-2000:]}")
-    return {**proxy.counts(), **json.loads(out.stdout.strip().splitlines()[-1])}
+    opened = run_child(["-c", OPEN, kind, url, proxy.endpoint], env=env)
+    return {**proxy.counts(), **opened}
 
 
 def startup(counts: list[int], src: str | None, smoke: bool, before_max: int) -> None:
@@ -169,22 +134,24 @@ def startup(counts: list[int], src: str | None, smoke: bool, before_max: int) ->
                     fs.put(str(local), url, recursive=True)
                 rounds = 1 if smoke or n >= 512 else 3
                 builds = {b: p for b, p in every.items() if b == "after" or n <= before_max}
-                seen: dict[str, list[dict[str, Any]]] = {b: [] for b in builds}
-                names = list(builds)
-                for r in range(rounds):
-                    for b in names[r % len(names) :] + names[: r % len(names)]:
-                        seen[b].append(_open(kind, url, proxy, builds[b]))
-                for b, runs in seen.items():
-                    line = {k: v for k, v in runs[0].items() if k != "seconds"}
-                    line["seconds"] = round(statistics.median(r["seconds"] for r in runs), 3)
-                    _print(part="startup", source=kind, files=n, build=b, rounds=rounds,
-                           requests_per_file=round(line["total"] / n, 3), **line)  # fmt: skip
+                entries = {
+                    b: lambda p=p, u=url, k=kind: _open(k, u, proxy, p) for b, p in builds.items()
+                }
+                per_round = in_rounds(entries, rounds, pause=0.0)
+                for b in builds:
+                    line = {"source": kind, "files": n, "build": b, "rounds": rounds}
+                    line |= {k: v for k, v in per_round[0][b].items() if k != "seconds"}
+                    line["seconds"] = round(median_of(per_round, b, "seconds") or 0.0, 3)
+                    line["requests_per_file"] = round(line["total"] / n, 3)
+                    _print(smoke=smoke, part="startup", **line)
     finally:
         proxy.close()
         server.close()
 
 
-def cache(rounds: int, seconds: float, shards: int, per_shard: int, prefetch: str = "0") -> None:
+def cache(
+    smoke: bool, rounds: int, seconds: float, shards: int, per_shard: int, prefetch: str = "0"
+) -> None:
     import meshfeed
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -196,44 +163,35 @@ def cache(rounds: int, seconds: float, shards: int, per_shard: int, prefetch: st
         }
         meshfeed.write_source(Path(tmp) / "d", data, shard_size=per_shard)
         limits = {"bounded": 128, "unbounded": 100_000}
-        rates: dict[str, list[float]] = {k: [] for k in limits}
-        fds: dict[str, int] = {}
-        held: dict[str, int] = {}
-        names = list(limits)
-        for r in range(rounds):
-            for name in names[r % 2 :] + names[: r % 2]:
-                out = subprocess.run(
-                    [sys.executable, "-c", READ, str(Path(tmp) / "d"), str(limits[name]),
-                     str(seconds), prefetch],
-                    capture_output=True, text=True, check=False,
-                )  # fmt: skip
-                if out.returncode:
-                    sys.exit(out.stderr[-2000:])
-                got = json.loads(out.stdout.strip().splitlines()[-1])
-                rates[name].append(got["steps_per_s"])
-                fds[name], held[name] = got["fds"], got["held"]
-        ratio = statistics.median(
-            a / b for a, b in zip(rates["bounded"], rates["unbounded"], strict=True)
-        )
-        for name in names:
-            extra = {"ratio_to_unbounded": round(ratio, 3)} if name == "bounded" else {}
-            rate = round(statistics.median(rates[name]), 2)
-            _print(part="cache", name=name, files=2 * shards, rows_a_shard=per_shard,
-                   rounds=rounds, fds=fds[name], held=held[name], steps_per_s=rate,
-                   **extra)  # fmt: skip
+        command = ["-c", READ, str(Path(tmp) / "d")]
+        entries = {
+            name: lambda n=n: run_child([*command, str(n), str(seconds), prefetch])
+            for name, n in limits.items()
+        }
+        per_round = in_rounds(entries, rounds, pause=0.0)
+        ratio = median_ratio(per_round, "bounded", "unbounded", "steps_per_s")
+        for name in limits:
+            extra = {"ratio_to_unbounded": ratio} if name == "bounded" else {}
+            _print(
+                smoke=smoke,
+                part="cache",
+                name=name,
+                files=2 * shards,
+                rows_a_shard=per_shard,
+                rounds=rounds,
+                fds=per_round[-1][name]["fds"],
+                held=per_round[-1][name]["held"],
+                steps_per_s=round(median_of(per_round, name, "steps_per_s") or 0.0, 2),
+                **extra,
+            )
 
 
 def _print(**line: Any) -> None:
-    from importlib.metadata import version
-
-    line = {"benchmark": "startup", "workload": "K", **line}
-    line.update(jax=version("jax"), python=platform.python_version())
-    print(json.dumps(line), flush=True)
+    # The children have 8 devices, one process each.
+    emit("startup", workload="K", devices=8, processes=1, **line)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny data, for CI")
+def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--src", help="also time the meshfeed in this folder (before)")
     parser.add_argument("--counts", default="8,64,512,2048,10000", help="files, comma-separated")
     parser.add_argument(
@@ -243,18 +201,19 @@ def main() -> None:
         help="the most files the build before opens (~6 requests a file)",
     )
     parser.add_argument("--part", choices=["startup", "cache", "both"], default="both")
-    parser.add_argument("--rounds", type=int, default=7, help="cache: rotating rounds")
-    args = parser.parse_args()
+
+
+def main() -> None:
+    args = arguments(__doc__, rounds=7, smoke={}, add=_flags)
     counts = [8] if args.smoke else [int(c) for c in args.counts.split(",")]
     if args.part in ("startup", "both"):
         startup(counts, args.src, args.smoke, args.before_max)
-    if args.part in ("cache", "both"):
-        if args.smoke:
-            cache(rounds=1, seconds=0.3, shards=256, per_shard=2)
-        else:
-            cache(rounds=args.rounds, seconds=3.0, shards=64, per_shard=32)  # 128 files
-            cache(rounds=args.rounds, seconds=3.0, shards=2048, per_shard=2)  # 4,096 files
-            cache(rounds=args.rounds, seconds=3.0, shards=2048, per_shard=32)  # 96 KiB images
+    if args.part in ("cache", "both") and args.smoke:
+        cache(True, rounds=1, seconds=0.3, shards=256, per_shard=2)
+    elif args.part in ("cache", "both"):
+        # 128 files; 4,096 files; 4,096 files of 96 KiB images
+        for shards, per_shard in ((64, 32), (2048, 2), (2048, 32)):
+            cache(False, args.rounds, seconds=3.0, shards=shards, per_shard=per_shard)
 
 
 if __name__ == "__main__":

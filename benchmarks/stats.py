@@ -1,38 +1,19 @@
 """What counting costs: ``loader.stats()``'s counters against the steps they count.
 
-The counters are always on, so their cost is estimated from their count and their price
-rather than against a build without them: each stage adds to its counters once per call
-(a step, a chunk), never per record. ``loader.stats()["counter_updates"]`` says how many
-adds a run made; one add, as wide as the widest a stage makes (the consumer's, ten
-amounts), with the two clock reads that time a stage around it, is timed alone
-(``meshfeed.testing.counter_price``: meshfeed's own counter, a million adds, best of
-five). The share is ``updates a step x price of one / the step's time``, on the
-cheapest steps meshfeed makes
-(an in-memory source, 8 CPU devices, no training: whatever a step does besides, the
-share only falls): ``plain`` (no transform), ``record`` (a record transform in the
-loading threads) and ``threads`` (a record transform on 2 worker threads, and a batch
-transform). Each case's step time is the median of rounds of at least 0.3 s. Goal:
-share <= 1%. ``--against SRC`` also times this build against the meshfeed in ``SRC`` (a
-checkout of the commit before the counters, say: ``git worktree add /tmp/base <rev>``),
-the ``plain`` case with ``prefetch=2``, each side in a fresh process, the order rotating,
-20 rounds of three 0.6 s windows: the median of the per-round ratios. Prints one JSON
-line per case; ``--smoke`` for CI.
+The share is the counter adds a step (``loader.stats()["counter_updates"]``) x the price
+of one (``meshfeed.testing.counter_price``) over the step's time, on the cheapest steps
+meshfeed makes (in memory, 8 CPU devices, no training): ``plain``, ``record`` (a record
+transform) and ``threads`` (2 worker threads and a batch transform). Goal: share <= 1%.
+``--against SRC`` also times this build against the meshfeed in ``SRC`` (the commit
+before the counters), fresh processes, rotating rounds. ``--smoke`` for CI.
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 import argparse
 import json
-import platform
+import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,9 +22,14 @@ from typing import Any
 import jax
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import arguments, emit, in_rounds, median_ratio, run_child, use_cpu_devices
+
 import meshfeed
 
-N, WIDTH, BATCH = 1 << 16, 32, 256
+N = 1 << 16
+WIDTH = 32
+BATCH = 256
 GOAL = 0.01
 
 
@@ -78,7 +64,8 @@ def step_time(case: dict[str, Any], source: meshfeed.ArraySource, rounds: int, w
         next(batches)
     per_step = []
     for _ in range(rounds):
-        began, steps = time.perf_counter(), 0
+        began = time.perf_counter()
+        steps = 0
         while time.perf_counter() - began < window:
             jax.block_until_ready(next(batches))
             steps += 1
@@ -100,76 +87,72 @@ def child(window: float) -> None:
     of three windows: what one side of ``--against`` measures, in a process of its own
     (on a build without ``loader.stats``, too)."""
     seconds, _, _ = step_time({"prefetch": 2}, _source(), 3, window)
-    print(1.0 / seconds)
+    print(json.dumps({"steps_per_s": 1.0 / seconds}))
 
 
-def against(src: str, rounds: int, window: float) -> None:
+def against(src: str, rounds: int, window: float, smoke: bool) -> None:
     """This build against the meshfeed in ``src`` (a build without the counters: the
     commit before them), each side in a fresh process, the order rotating by round."""
     here = str(Path(meshfeed.__file__).resolve().parents[1])
-    ratios = []
-    for r in range(rounds):
-        sides = [("here", here), ("there", src)][:: 1 if r % 2 == 0 else -1]
-        got = {}
-        for name, path in sides:
-            env = {**os.environ, "PYTHONPATH": path}
-            command = [sys.executable, __file__, "--child", "--window", str(window)]
-            run = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
-            got[name] = float(run.stdout.split()[-1])
-        ratios.append(got["here"] / got["there"])
-    line = {
-        "bench": "stats",
-        "case": "plain, prefetch=2",
-        "against": src,
-        "ratio": round(statistics.median(ratios), 4),
-        "ratio_by_round": [round(r, 3) for r in ratios],
-        "rounds": rounds,
-        "window_s": window,
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-    }
-    print(json.dumps(line), flush=True)
+    command = [__file__, "--child", "--window", str(window)]
+
+    def side(path: str) -> float:
+        return run_child(command, env={**os.environ, "PYTHONPATH": path})["steps_per_s"]
+
+    sides = {"here": lambda: side(here), "there": lambda: side(src)}
+    per_round = in_rounds(sides, rounds, pause=0)
+    by_round = [r["here"] / r["there"] for r in per_round]
+    emit(
+        "stats",
+        smoke=smoke,
+        bench="stats",  # the key the committed results/stats.jsonl carries
+        case="plain, prefetch=2",
+        against=src,
+        ratio=median_ratio(per_round, "here", "there", digits=4),
+        ratio_by_round=[round(r, 3) for r in by_round],
+        rounds=rounds,
+        window_s=window,
+    )
+
+
+def _add_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--against", metavar="SRC", help="also time against this src/ folder")
+    parser.add_argument("--window", type=float, default=0.6, help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
-    parser.add_argument("--against", metavar="SRC", help="also time against this src/ folder")
-    parser.add_argument("--rounds", type=int, default=20, help="rounds of --against")
-    parser.add_argument("--window", type=float, default=0.6, help=argparse.SUPPRESS)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    use_cpu_devices()
+    args = arguments(__doc__, rounds=20, smoke={"rounds": 2}, add=_add_flags)
     if args.child:
         return child(args.window)
-    rounds, window, times = (2, 0.05, 20_000) if args.smoke else (7, 0.5, 1_000_000)
+    rounds = 2 if args.smoke else 7  # of each case's windows; --rounds is --against's
+    window = 0.05 if args.smoke else 0.5
     source = _source()
     from meshfeed.testing import counter_price  # here: --child runs on builds without it
 
-    price = counter_price(times)
+    price = counter_price(20_000 if args.smoke else 1_000_000)
     for name, case in CASES.items():
         seconds, updates, steps = step_time(case, source, rounds, window)
         per_step = updates / steps
         share = per_step * price / seconds
-        line = {
-            "bench": "stats",
-            "case": name,
-            "step_ms": round(1000 * seconds, 4),
-            "updates_per_step": round(per_step, 2),
-            "update_us": round(1e6 * price, 3),
-            "share": round(share, 5),
-            "goal": GOAL,
-            "met": share <= GOAL,
-            "rounds": rounds,
-            "window_s": window,
-            "devices": jax.device_count(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "jax": jax.__version__,
-            "smoke": args.smoke,
-        }
-        print(json.dumps(line), flush=True)
+        emit(
+            "stats",
+            smoke=args.smoke,
+            bench="stats",
+            case=name,
+            step_ms=round(1000 * seconds, 4),
+            updates_per_step=round(per_step, 2),
+            update_us=round(1e6 * price, 3),
+            share=round(share, 5),
+            goal=GOAL,
+            met=share <= GOAL,
+            rounds=rounds,
+            window_s=window,
+            cpus=os.cpu_count(),
+        )
     if args.against:
-        against(args.against, 2 if args.smoke else args.rounds, 0.05 if args.smoke else 0.6)
+        against(args.against, args.rounds, 0.05 if args.smoke else 0.6, args.smoke)
 
 
 if __name__ == "__main__":

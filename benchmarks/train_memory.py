@@ -1,51 +1,22 @@
 """Training at real size: a device's memory for the state, donated and sharded; saves that
 run on while training goes on.
 
-Part ``memory``: an MLP of ~100M parameters (3 blocks of 2048 -> 8192 -> 2048, Adam) on
-8 CPU devices, data parallel, global batch 64. Its step (``make_train_step``,
-``mode="jit"``) is lowered for abstract states -- nothing is allocated but the FSDP
-state the layouts come from -- and compiled; per device: the state's bytes and
-``compiled.memory_analysis()`` (arguments, outputs, what the donation reuses, the
-temporaries, and their sum less the reuse: the step's peak). Three ways: replicated
-without donation (what a step cost before), replicated and donated, FSDP
-(``param_sharding="fsdp"``) and donated.
-
-Part ``microbatches``: a model whose activations dominate (rows of 512 tokens through
-2 residual MLP blocks of 256 -> 2048 -> 256: 2.4M parameters, 27 MB of state and
-~500 MB of temporaries a device at 16 rows a device), its jit step with
-``microbatches`` 1, 2 and 4, lowered and compiled as above: the step's peak a device
-and its temporaries, and their ratio to the unsplit step's (the same update:
-``tests/test_microbatches.py``).
-
-Part ``flax``: a Flax NNX model of 8.4M parameters built off the mesh, ``create_state``
-(Adam) and one donated step on 8 devices; then every live array's bytes
-(``jax.live_arrays()``) against the state's own (parameters + optimizer state): 1.00
-when the values are held once, ~1.33 with Adam when the model keeps a second copy.
-
-Part ``saves``: ``fit`` on 8 devices with a checkpoint every 10 steps (asynchronous, to a
-local folder; ``--s3``: to the local S3 server too) against ``fit`` without checkpoints:
-steps/s in rotating rounds, and the median of the per-round ratios (goal >= 0.95), for a
-model of 2.1M parameters (25 MB of state with Adam; ~0.17 s a step here) and, as a
-stress, one of 0.5M (~30 ms a step), where the save's part on the loop's thread (the
-copy off the devices) weighs most. The process's first save, which sets Orbax up
-(~1 s, once), is made before the rounds.
-
-Prints one JSON line per measurement; ``--smoke`` for CI (small sizes, one round).
+Parts: ``memory`` (an MLP of ~100M parameters with Adam on 8 CPU devices: the compiled
+step's ``memory_analysis()`` a device, replicated, donated and FSDP, lowered for
+abstract states so nothing is allocated), ``microbatches`` (a model whose activations
+dominate, with ``microbatches`` 1, 2 and 4), ``flax`` (every live array's bytes after a
+Flax NNX ``create_state`` and one step, against the state's own: 1.00 when held once)
+and ``saves`` (``fit`` with an asynchronous checkpoint every 10 steps against none,
+rotating rounds, the median of the per-round ratios; goal >= 0.95; ``--s3``: to the
+local S3 server too). ``--smoke`` for CI (small sizes, one round).
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 import argparse
-import json
+import functools
+import os
 import shutil
-import statistics
 import tempfile
 import time
 from typing import Any
@@ -54,13 +25,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from memory_fns import MB, memory_figures, peak_bytes
 
 import meshfeed
 
 OPTIMIZER = optax.adam(1e-4)
-MB = 2**20
 
 
 def init_params(blocks: int, width: int, hidden: int) -> dict[str, np.ndarray]:
@@ -73,11 +45,16 @@ def init_params(blocks: int, width: int, hidden: int) -> dict[str, np.ndarray]:
     return params
 
 
-def loss_fn(params: Any, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-    x = batch["x"]
+def mlp(params: Any, x: jax.Array) -> jax.Array:
+    """``x`` through ``init_params``'s residual MLP blocks."""
     blocks = sum(1 for name in params if name.startswith("down"))
     for b in range(blocks):
         x = x + jax.nn.gelu(x @ params[f"up{b}"] + params[f"up_bias{b}"]) @ params[f"down{b}"]
+    return x
+
+
+def loss_fn(params: Any, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+    x = mlp(params, batch["x"])
     return meshfeed.masked_mean(((x - batch["y"]) ** 2).mean(-1), batch), {}
 
 
@@ -96,14 +73,17 @@ def _device_bytes(tree: Any) -> int:
     )
 
 
-def _peak(stats: Any) -> int:
-    """A compiled step's peak on one device: its arguments and outputs, less what the
-    donation reuses, and its temporaries."""
-    return (
-        stats.argument_size_in_bytes
-        + stats.output_size_in_bytes
-        - stats.alias_size_in_bytes
-        + stats.temp_size_in_bytes
+def _memory_line(part: str, stats: Any, state: Any, count: int, smoke: bool, **fields: Any) -> None:
+    """A compiled step's line: its state's and its ``memory_analysis()``'s MB a device."""
+    emit(
+        "train_memory",
+        smoke=smoke,
+        part=part,
+        **fields,
+        parameters=int(count),
+        devices=8,
+        state_mb_per_device=round(_device_bytes(state) / MB, 1),
+        **memory_figures(stats, digits=1),
     )
 
 
@@ -126,25 +106,12 @@ def memory(blocks: int, width: int, hidden: int, batch: int, smoke: bool) -> Non
     for name, (state, donate) in ways.items():
         step = meshfeed.make_train_step(loss_fn, OPTIMIZER, mesh=mesh, donate=donate)
         stats = step.lower(state, batch_abstract).compile().memory_analysis()
-        peak = _peak(stats)
-        print(json.dumps({
-            "benchmark": "train_memory", "part": "memory", "way": name,
-            "parameters": int(count), "devices": 8,
-            "state_mb_per_device": round(_device_bytes(state) / MB, 1),
-            "arguments_mb": round(stats.argument_size_in_bytes / MB, 1),
-            "outputs_mb": round(stats.output_size_in_bytes / MB, 1),
-            "reused_mb": round(stats.alias_size_in_bytes / MB, 1),
-            "temporaries_mb": round(stats.temp_size_in_bytes / MB, 1),
-            "peak_mb": round(peak / MB, 1), "smoke": smoke,
-        }), flush=True)  # fmt: skip
+        _memory_line("memory", stats, state, count, smoke, way=name)
 
 
 def token_loss(params: Any, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Per-token regression through residual MLP blocks; the mean over counted tokens."""
-    x = params["embed"][batch["tokens"]]
-    blocks = sum(1 for name in params if name.startswith("down"))
-    for b in range(blocks):
-        x = x + jax.nn.gelu(x @ params[f"up{b}"] + params[f"up_bias{b}"]) @ params[f"down{b}"]
+    x = mlp(params, params["embed"][batch["tokens"]])
     counted = batch["loss_mask"]
     per_token = jnp.where(counted, ((x - params["embed"][batch["targets"]]) ** 2).mean(-1), 0)
     count = jnp.sum(counted)
@@ -159,27 +126,29 @@ def microbatches(width: int, hidden: int, rows: int, tokens: int, smoke: bool) -
         meshfeed.TrainState.create(params, OPTIMIZER, mesh=mesh), NamedSharding(mesh, P())
     )
     sharding = NamedSharding(mesh, P("data"))
+    dtypes = {"tokens": jnp.int32, "targets": jnp.int32, "loss_mask": jnp.bool_}
     batch = {
         name: jax.ShapeDtypeStruct((rows, tokens), dtype, sharding=sharding)
-        for name, dtype in [("tokens", jnp.int32), ("targets", jnp.int32),
-                            ("loss_mask", jnp.bool_)]
-    }  # fmt: skip
+        for name, dtype in dtypes.items()
+    }
     first = None
     for m in (1, 2, 4):
         step = meshfeed.make_train_step(token_loss, OPTIMIZER, mesh=mesh, microbatches=m)
         stats = step.lower(state, batch).compile().memory_analysis()
-        peak = _peak(stats)
+        peak = peak_bytes(stats)
         first = first or (peak, stats.temp_size_in_bytes)
-        print(json.dumps({
-            "benchmark": "train_memory", "part": "microbatches", "microbatches": m,
-            "parameters": int(count), "devices": 8, "rows_per_device": rows // 8,
-            "tokens": tokens, "state_mb_per_device": round(_device_bytes(state) / MB, 1),
-            "temporaries_mb": round(stats.temp_size_in_bytes / MB, 1),
-            "peak_mb": round(peak / MB, 1),
-            "peak_over_unsplit": round(peak / first[0], 3),
-            "temporaries_over_unsplit": round(stats.temp_size_in_bytes / first[1], 3),
-            "smoke": smoke,
-        }), flush=True)  # fmt: skip
+        _memory_line(
+            "microbatches",
+            stats,
+            state,
+            count,
+            smoke,
+            microbatches=m,
+            rows_per_device=rows // 8,
+            tokens=tokens,
+            peak_over_unsplit=round(peak / first[0], 3),
+            temporaries_over_unsplit=round(stats.temp_size_in_bytes / first[1], 3),
+        )
 
 
 def flax_bytes(width: int, layers: int, smoke: bool) -> None:
@@ -214,38 +183,49 @@ def flax_bytes(width: int, layers: int, smoke: bool) -> None:
     jax.block_until_ready((state, metrics))
     del metrics
     gc.collect()
-    held = sum(
-        a.nbytes for a in jax.live_arrays()
-        if id(a) not in before and a is not x and not a.is_deleted()
-    )  # fmt: skip
+    new = [a for a in jax.live_arrays() if id(a) not in before and a is not x]
+    held = sum(a.nbytes for a in new if not a.is_deleted())
     own = sum(a.nbytes for a in jax.tree.leaves((state.params, state.opt_state)))
     params = sum(a.nbytes for a in jax.tree.leaves(state.params))
-    print(json.dumps({
-        "benchmark": "train_memory", "part": "flax", "parameters": params // 4,
-        "params_mb": round(params / MB, 1), "state_mb": round(own / MB, 1),
-        "held_mb": round(held / MB, 1), "held_over_state": round(held / own, 3),
-        "smoke": smoke,
-    }), flush=True)  # fmt: skip
+    emit(
+        "train_memory",
+        smoke=smoke,
+        part="flax",
+        parameters=params // 4,
+        params_mb=round(params / MB, 1),
+        state_mb=round(own / MB, 1),
+        held_mb=round(held / MB, 1),
+        held_over_state=round(held / own, 3),
+    )
 
 
-def _run(steps: int, params: dict[str, np.ndarray], width: int, where: str | None,
-         options: Any) -> float:  # fmt: skip
+def _run(
+    steps: int, params: dict[str, np.ndarray], width: int, where: str | None, options: Any
+) -> float:
     """Steps/s of ``fit`` over ``steps`` steps, saving every 10 to ``where`` (or not)."""
     mesh = meshfeed.make_mesh(data=8)
     rng = np.random.default_rng(1)
     x = rng.normal(size=(4096, width)).astype(np.float32)
     source = meshfeed.ArraySource({"x": x, "y": np.roll(x, 1, axis=1)})
-    loader = meshfeed.Loader(source, global_batch_size=64, num_epochs=None,
-                             sharding=meshfeed.batch_sharding(mesh))  # fmt: skip
+    sharding = meshfeed.batch_sharding(mesh)
+    loader = meshfeed.Loader(source, global_batch_size=64, num_epochs=None, sharding=sharding)
     state = meshfeed.TrainState.create(params, OPTIMIZER, mesh=mesh)
     step = meshfeed.make_train_step(loss_fn, OPTIMIZER, mesh=mesh)
     state, _ = step(state, next(iter(loader)))  # compiled before the timing
     loader.reset()
     jax.block_until_ready(state)
     start = time.perf_counter()
-    meshfeed.fit(step, state, loader, num_steps=steps, progress=False, log_every=steps,
-                 checkpoint_dir=where, checkpoint_every=10 if where else None,
-                 storage_options=options)  # fmt: skip
+    meshfeed.fit(
+        step,
+        state,
+        loader,
+        num_steps=steps,
+        progress=False,
+        log_every=steps,
+        checkpoint_dir=where,
+        checkpoint_every=10 if where else None,
+        storage_options=options,
+    )
     seconds = time.perf_counter() - start
     loader.close()
     return steps / seconds
@@ -265,40 +245,53 @@ def saves(width: int, hidden: int, steps: int, rounds: int, s3: bool, smoke: boo
         server = S3Server()
         server.make_bucket("runs")
         entries.append("s3")
-    got: dict[str, list[float]] = {e: [] for e in entries}
     warm = tempfile.mkdtemp(prefix="meshfeed-saves-")  # the process's first save sets up
     _run(10, params, width, warm, None)  # Orbax (~1 s, once): not the rounds' to pay
     shutil.rmtree(warm, ignore_errors=True)
+    runs = {e: functools.partial(_save, e, steps, params, width, server) for e in entries}
     try:
-        for r in range(rounds):
-            for e in entries[r % len(entries) :] + entries[: r % len(entries)]:
-                scratch = tempfile.mkdtemp(prefix="meshfeed-saves-")
-                where = {"none": None, "local": scratch, "s3": f"s3://runs/r{r}"}[e]
-                options = server.storage_options if server is not None and e == "s3" else None
-                got[e].append(_run(steps, params, width, where, options))
-                shutil.rmtree(scratch, ignore_errors=True)
+        per_round = in_rounds(runs, rounds)
     finally:
         if server is not None:
             server.close()
-    line: dict[str, Any] = {"benchmark": "train_memory", "part": "saves", "parameters": int(count),
-                            "state_mb": round(3 * 4 * count / MB, 1), "steps": steps,
-                            "save_every": 10, "rounds": rounds, "smoke": smoke}  # fmt: skip
+    line: dict[str, Any] = {
+        "part": "saves",
+        "parameters": int(count),
+        "state_mb": round(3 * 4 * count / MB, 1),
+        "steps": steps,
+        "save_every": 10,
+        "rounds": rounds,
+    }
     for e in entries:
-        line[f"{e}_steps_per_s"] = round(statistics.median(got[e]), 2)
+        line[f"{e}_steps_per_s"] = round(median_of(per_round, e) or 0.0, 2)
         if e != "none":
-            ratios = [a / b for a, b in zip(got[e], got["none"], strict=True)]
-            line[f"{e}_over_none"] = round(statistics.median(ratios), 3)
-    print(json.dumps(line), flush=True)
+            line[f"{e}_over_none"] = median_ratio(per_round, e, "none")
+    emit("train_memory", smoke=smoke, **line)
+
+
+def _save(entry: str, steps: int, params: Any, width: int, server: Any) -> float:
+    """``_run`` saving to nowhere, a fresh local folder or the S3 server's bucket."""
+    scratch = tempfile.mkdtemp(prefix="meshfeed-saves-")
+    where = {"none": None, "local": scratch, "s3": f"s3://runs/{os.path.basename(scratch)}"}
+    options = server.storage_options if entry == "s3" else None
+    try:
+        return _run(steps, params, width, where[entry], options)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--s3", action="store_true", help="save to the local S3 server too")
+    parser.add_argument(
+        "--parts",
+        default="memory,microbatches,flax,saves",
+        help="which parts to run, comma-separated",
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="small sizes, one round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--s3", action="store_true", help="save to the local S3 server too")
-    parser.add_argument("--parts", default="memory,microbatches,flax,saves",
-                        help="which parts to run, comma-separated")  # fmt: skip
-    args = parser.parse_args()
+    use_cpu_devices()
+    args = arguments(__doc__, rounds=3, add=_flags)
     parts = set(args.parts.split(","))
     if args.smoke:
         memory(1, 256, 1024, 64, smoke=True)

@@ -1,42 +1,28 @@
 """fit writing its figures to a metric writer, against fit writing none.
 
-The demo's convnet on scikit-learn's digits (batch 64, 8 CPU devices), trained by
-``meshfeed.fit`` with its default ``log_every=20`` (``--log-every 5``: writes four times as
-often): ``none`` (no writer), ``tensorboardX`` (a ``SummaryWriter`` in a
-temporary folder: event files on disk) and ``clu-like`` (an object with
-``write_scalars`` that keeps the figures in memory). Every round runs each entry once,
-for the same number of steps, in an order that rotates from round to round; steps/s
-and the ratio to ``none`` within the round, the line the median over rounds. Goal:
->= 0.97. Prints one JSON line per entry; ``--smoke`` for CI.
+The demo's convnet on the digits under ``fit(log_every=20)``: no writer, tensorboardX's
+``SummaryWriter`` and a CLU-style writer, rotating rounds, steps/s and the median of
+per-round ratios to ``none``. Goal: >= 0.97. ``--smoke`` for CI.
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 import argparse
-import json
-import platform
+import os
 import statistics
-import sys
 import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
 import optax
+from harness import arguments, emit, in_rounds, median_of, use_cpu_devices
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import meshfeed
 from common import DIGITS_BATCH_SIZE, DIGITS_LEARNING_RATE, digits, digits_loss, digits_params
 
 LOG_EVERY = 20  # fit's default
+NAMES = ("none", "tensorboardX", "clu-like")
 
 
 class CluLike:
@@ -57,14 +43,14 @@ def _writer(name: str, folder: str) -> Any:
     return CluLike() if name == "clu-like" else None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="a short run, for CI")
+def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=300, help="steps per entry per round")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds; the median")
     parser.add_argument("--log-every", type=int, default=LOG_EVERY, help="fit's log_every")
-    args = parser.parse_args()
-    steps, rounds = (20, 1) if args.smoke else (args.steps, args.rounds)
+
+
+def main() -> None:
+    use_cpu_devices()
+    args = arguments(__doc__, rounds=7, smoke={"steps": 20, "rounds": 1}, add=_flags)
     mesh = meshfeed.make_mesh(data=jax.device_count())
     loader = meshfeed.Loader(
         meshfeed.ArraySource(digits()),
@@ -77,46 +63,42 @@ def main() -> None:
     step = meshfeed.make_train_step(digits_loss, optimizer, mesh=mesh)
     state, _ = step(state, loader.batch(0))  # compile outside the timed loops
     jax.block_until_ready(state)
-    names = ["none", "tensorboardX", "clu-like"]
-    rates: dict[str, list[float]] = {n: [] for n in names}
-    ratios: dict[str, list[float]] = {n: [] for n in names}
-    with tempfile.TemporaryDirectory(prefix="meshfeed-writers-") as tmp:
-        for r in range(rounds):
-            got = {}
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                writer = _writer(name, os.path.join(tmp, f"{name}-{r}"))
-                history = meshfeed.fit(
-                    step, state, loader, num_steps=steps, log_every=args.log_every,
-                    progress=False, writer=writer,
-                )  # fmt: skip
-                state = history.state  # the given one was donated to the first step
-                if writer is not None and hasattr(writer, "close"):
-                    writer.close()
-                got[name] = steps / history.seconds
-            for name in names:
-                rates[name].append(got[name])
-                ratios[name].append(got[name] / got["none"])
-    for name in names:
-        print(
-            json.dumps(
-                {
-                    "benchmark": "writers",
-                    "name": name,
-                    "steps": steps,
-                    "rounds": rounds,
-                    "log_every": args.log_every,
-                    "global_batch_size": DIGITS_BATCH_SIZE,
-                    "devices": jax.device_count(),
-                    "smoke": args.smoke,
-                    "jax": jax.__version__,
-                    "python": platform.python_version(),
-                    "steps_per_s": round(statistics.median(rates[name]), 1),
-                    "ratio_to_none": round(statistics.median(ratios[name]), 3),
-                    "ratio_by_round": [round(x, 3) for x in ratios[name]],
-                    "goal": 0.97,
-                }
-            ),
-            flush=True,
+    tmp = tempfile.TemporaryDirectory(prefix="meshfeed-writers-")
+    runs = iter(range(1 << 30))
+
+    def entry(name: str) -> float:
+        nonlocal state
+        writer = _writer(name, os.path.join(tmp.name, f"{name}-{next(runs)}"))
+        history = meshfeed.fit(
+            step,
+            state,
+            loader,
+            num_steps=args.steps,
+            log_every=args.log_every,
+            progress=False,
+            writer=writer,
+        )
+        state = history.state  # the given one was donated to the first step
+        if writer is not None and hasattr(writer, "close"):
+            writer.close()
+        return args.steps / history.seconds
+
+    with tmp:
+        per_round = in_rounds({name: lambda name=name: entry(name) for name in NAMES}, args.rounds)
+    for name in NAMES:
+        ratios = [r[name] / r["none"] for r in per_round]
+        emit(
+            "writers",
+            smoke=args.smoke,
+            name=name,
+            steps=args.steps,
+            rounds=args.rounds,
+            log_every=args.log_every,
+            global_batch_size=DIGITS_BATCH_SIZE,
+            steps_per_s=round(median_of(per_round, name) or 0.0, 1),
+            ratio_to_none=round(statistics.median(ratios), 3),
+            ratio_by_round=[round(x, 3) for x in ratios],
+            goal=0.97,
         )
 
 
