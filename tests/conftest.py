@@ -1,11 +1,22 @@
-"""Eight CPU devices for every test, set before JAX initialises its backend."""
+"""Eight CPU devices for every test, set before JAX initialises its backend; the helper
+modules of ``tests/helpers/`` importable by name, here and in every process a test starts."""
 
 import atexit
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
+
+# The tests sit in one folder per layer and import their helpers by bare name
+# (``import train_fns``); the processes they start (``meshfeed launch``, a job script,
+# ``python -c``) import them too, by the same name, so the folder goes on PYTHONPATH as well.
+HELPERS = str(Path(__file__).resolve().parent / "helpers")
+if HELPERS not in sys.path:
+    sys.path.insert(0, HELPERS)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [HELPERS, os.environ.get("PYTHONPATH")]))
 
 os.environ["XLA_FLAGS"] = " ".join(
     [

@@ -25,7 +25,7 @@ bit. They differ in what each process reads and how the arrays are assembled:
     computation with ``meshfeed.reshard``.
 
 The strategies guide's table names the JAX call each one builds with, and
-``tests/test_strategies.py`` holds that table to this code. No strategy uses a
+``tests/feed/test_strategies.py`` holds that table to this code. No strategy uses a
 cross-process ``device_put`` of host data: it compares the data across processes on
 every call, which costs tens of milliseconds per step.
 """

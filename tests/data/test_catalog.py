@@ -30,7 +30,7 @@ from meshfeed.storage._blob import Blob, TruncatedError
 from meshfeed.storage._handles import Handles
 from meshfeed.testing import CountingProxy
 
-HERE = Path(__file__).resolve().parent
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +241,7 @@ def test_a_folder_of_4000_shards_reads_under_1024_open_files(tmp_path):
 def _run_bounded(path: Path, *, soft: int | None, max_open_files: int | None) -> dict:
     args = [str(path), str(soft or 0), str(max_open_files or 0)]
     out = subprocess.run(
-        [sys.executable, str(HERE / "open_files_job.py"), *args], capture_output=True, text=True
+        [sys.executable, str(HELPERS / "open_files_job.py"), *args], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -29,7 +29,7 @@ ray = pytest.importorskip("ray", reason="worker_type='ray' needs the ray extra")
 # which warns about forking a process that runs JAX's threads: the children exec at once.
 pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
 
-HERE = Path(__file__).parent
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +229,7 @@ def _two() -> list[dict[str, Any]]:
 
 def test_an_unreachable_ray_address_is_named_within_connect_s():
     code = (
-        f"import sys; sys.path.insert(0, {str(HERE)!r})\n"
+        f"import sys; sys.path.insert(0, {str(HELPERS)!r})\n"
         "import meshfeed, ray_fns\n"
         "ray_fns.loader(num_workers=2, worker_type=meshfeed.types.RayOptions(connect_s=3))\n"
     )
@@ -248,7 +248,7 @@ def test_an_unreachable_ray_address_is_named_within_connect_s():
 
 def test_a_local_ray_of_the_loaders_own_gives_the_same_bytes():
     code = (
-        f"import sys; sys.path.insert(0, {str(HERE)!r})\n"
+        f"import sys; sys.path.insert(0, {str(HELPERS)!r})\n"
         "import numpy as np, ray, ray_fns\n"
         "def run(**kw):\n"
         "    feed = ray_fns.loader(**kw)\n"

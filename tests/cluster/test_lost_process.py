@@ -14,7 +14,7 @@ import pytest
 import train_fns
 from meshfeed.testing import cluster_env, free_port
 
-JOB = Path(__file__).with_name("lost_job.py")
+JOB = Path(__file__).resolve().parents[1] / "helpers" / "lost_job.py"
 
 
 def _start(processes, devices, tmp, *args, start="env"):

@@ -13,7 +13,7 @@ import pytest
 
 import meshfeed
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _one_device_env() -> dict[str, str]:

@@ -13,7 +13,7 @@ from jax.sharding import Sharding
 
 import meshfeed
 
-GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "strategies.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "strategies.md"
 BUILDERS = (
     "make_array_from_callback",
     "make_array_from_single_device_arrays",

@@ -34,7 +34,7 @@ import fuzz_fns
 FILES = int(os.environ.get("MESHFEED_FUZZ_FILES", "2"))
 CHILD_S = 120
 """A child's run at most, beside 2 s a mutation (the watchdogs end a stuck one first)."""
-HERE = Path(__file__).resolve().parent
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 OUTCOMES = ("equal", "as written", "refused", "other")
 
 
@@ -87,7 +87,7 @@ def run_format(fmt: str, work: Path, files: int) -> Run:
     began = time.perf_counter()
     start = 0
     while start < total:
-        argv = [sys.executable, "-X", "faulthandler", str(HERE / "fuzz_fns.py"), fmt, str(work),
+        argv = [sys.executable, "-X", "faulthandler", str(HELPERS / "fuzz_fns.py"), fmt, str(work),
                 str(files), str(start)]  # fmt: skip
         limit = CHILD_S + 2 * (total - start)
         try:

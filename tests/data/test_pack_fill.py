@@ -19,7 +19,7 @@ from meshfeed.core._permutation import Permutation
 from meshfeed.data._pack_fill import tightest_as_they_come, tightest_decreasing
 from meshfeed.data._pack_plan import Algorithm, plan_packing
 
-HISTOGRAMS = Path(__file__).parents[1] / "benchmarks" / "data" / "graphcore_histograms.json"
+HISTOGRAMS = Path(__file__).parents[2] / "benchmarks" / "data" / "graphcore_histograms.json"
 BFD: Algorithm = "best_fit_decreasing"
 
 

@@ -72,7 +72,8 @@ def test_bench_matmul_prints_the_table_and_each_layout():
         "2d",
         "auto",
     ]
-    assert all(r["ms"] > 0 and r["tflops"] > 0 for r in lines)
+    # 64 x 64 on a loaded host can round to 0.0000 TFLOP/s: the time says it ran.
+    assert all(r["ms"] > 0 and r["tflops"] >= 0 for r in lines)
     assert "strategy" in out and "TFLOP/s" in out and "bytes moved" in out
     two_d = out.split("== 2d\n")[1]
     assert two_d.startswith("a: ") and "('data', 'model')" in two_d.splitlines()[0]

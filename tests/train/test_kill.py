@@ -17,8 +17,8 @@ pytestmark = pytest.mark.multiprocess
 
 TRAIN = """
 import json, os, signal, sys
-tests, out, run, kill_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-sys.path.insert(0, tests)
+helpers, out, run, kill_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+sys.path.insert(0, helpers)
 import meshfeed
 meshfeed.initialize()
 import jax, numpy as np
@@ -65,11 +65,11 @@ def _log(path: Path) -> dict[int, list[int]]:
 def test_a_killed_job_relaunched_sees_every_example_once_per_epoch(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(TRAIN))
-    tests = str(Path(__file__).parent)
-    killed = _launch(script, tests, str(tmp_path), "1", "8")
+    helpers = str(Path(__file__).resolve().parents[1] / "helpers")
+    killed = _launch(script, helpers, str(tmp_path), "1", "8")
     assert killed.returncode != 0, killed.stdout + killed.stderr
     assert not (tmp_path / "params.npz").exists()
-    again = _launch(script, tests, str(tmp_path), "2", "-1")
+    again = _launch(script, helpers, str(tmp_path), "2", "-1")
     assert again.returncode == 0, again.stdout + again.stderr
 
     first, second = _log(tmp_path / "ids_1.log"), _log(tmp_path / "ids_2.log")

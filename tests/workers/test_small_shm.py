@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-JOB = Path(__file__).with_name("small_shm_job.py")
+JOB = Path(__file__).resolve().parents[1] / "helpers" / "small_shm_job.py"
 CUT = "the read-ahead is cut to"
 FILES = "the rows go through memory-mapped files in"
 FILLED = "could not be made in /dev/shm"

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 README, GUIDE = ROOT / "README.md", ROOT / "docs" / "guides" / "benchmarks.md"
 HEADINGS = {README: "## Benchmarks", GUIDE: "## Headline figures"}  # each page's table

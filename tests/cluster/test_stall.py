@@ -18,7 +18,7 @@ import meshfeed
 from meshfeed.cluster._stall import Stalls
 from meshfeed.testing import CountingProxy, cluster_env, free_port
 
-JOB = Path(__file__).with_name("stall_job.py")
+JOB = Path(__file__).resolve().parents[1] / "helpers" / "stall_job.py"
 STALL_S = 3.0
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from meshfeed.testing import cluster_env, free_port
 
-JOB = Path(__file__).with_name("shutdown_job.py")
+JOB = Path(__file__).resolve().parents[1] / "helpers" / "shutdown_job.py"
 LOST = "meshfeed: process"
 
 
