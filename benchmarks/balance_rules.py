@@ -1,10 +1,5 @@
-"""The peers' balancing rules for ``balance.py``, written out from their definitions.
-
-Each rule takes one step's buffer of sequence lengths (``int64``, each at most ``T``)
-and forms the ``G = D * r`` rows of a step, ``r`` for each of ``D`` devices, as a
-``Step``. Only the decisions are the peers' (their sources were read, not copied); each
-rule's docstring names its source.
-"""
+"""The peers' balancing rules for ``balance.py``, written out from their sources: each
+forms a step's ``G = D * r`` rows, ``r`` for each of ``D`` devices, from a buffer of lengths."""
 
 from __future__ import annotations
 
@@ -25,15 +20,8 @@ class Step(NamedTuple):
 
 
 def karmarkar_karp(values: np.ndarray, k: int, equal_size: bool = False) -> np.ndarray:
-    """The largest differencing method verl and tunix use: every arrangement of ``k``
-    sums kept sorted; the two of largest spread merged, one's ``i``-th largest sum with
-    the other's ``i``-th smallest, until one is left (ties by age here, not by verl's
-    comparison of the sets: the same method, not always the same partition).
-
-    Returns per value its group, groups numbered by sum, largest first (the order both
-    verl's and tunix's partitions come out in). ``equal_size``: ``len(values) % k == 0`` and
-    every group gets ``len(values) / k`` (each first arrangement is ``k`` consecutive
-    values of the sorted ones, one to a group)."""
+    """verl's and tunix's largest differencing method (ties by age): per value its group of
+    ``k``, largest sum first; ``equal_size``: ``len(values) / k`` values each."""
     values = np.asarray(values, np.float64)
     n = len(values)
     if k <= 1 or n == 0:
@@ -77,9 +65,7 @@ def karmarkar_karp(values: np.ndarray, k: int, equal_size: bool = False) -> np.n
 
 
 class _State:
-    """One arrangement of ``k`` sums, ascending, and per sum the root of its values (-1:
-    an empty set). A value merged in joins the smallest sum; two arrangements merged
-    pair one's ``i``-th largest with the other's ``i``-th smallest."""
+    """``k`` sums, ascending, and per sum the root of its values (-1: none)."""
 
     __slots__ = ("roots", "sums")
 
@@ -97,6 +83,7 @@ class _State:
         return float(self.sums[-1] - self.sums[0])
 
     def add(self, value: float, i: int, parent: np.ndarray) -> None:
+        """Value ``i`` joins the smallest sum."""
         sums, roots = self.sums, self.roots
         x, root = sums[0] + value, int(roots[0])
         if root < 0:
@@ -108,6 +95,7 @@ class _State:
         sums[j], roots[j] = x, root
 
     def merge(self, other: _State, parent: np.ndarray) -> _State:
+        """This one's ``i``-th largest sum with ``other``'s ``i``-th smallest."""
         sums = self.sums[::-1] + other.sums
         a, b = self.roots[::-1], other.roots
         both = (a >= 0) & (b >= 0)
@@ -117,11 +105,9 @@ class _State:
 
 
 def tunix(lengths: np.ndarray, devices: int, per_device: int, seq_len: int) -> Step:
-    """``balanced_pack`` of google/tunix PR #1665 (head 4e62b75d, open): Karmarkar-Karp
-    on token counts into ``k = ceil(sum / T)`` packs rounded up to a multiple of ``D``,
-    raised by ``D`` until every pack holds at most ``T``; packs by sum, largest first,
-    cut into chunks of ``D`` (row ``j`` of a chunk to device ``j``). The first
-    ``per_device`` chunks make the step, the rest are carried."""
+    """``balanced_pack`` of google/tunix PR #1665 (head 4e62b75d): Karmarkar-Karp on tokens
+    into ``ceil(sum / T)`` packs up to a multiple of ``D``, raised by ``D`` until each fits
+    ``T``; packs largest first in chunks of ``D``, the first ``r`` the step."""
     n = len(lengths)
     k = -(-int(lengths.sum()) // seq_len)
     k = min(-(-k // devices) * devices, n)
@@ -132,14 +118,12 @@ def tunix(lengths: np.ndarray, devices: int, per_device: int, seq_len: int) -> S
             break
         k = min(n, k + devices)
     rows = devices * per_device
-    row = np.where(group < rows, group, -1)
-    return Step(row, np.arange(rows) % devices, seq_len)
+    return Step(np.where(group < rows, group, -1), np.arange(rows) % devices, seq_len)
 
 
 def trl(lengths: np.ndarray, devices: int, per_device: int, seq_len: int) -> Step:
-    """``_balance_by_squared_length`` of TRL's async GRPO trainer (``FixedCountBatcher``):
-    longest first onto the device of least ``sum L^2`` (ties: the lowest); no token cap,
-    every sequence placed."""
+    """``_balance_by_squared_length`` of TRL's async GRPO trainer: longest first onto the
+    device of least ``sum L^2`` (ties: the lowest); no token cap."""
     row = np.empty(len(lengths), np.int64)
     loads = [(0, d) for d in range(devices)]  # (sum L^2, device): the least, then the lowest
     for i in np.argsort(-lengths, kind="stable").tolist():
@@ -151,10 +135,9 @@ def trl(lengths: np.ndarray, devices: int, per_device: int, seq_len: int) -> Ste
 
 
 def torchtitan(lengths: np.ndarray, devices: int, per_device: int, seq_len: int) -> Step:
-    """``_assign_training_samples_to_rows`` of pytorch/torchtitan PR #3938 (head ddf65c8d,
-    open; main has next fit and no balancing): longest first into the open row of least
-    ``sum L^2`` that has room; the first sequence with no room closes the step (it and
-    the rest carried); rows dealt to devices ``chunk[rank::D]``."""
+    """``_assign_training_samples_to_rows`` of pytorch/torchtitan PR #3938 (head ddf65c8d):
+    longest first into the row of least ``sum L^2`` with room; the first with no room
+    closes the step (the rest carried); rows to devices ``chunk[rank::D]``."""
     rows = devices * per_device
     room = np.full(rows, seq_len, np.int64)
     cost = np.zeros(rows, np.float64)
@@ -172,22 +155,20 @@ def torchtitan(lengths: np.ndarray, devices: int, per_device: int, seq_len: int)
 
 
 def slime(lengths: np.ndarray, devices: int, per_device: int, seq_len: int) -> Step:
-    """``build_dp_schedule`` of THUDM/slime with ``--balance-by-flops`` (which turns on
-    ``--balance-data``): Karmarkar-Karp (verl's) on ``alpha L + L^2`` into ``ceil(sum /
-    T)`` micro-batches with no token cap, their count raised to a multiple of ``D`` by
-    splitting the largest, then dealt to the devices by Karmarkar-Karp with equal counts;
-    every sequence placed."""
+    """``build_dp_schedule`` of THUDM/slime, ``--balance-by-flops``: Karmarkar-Karp on
+    ``alpha L + L^2`` into ``ceil(sum / T)`` micro-batches (no cap), raised to a multiple
+    of ``D`` by splitting the largest, dealt to devices by Karmarkar-Karp, equal counts."""
     n = len(lengths)
     mbs = max(1, -(-int(lengths.sum()) // seq_len))
     workload = ALPHA * lengths.astype(np.float64) + lengths.astype(np.float64) ** 2
     group = np.arange(n) if mbs >= n else karmarkar_karp(workload, mbs)
-    bins = [g.tolist() for g in _groups(group, n if mbs >= n else mbs)]
+    order = np.argsort(group, kind="stable")
+    split = np.split(order, np.cumsum(np.bincount(group, minlength=min(n, mbs)))[:-1])
+    bins = [g.tolist() for g in split]
     target = max(-(-len(bins) // devices) * devices, devices)
     _split_largest(bins, target, lengths)
+    bins += [[] for _ in range(-len(bins) % devices)]  # too few to split: empty micro-batches
     weights = np.array([workload[b].sum() if b else 0.0 for b in bins])
-    while len(weights) % devices:  # too few sequences to split further: empty micro-batches
-        bins.append([])
-        weights = np.append(weights, 0.0)
     rank = karmarkar_karp(weights, devices, equal_size=True)
     order = np.argsort(rank, kind="stable")  # micro-batches rank after rank
     row = np.full(n, -1, np.int64)
@@ -196,15 +177,9 @@ def slime(lengths: np.ndarray, devices: int, per_device: int, seq_len: int) -> S
     return Step(row, rank[order], seq_len)
 
 
-def _groups(group: np.ndarray, k: int) -> list[np.ndarray]:
-    order = np.argsort(group, kind="stable")
-    return np.split(order, np.cumsum(np.bincount(group, minlength=k))[:-1])
-
-
 def _split_largest(bins: list[list[int]], target: int, lengths: np.ndarray) -> None:
-    """slime's ``expand_bins_by_splitting``: the bin of most tokens (of those with two
-    or more) split in two halves by tokens (longest first onto the lighter half), until
-    there are ``target``."""
+    """slime's ``expand_bins_by_splitting``: the bin of most tokens (of two or more) split
+    in halves (longest first onto the lighter), until there are ``target``."""
     while len(bins) < target:
         many = [(int(lengths[b].sum()), j) for j, b in enumerate(bins) if len(b) > 1]
         if not many:
@@ -223,7 +198,5 @@ def _split_largest(bins: list[list[int]], target: int, lengths: np.ndarray) -> N
 RULES = {"tunix": tunix, "trl": trl, "torchtitan": torchtitan, "slime": slime}
 """The peers' rules by name; each ``rule(lengths, devices, per_device, seq_len) -> Step``."""
 FILL = {"tunix": "under", "trl": "under", "torchtitan": "over", "slime": "under"}
-"""The buffer each rule does best with: ``"under"`` at most ``G T`` tokens (a rule with no
-cap could place them all; tunix's ``k = ceil(sum / T)`` packs need the slack, or its guard
-doubles ``k`` and the step runs half full), ``"over"`` at least ``G T`` (torchtitan can
-fill every row, and carries the rest)."""
+"""The buffer each does best with: at most ``G T`` tokens (tunix's packs need the slack),
+or at least (torchtitan fills every row and carries the rest)."""

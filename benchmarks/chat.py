@@ -1,17 +1,6 @@
-"""Workload V, conversations to tokens and an assistant-only mask: ``prepare(chat=)`` and peers.
-
-Generated tool-calling conversations (JSON Lines, each with its ``tools``), a byte-level
-BPE trained here as a ``transformers`` fast tokenizer, and two of TRL's templates:
-Qwen2.5's own (no ``{% generation %}`` blocks: meshfeed's mask from turn boundaries) and
-its training variant (with blocks). Each entry is given the loaded tokenizer, runs in a
-fresh process, and is timed from reading the JSON Lines to every conversation's ids
-(and masks): ``meshfeed.prepare(chat="messages", workers=2)`` against ``datasets``
-(``from_json`` + a batched ``map`` of ``apply_chat_template``, ``num_proc=2``, in
-memory: the peer at its best), ``datasets-rows`` (the map a record a call) and a plain
-``loop``. Every entry's ids are hashed and must agree. Rotating rounds, the medians of
-meshfeed's per-round ratios; goal >= 1.5x ``datasets``. ``--smoke`` for CI (100
-conversations, meshfeed and ``datasets``, the last template).
-"""
+"""Workload V, conversations to tokens and an assistant-only mask: ``prepare(chat=)`` against
+``datasets`` (a batched ``map`` of ``apply_chat_template``), the map a row a call and a loop,
+each in a fresh process, every entry's ids equal. Goal: >= 1.5x ``datasets``."""
 
 from __future__ import annotations
 
@@ -29,6 +18,7 @@ import time
 from pathlib import Path
 
 from harness import arguments, emit, in_rounds, median_of, median_ratio, run_child
+from prepare import byte_bpe
 
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 ENTRIES = ("datasets", "datasets-rows", "loop", "meshfeed")
@@ -39,6 +29,7 @@ VOCABULARY = (
 )
 WORDS = VOCABULARY.split()
 TOOLS = ("weather", "flights", "hotels", "stocks", "search", "calendar")
+SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 
 
 def _tool(name: str) -> dict:
@@ -59,7 +50,6 @@ def template(name: str) -> str:
 def make_data(folder: Path, n: int) -> tuple[Path, Path]:
     """``n`` conversations as JSON Lines, and a tokenizer folder; their paths."""
     import numpy as np
-    import tokenizers
     import transformers
 
     rng = np.random.default_rng(0)
@@ -67,62 +57,34 @@ def make_data(folder: Path, n: int) -> tuple[Path, Path]:
     def text(most: int = 40) -> str:
         return " ".join(str(rng.choice(WORDS)) for _ in range(int(rng.integers(1, most))))
 
+    records = []
+    for i in range(n):
+        tools = [_tool(str(t)) for t in rng.choice(TOOLS, int(rng.integers(1, 4)), False)]
+        messages: list[dict] = [{"role": "system", "content": text()}] if rng.random() < 0.8 else []
+        for _ in range(int(rng.integers(1, 4))):
+            messages.append({"role": "user", "content": text()})
+            if rng.random() < 0.3:
+                name = tools[int(rng.integers(len(tools)))]["function"]["name"]
+                function = {"name": name, "arguments": {"query": text(6)}}
+                call = {"type": "function", "function": function}
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                messages.append({"role": "tool", "content": text()})
+            messages.append({"role": "assistant", "content": text()})
+        record = {"id": i, "messages": messages, "tools": tools}
+        records.append(json.dumps(record, ensure_ascii=False))
     data = folder / "chats.jsonl"
-    samples = []
-    with open(data, "w", encoding="utf-8") as f:
-        for i in range(n):
-            tools = [_tool(str(t)) for t in rng.choice(TOOLS, int(rng.integers(1, 4)), False)]
-            system = [{"role": "system", "content": text()}] if rng.random() < 0.8 else []
-            messages: list[dict] = list(system)
-            for _ in range(int(rng.integers(1, 4))):
-                messages.append({"role": "user", "content": text()})
-                if rng.random() < 0.3:
-                    name = tools[int(rng.integers(len(tools)))]["function"]["name"]
-                    function = {"name": name, "arguments": {"query": text(6)}}
-                    call = {"type": "function", "function": function}
-                    messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-                    messages.append({"role": "tool", "content": text()})
-                messages.append({"role": "assistant", "content": text()})
-            record = {"id": i, "messages": messages, "tools": tools}
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            if i < 200:
-                samples.append(record)
-    model = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
-    model.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    model.decoder = tokenizers.decoders.ByteLevel()
-    specials = ["<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=4000,
-        special_tokens=specials,
-        show_progress=False,
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-    )
-    corpus = [template(TEMPLATES[0]), *(json.dumps(r, ensure_ascii=False) for r in samples)]
-    model.train_from_iterator(corpus * 5, trainer)
-    hf = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=model,
-        unk_token="<unk>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
-    )
+    data.write_text("".join(r + "\n" for r in records), encoding="utf-8")
+    corpus = [template(TEMPLATES[0]), *records[:200]] * 5
+    model = byte_bpe(corpus, 4000, SPECIALS, unk_token="<unk>")
+    specials: dict = {"unk_token": "<unk>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    specials["additional_special_tokens"] = ["<|im_start|>"]
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=model, **specials)
     hf.save_pretrained(folder / "tokenizer")
     return data, folder / "tokenizer"
 
 
-def _digest(ids: list, masks: list | None) -> str:
-    import numpy as np
-
-    h = hashlib.sha256()
-    for i, one in enumerate(ids):
-        h.update(np.asarray(one, np.int64).tobytes() + b"|")
-        if masks is not None:
-            h.update(np.asarray(masks[i], bool).tobytes() + b"|")
-    return h.hexdigest()[:16]
-
-
 def _child(name: str, data: str, tokenizer: str, out: str, chat_template: str) -> None:
-    """One entry, in this fresh process: prints its seconds, conversations and digest."""
+    """One entry in this fresh process: its seconds, conversations, ids' (and masks') digest."""
     import datasets
     import numpy as np
     import transformers
@@ -158,45 +120,39 @@ def _child(name: str, data: str, tokenizer: str, out: str, chat_template: str) -
     start = time.perf_counter()
     read = None
     if name == "meshfeed":
-        meshfeed.prepare(
-            data,
-            out,
-            tokenizer=hf,
-            chat="messages",
-            chat_template=text,
-            workers=2,
-            progress=False,
-        )
+        options = {"tokenizer": hf, "chat": "messages", "chat_template": text, "workers": 2}
+        meshfeed.prepare(data, out, **options, progress=False)
         seconds = time.perf_counter() - start
         source = meshfeed.open_source(out)
         got = source[np.arange(len(source))]
         ids = got["tokens"].to_list()
-        masks = got["loss_mask"].to_list() if blocks else None
+        masks = got["loss_mask"].to_list() if blocks else []
     elif name == "loop":
         with open(data, encoding="utf-8") as f:
             done = [encode(r["messages"], r["tools"]) for r in map(json.loads, f)]
         seconds = time.perf_counter() - start
-        ids = [d["input_ids"] for d in done]
-        masks = [d["assistant_masks"] for d in done] if blocks else None
+        ids, masks = [d["input_ids"] for d in done], [d["assistant_masks"] for d in done]
     else:
         rows = datasets.Dataset.from_json(data, keep_in_memory=True)
         read = time.perf_counter() - start
         columns = rows.column_names
         if name == "datasets":
-            mapped = rows.map(
-                encode_batch, batched=True, num_proc=2, keep_in_memory=True, remove_columns=columns
-            )
+            options = {"batched": True, "keep_in_memory": True}
+            mapped = rows.map(encode_batch, num_proc=2, remove_columns=columns, **options)
         else:
             mapped = rows.map(encode_row, num_proc=2, remove_columns=columns)
         seconds = time.perf_counter() - start
-        ids = mapped["input_ids"]
-        masks = mapped["assistant_masks"] if blocks else None
-    digest = _digest(ids, masks)
-    got = {"seconds": seconds, "read_seconds": read, "conversations": len(ids), "digest": digest}
-    print(json.dumps(got))
+        ids, masks = mapped["input_ids"], mapped["assistant_masks"]
+    digest = hashlib.sha256()
+    for i, one in enumerate(ids):
+        digest.update(np.asarray(one, np.int64).tobytes() + b"|")
+        if blocks:
+            digest.update(np.asarray(masks[i], bool).tobytes() + b"|")
+    got = {"seconds": seconds, "read_seconds": read, "conversations": len(ids)}
+    print(json.dumps({**got, "digest": digest.hexdigest()[:16]}))
 
 
-def _run(name: str, data: Path, tokenizer: Path, scratch: Path, chat_template: str) -> dict:
+def _run(data: Path, tokenizer: Path, scratch: Path, chat_template: str, name: str) -> dict:
     """One entry in a fresh process, with a ``datasets`` cache of its own."""
     out = tempfile.mkdtemp(dir=scratch)
     command = [__file__, "--run", name, "--data", str(data), "--tokenizer", str(tokenizer)]
@@ -208,13 +164,8 @@ def _run(name: str, data: Path, tokenizer: Path, scratch: Path, chat_template: s
 
 def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--conversations", type=int, default=20_000)
-    parser.add_argument(
-        "--templates",
-        nargs="+",
-        default=list(TEMPLATES),
-        metavar="NAME",
-        help="TRL's chat_templates/NAME.jinja, each on its own",
-    )
+    templates = {"nargs": "+", "default": list(TEMPLATES), "metavar": "NAME"}
+    parser.add_argument("--templates", **templates, help="TRL's chat_templates/NAME.jinja, each")
     parser.add_argument("--entries", nargs="+", default=list(ENTRIES), choices=ENTRIES)
     for flag in ("--template", "--run", "--data", "--tokenizer", "--out"):
         parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
@@ -225,18 +176,15 @@ def main() -> None:
     if args.run:
         _child(args.run, args.data, args.tokenizer, args.out, args.template)
         return
+    # --smoke: meshfeed and datasets on the last template (the same code)
     chosen = ["datasets"] if args.smoke and "--entries" not in sys.argv else args.entries
     entries = tuple(dict.fromkeys(["meshfeed", *chosen]))
     scratch = Path(tempfile.mkdtemp(prefix="meshfeed-chat-bench-"))
     try:
         data, tokenizer = make_data(scratch, args.conversations)
-        templates = args.templates[-1:] if args.smoke else args.templates  # the same code
-        for chat_template in templates:
-            runs = {
-                e: functools.partial(_run, e, data, tokenizer, scratch, chat_template)
-                for e in entries
-            }
-            per_round = in_rounds(runs, args.rounds)
+        for chat_template in args.templates[-1:] if args.smoke else args.templates:
+            run = functools.partial(_run, data, tokenizer, scratch, chat_template)
+            per_round = in_rounds({e: functools.partial(run, e) for e in entries}, args.rounds)
             digests = {e: {got[e]["digest"] for got in per_round} for e in entries}
             if len(set().union(*digests.values())) != 1:
                 raise RuntimeError(f"{chat_template}: the entries' ids differ: {digests}")
@@ -246,26 +194,17 @@ def main() -> None:
                     if one["read_seconds"] is not None:
                         one["map_seconds"] = one["seconds"] - one["read_seconds"]
             for name in entries:
-                _report(per_round, name, chat_template, args)
+                line = {"workload": "V", "template": chat_template, "entry": name}
+                line |= {"conversations": args.conversations, "rounds": args.rounds}
+                line["conversations_per_s"] = round(median_of(per_round, name, "rate") or 0.0, 1)
+                line["meshfeed_over_this"] = median_ratio(per_round, "meshfeed", name, "rate")
+                if per_round[0][name]["read_seconds"] is not None:  # ``datasets``: read apart
+                    line["read_s"] = round(median_of(per_round, name, "read_seconds") or 0.0, 2)
+                    mapped = [r[name]["map_seconds"] / r["meshfeed"]["seconds"] for r in per_round]
+                    line["meshfeed_over_map_alone"] = round(statistics.median(mapped), 3)
+                emit("chat", smoke=args.smoke, **line, devices=None, processes=None)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _report(per_round: list, name: str, chat_template: str, args: argparse.Namespace) -> None:
-    line = {
-        "workload": "V",
-        "template": chat_template,
-        "entry": name,
-        "conversations": args.conversations,
-        "rounds": args.rounds,
-        "conversations_per_s": round(median_of(per_round, name, "rate") or 0.0, 1),
-        "meshfeed_over_this": median_ratio(per_round, "meshfeed", name, "rate"),
-    }
-    if per_round[0][name]["read_seconds"] is not None:  # a ``datasets`` entry: its read apart
-        line["read_s"] = round(median_of(per_round, name, "read_seconds") or 0.0, 2)
-        mapped = [got[name]["map_seconds"] / got["meshfeed"]["seconds"] for got in per_round]
-        line["meshfeed_over_map_alone"] = round(statistics.median(mapped), 3)
-    emit("chat", smoke=args.smoke, **line, devices=None, processes=None)
 
 
 if __name__ == "__main__":

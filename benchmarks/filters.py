@@ -1,15 +1,6 @@
-"""Filters: ``meshfeed.select`` against a plain loop, a loader over a selection against
-one over the kept rows copied out, and what a selection costs on disk.
-
-- ``select``: 20,000 to 2,000,000 examples in memory-mapped ``.npy`` files, three
-  predicates (``threshold``, ``embedding``, ``text``: ~0.15, ~1 and ~20 us a record):
-  a plain ``loop`` against ``select`` with ``workers=2`` (a worker resting, and
-  ``cold``) and ``workers=None``; seconds, and the loop's time over the entry's.
-- ``loader``: a ``Loader`` (batch 256, 8 CPU devices) over a selection of half of
-  262,144 rows against one over the kept rows copied out: rows/s.
-- ``bytes``: the selection's file over the source's examples.
-
-Rotating rounds, medians of per-round ratios; README.md says more. ``--smoke`` for CI.
+"""Filters: ``meshfeed.select`` against a plain loop (three predicates), a ``Loader`` over a
+selection against one over the kept rows copied out, and a selection's bytes on disk; the
+workloads are in README.md. Rotating rounds, medians of per-round ratios; ``--smoke`` for CI.
 """
 
 from __future__ import annotations
@@ -19,23 +10,21 @@ import importlib
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
 
 import meshfeed
-from common import measure
+from common import loader_batches, measure
 
 DIRECTION = np.linspace(-1.0, 1.0, 32, dtype=np.float32)
+PATTERN = re.compile(r"(?:-0\.\d*99|1\.\d*00)\d*")
 
 
 def threshold(record: dict[str, Any]) -> bool:
@@ -46,28 +35,12 @@ def embedding(record: dict[str, Any]) -> bool:
     return bool(float(record["embedding"] @ DIRECTION) > 0.0)
 
 
-PATTERN = re.compile(r"(?:-0\.\d*99|1\.\d*00)\d*")
-
-
 def text(record: dict[str, Any]) -> bool:
     words = " ".join(f"{v:.6f}" for v in record["embedding"].tolist())
     return len(PATTERN.findall(words + " " + words.upper())) < 2  # keeps about 40%
 
 
-PREDICATES: dict[str, Callable[[dict[str, Any]], bool]] = {
-    "threshold": threshold,
-    "embedding": embedding,
-    "text": text,
-}
-
-
-def _data(folder: str, n: int) -> meshfeed.ArraySource:
-    rng = np.random.default_rng(0)
-    np.save(f"{folder}/score.npy", rng.random(n, dtype=np.float32))
-    np.save(f"{folder}/embedding.npy", rng.standard_normal((n, 32), dtype=np.float32))
-    return meshfeed.ArraySource(
-        {name: np.load(f"{folder}/{name}.npy", mmap_mode="r") for name in ("score", "embedding")}
-    )
+PREDICATES = {"threshold": threshold, "embedding": embedding, "text": text}
 
 
 def _loop(folder: str, keep: Callable[[dict[str, Any]], bool]) -> float:
@@ -80,9 +53,7 @@ def _loop(folder: str, keep: Callable[[dict[str, Any]], bool]) -> float:
     return time.perf_counter() - began
 
 
-def _select(
-    source: meshfeed.ArraySource, keep: Any, workers: int | None, cold: bool = False
-) -> float:
+def _select(source: Any, keep: Any, workers: int | None, cold: bool = False) -> float:
     if cold:  # no worker resting from an earlier call
         importlib.import_module("meshfeed.prepare._select")._RESTING.close()
     with tempfile.TemporaryDirectory() as cache:
@@ -93,27 +64,28 @@ def _select(
 
 def _select_part(args: argparse.Namespace, folder: str, common: dict[str, Any]) -> None:
     for n in [20_000] if args.smoke else [int(x) for x in args.examples.split(",")]:
-        _select_size(args, folder, common, n)
-
-
-def _select_size(args: argparse.Namespace, folder: str, common: dict[str, Any], n: int) -> None:
-    source = _data(folder, n)
-    _select(source, threshold, 2)  # a worker rests, as after any earlier call
-    chosen = args.predicates.split(",")
-    for name, keep in [(k, v) for k, v in PREDICATES.items() if k in chosen]:
-        entries = {
-            "loop": lambda keep=keep: _loop(folder, keep),
-            "select:2": lambda keep=keep: _select(source, keep, 2),
-            "select:2 cold": lambda keep=keep: _select(source, keep, 2, cold=True),
-            "select:auto": lambda keep=keep: _select(source, keep, None),
-        }
-        per_round = in_rounds(entries, args.rounds, pause=0)
-        for entry in entries:
-            line = {"workload": "select", "predicate": name, "name": entry, "examples": n}
-            line["seconds"] = round(median_of(per_round, entry) or 0.0, 4)
-            if entry != "loop":
-                line["ratio_to_loop"] = median_ratio(per_round, "loop", entry)
-            emit("filters", **common, **line)
+        rng = np.random.default_rng(0)
+        np.save(f"{folder}/score.npy", rng.random(n, dtype=np.float32))
+        np.save(f"{folder}/embedding.npy", rng.standard_normal((n, 32), dtype=np.float32))
+        source = meshfeed.ArraySource(
+            {k: np.load(f"{folder}/{k}.npy", mmap_mode="r") for k in ("score", "embedding")}
+        )
+        _select(source, threshold, 2)  # a worker rests, as after any earlier call
+        chosen = args.predicates.split(",")
+        for name, keep in [(k, f) for k, f in PREDICATES.items() if k in chosen]:
+            entries = {
+                "loop": partial(_loop, folder, keep),
+                "select:2": partial(_select, source, keep, 2),
+                "select:2 cold": partial(_select, source, keep, 2, cold=True),
+                "select:auto": partial(_select, source, keep, None),
+            }
+            per_round = in_rounds(entries, args.rounds, pause=0)
+            for entry in entries:
+                line = {"workload": "select", "predicate": name, "name": entry, "examples": n}
+                line["seconds"] = round(median_of(per_round, entry) or 0.0, 4)
+                if entry != "loop":
+                    line["ratio_to_loop"] = median_ratio(per_round, "loop", entry)
+                emit("filters", **common, **line)
 
 
 def _loader_part(args: argparse.Namespace, folder: str, common: dict[str, Any]) -> None:
@@ -125,17 +97,11 @@ def _loader_part(args: argparse.Namespace, folder: str, common: dict[str, Any]) 
     copied = meshfeed.ArraySource(
         {k: v[np.asarray(selection.kept)] for k, v in source[np.arange(n)].items()}
     )
-    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
-
-    def rate(src: Any) -> Callable[[], float]:
-        def loader() -> Any:
-            return iter(
-                meshfeed.Loader(src, global_batch_size=256, sharding=sharding, num_epochs=None)
-            )
-
-        return lambda: measure(loader, 256, args.seconds)
-
-    per_round = in_rounds({"selection": rate(selection), "copied": rate(copied)}, args.rounds, 0)
+    entries = {
+        name: partial(measure, loader_batches(lambda src=src: src, 256), 256, args.seconds)
+        for name, src in (("selection", selection), ("copied", copied))
+    }
+    per_round = in_rounds(entries, args.rounds, pause=0)
     for entry in ("selection", "copied"):
         line = {"workload": "loader", "name": entry, "kept": len(selection)}
         line["rows_per_s"] = round(median_of(per_round, entry) or 0.0)
@@ -143,16 +109,9 @@ def _loader_part(args: argparse.Namespace, folder: str, common: dict[str, Any]) 
             line["ratio_to_copied"] = median_ratio(per_round, "selection", "copied")
         emit("filters", **common, **line)
     meta = json.loads((Path(folder) / "selections" / selection.key / "selection.json").read_text())
-    emit(
-        "filters",
-        **common,
-        workload="bytes",
-        name="selection",
-        examples=n,
-        kept=meta["kept"],
-        stored=meta["stored"],
-        bytes_per_example=round(meta["bytes_per_example"], 3),
-    )
+    figures = {"examples": n, "kept": meta["kept"], "stored": meta["stored"]}
+    figures["bytes_per_example"] = round(meta["bytes_per_example"], 3)
+    emit("filters", **common, workload="bytes", name="selection", **figures)
 
 
 def _add_flags(parser: argparse.ArgumentParser) -> None:

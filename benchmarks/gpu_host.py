@@ -1,18 +1,7 @@
 """A GPU host at the speed of its cores: what the loading process costs, what a host feeds.
 
-ImageNet-size rows (224x224x3 uint8) into global ``jax.Array`` batches on every device of
-the host; each entry a fresh process, rotating rounds, medians of the per-round ratios.
-Workloads (``workload:entry``): ``place`` (rows in memory: meshfeed vs ``jax.device_put``
-of ready batches, GB/s); ``ceiling`` (``W`` workers copying the row: images/s and the
-loading process's CPU a step over one memcpy of the batch); ``decode`` (JPEG 256 ->
-random 224 crop + flip: ``W`` workers vs ``L`` plain loops at once vs the PyTorch
-DataLoader); ``model`` (a small convnet: ``fit`` fed by ``decode`` or nvImageCodec vs its
-step on a batch already on the devices); ``vision`` (375x500 JPEGs through
-``RandomResizedCrop(224)``: Pillow in workers, nvImageCodec in the loading process --
-goal >= 2x the loops with ``--platform gpu`` -- and ``L`` plain loops).
-``--platform cpu`` (the default): 8 CPU devices, batch 64; ``--platform gpu``: the
-host's GPUs, batch 256, 15 workers, 16 loops. ``--smoke`` for CI (every entry once, in
-one child process). This file is the parent; what the children run is ``gpu_entries``.
+Each ``workload:entry`` timed in a fresh process (``--child``; ``--smoke``: all in one);
+``--platform gpu``: the host's GPUs, batch 256, 15 workers, 16 loops. README.md says more.
 """
 
 from __future__ import annotations
@@ -25,12 +14,25 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+import timeit
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from functools import partial
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 from harness import arguments, emit, median_of, median_ratio, use_cpu_devices
+from worker_fns import LOOP, ROW, copy_row, decode_crop_flip, load_jpegs, make_jpegs
+from workload_fns import images
+
+import meshfeed
+from common import Records, loops_at_once, torch_batches
 
 HERE = Path(__file__).resolve().parent
 ROW_BYTES = 224 * 224 * 3
@@ -52,28 +54,224 @@ SIZE_TABLE = {  # per size: its value on "cpu", "gpu" and "smoke"
 SIZES = {name: {k: v[i] for k, v in SIZE_TABLE.items()} for i, name in enumerate(PLATFORMS)}
 
 
-def _names(cfg: dict[str, Any], torch: bool, nvimgcodec: bool) -> list[str]:
-    vision = ["vision:pillow", "vision:loops"]
-    if nvimgcodec:
-        vision += ["vision:nvimgcodec", "model:fit-nvimgcodec"]
-    names = [
-        "place:meshfeed",
-        "place:device_put",
-        *(f"ceiling:{w}" for w in cfg["ceiling"]),
-        *(f"ceiling:{cfg['ceiling'][0]}:t{t}" for t in cfg["place_threads"]),
-        "decode:meshfeed",
-        "decode:loops",
-        "model:synthetic",
-        "model:fit",
-        *vision,
-    ]
-    return names + (["decode:torch"] if torch else [])
+# What a child process runs: each entry's workload, timed.
+def _timed(batches: Iterator[Any], seconds: float, warmup: int = 5) -> dict[str, float]:
+    """Steps a second over ``seconds`` of steady state, and this process's CPU a step."""
+    for _ in range(warmup):
+        jax.block_until_ready(next(batches))
+    steps, cpu, start = 0, time.process_time(), time.perf_counter()
+    while True:
+        jax.block_until_ready(next(batches))
+        steps += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and steps >= 3:
+            break
+    cpu_ms = 1e3 * (time.process_time() - cpu) / steps
+    return {"steps_per_s": steps / elapsed, "cpu_ms_per_step": cpu_ms}
 
 
-def _run_child(name: str, cfg_file: str, env: dict[str, str]) -> dict[str, Any]:
-    return _run_children([name], cfg_file, env)[name]
+def _memcpy_ms(batch: int) -> float:
+    """One memcpy of a batch of rows into a reused buffer (best of 20), milliseconds."""
+    src = np.ones((batch, *ROW), np.uint8)
+    dst = np.empty_like(src)
+    return 1e3 * min(timeit.repeat(lambda: np.copyto(dst, src), number=1, repeat=20))
 
 
+def _rows(n: int) -> Any:
+    return images(n, ROW[0]) | {"label": np.arange(n, dtype=np.int32)}
+
+
+def _sharding() -> Any:
+    return meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
+
+
+def _loader(cfg: dict[str, Any], source: dict[str, Any], **options: Any) -> Any:
+    return meshfeed.Loader(
+        meshfeed.ArraySource(source),
+        global_batch_size=cfg["batch"],
+        sharding=_sharding(),
+        num_epochs=None,
+        **options,
+    )
+
+
+def _jpegs(cfg: dict[str, Any], file: str = "jpeg_file", field: str = "jpeg") -> dict[str, Any]:
+    """The JPEGs of ``cfg[file]`` as a source's columns: ``field`` (bytes) and a label."""
+    jpegs = load_jpegs(cfg[file])
+    column = np.empty(len(jpegs), object)
+    column[:] = jpegs
+    return {field: column, "label": np.arange(len(jpegs), dtype=np.int32) % 1000}
+
+
+def _decode_loader(cfg: dict[str, Any]) -> Any:
+    """256x256 JPEGs decoded, cropped and flipped in ``W`` workers."""
+    options = {"record_transform": decode_crop_flip, "num_workers": cfg["workers"]}
+    return _loader(cfg, _jpegs(cfg), **options)
+
+
+def _vision_loader(cfg: dict[str, Any], decoder: str) -> Any:
+    """ImageNet-size JPEGs through ``RandomResizedCrop(224)``: Pillow in ``W`` workers, or
+    another decoder (nvImageCodec) in the loading process."""
+    import meshfeed.vision  # here: a build before (``--src``) may not have it
+
+    crop = meshfeed.vision.RandomResizedCrop(224, decoder=decoder)  # type: ignore[arg-type]
+    workers = cfg["workers"] if decoder == "pillow" else 0
+    images = _jpegs(cfg, "vision_file", "image")
+    return _loader(cfg, images, record_transform=crop, num_workers=workers)
+
+
+def _feed(loader: Any, cfg: dict[str, Any], **figures: Callable[[Any], Any]) -> dict[str, Any]:
+    """``_timed`` over ``loader``, then closed; ``figures``: more, read from the loader."""
+    with closing(loader):
+        got: dict[str, Any] = _timed(iter(loader), cfg["seconds"])
+        return got | {name: figure(loader) for name, figure in figures.items()}
+
+
+def _place_device_put(cfg: dict[str, Any]) -> dict[str, float]:
+    rows, sharding, rng = _rows(cfg["rows"]), _sharding(), np.random.default_rng(1)
+    ready = []
+    for _ in range(8):
+        ids = rng.choice(cfg["rows"], cfg["batch"], replace=False)
+        ready.append({k: v[ids] for k, v in rows.items()})
+
+    def batches() -> Iterator[Any]:
+        while True:
+            for b in ready:
+                yield {k: jax.device_put(v, sharding) for k, v in b.items()}
+
+    return _timed(batches(), cfg["seconds"])
+
+
+def _ceiling(cfg: dict[str, Any], workers: int, threads: int | None = None) -> dict[str, float]:
+    options: dict[str, Any] = {} if threads is None else {"place_threads": threads}
+    options |= {"record_transform": copy_row, "num_workers": workers}
+    got = _feed(_loader(cfg, _rows(cfg["rows"]), **options), cfg)
+    return got | {"memcpy_ms": _memcpy_ms(cfg["batch"])}
+
+
+class _Images(Records):
+    """A map-style dataset for the DataLoader (decodes in its workers)."""
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        record = {"jpeg": self.arrays["jpeg"][i], "label": int(self.arrays["label"][i])}
+        return decode_crop_flip(record, np.random.default_rng(i))
+
+
+def _decode_torch(cfg: dict[str, Any]) -> dict[str, float]:
+    run = torch_batches(_Images(_jpegs(cfg)), cfg["batch"], workers=cfg["workers"])
+    assert not isinstance(run, str), run  # the parent runs it only where torch is
+    return _timed(run(), cfg["seconds"])
+
+
+def _loops(cfg: dict[str, Any], work: str, file: str) -> dict[str, float]:
+    """``L`` plain loops of ``work`` at once over the JPEGs of ``cfg[file]``."""
+    script = LOOP.format(
+        here=str(HERE), work=work, source=cfg[file], seconds=cfg["seconds"], augment=False
+    )
+    return {"steps_per_s": loops_at_once(script, cfg["loops"]) / cfg["batch"]}
+
+
+def _model(kind: str) -> tuple[Any, Callable[..., Any]]:
+    """Parameters and loss of a small convnet on 224x224x3 uint8 images, 1000 classes."""
+    rng = np.random.default_rng(0)
+    convs = [(8, 8, 3, 16, 8)]  # height, width, in, out, stride
+    if kind != "tiny":
+        convs = [(7, 7, 3, 64, 4), (3, 3, 64, 128, 2), (3, 3, 128, 256, 2)]
+    params = {
+        f"conv{i}": (rng.normal(size=s[:4]) * np.sqrt(2 / np.prod(s[:3]))).astype(np.float32)
+        for i, s in enumerate(convs)
+    }
+    params["dense"] = (rng.normal(size=(convs[-1][3], 1000)) * 0.01).astype(np.float32)
+
+    def loss(p: Any, batch: Any) -> Any:
+        x = batch["image"].astype(jnp.bfloat16 if kind != "tiny" else jnp.float32) / 255.0
+        for i, s in enumerate(convs):
+            w = p[f"conv{i}"].astype(x.dtype)
+            x = jax.nn.relu(
+                jax.lax.conv_general_dilated(
+                    x, w, (s[4], s[4]), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+                )
+            )
+        logits = x.mean(axis=(1, 2)).astype(jnp.float32) @ p["dense"]
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
+        return meshfeed.masked_mean(losses, batch), {}
+
+    return params, loss
+
+
+def _train(cfg: dict[str, Any], loader: Any, fed: bool) -> dict[str, float]:
+    """``fit`` fed by ``loader`` (``fed``), or the step alone on its first batch."""
+    params, loss = _model(cfg["model"])
+    mesh = _sharding().mesh
+    optimizer = optax.sgd(1e-3)
+    state = meshfeed.TrainState.create(params, optimizer, mesh=mesh)
+    step = meshfeed.make_train_step(loss, optimizer, mesh=mesh)
+    first = loader.batch(0)
+    state, _ = step(state, first)  # compiled outside the timed part
+    jax.block_until_ready(state)
+    with closing(loader):
+        if not fed:
+
+            def batches() -> Iterator[Any]:
+                nonlocal state
+                while True:
+                    state, _ = step(state, first)
+                    yield state
+
+            return _timed(batches(), cfg["seconds"], warmup=2)
+        steps = max(10, int(cfg["seconds"] * 4))
+        history = meshfeed.fit(
+            step, state, loader, num_steps=steps, log_every=steps, progress=False
+        )
+        for _ in range(3):  # the window grows until it is long enough
+            if history.seconds >= cfg["seconds"]:
+                break
+            steps = int(steps * cfg["seconds"] / max(history.seconds, 1e-3) * 1.2) + 1
+            history = meshfeed.fit(
+                step, history.state, loader, num_steps=steps, log_every=steps, progress=False
+            )
+        return {
+            "steps_per_s": history.steps / history.seconds,
+            "input_wait": history.input_wait_share,
+        }
+
+
+def _entries(cfg: dict[str, Any]) -> dict[str, Callable[[], dict[str, Any]]]:
+    """Every entry (``workload:entry``), in the order of the rounds and of the lines."""
+    vision, first = cfg["decoder"], cfg["ceiling"][0]
+
+    def decoder(loader: Any) -> Any:
+        return loader.stats()["record_transform"].get("decoder", vision)
+
+    return {
+        "place:meshfeed": lambda: _feed(_loader(cfg, _rows(cfg["rows"])), cfg),
+        "place:device_put": lambda: _place_device_put(cfg),
+        **{f"ceiling:{w}": partial(_ceiling, cfg, w) for w in cfg["ceiling"]},
+        **{f"ceiling:{first}:t{t}": partial(_ceiling, cfg, first, t) for t in cfg["place_threads"]},
+        "decode:meshfeed": lambda: _feed(_decode_loader(cfg), cfg),
+        "decode:loops": lambda: _loops(cfg, "crop_flip", "jpeg_file"),
+        "model:synthetic": lambda: _train(cfg, _decode_loader(cfg), fed=False),
+        "model:fit": lambda: _train(cfg, _decode_loader(cfg), fed=True),
+        "vision:pillow": lambda: _feed(_vision_loader(cfg, "pillow"), cfg),
+        "vision:loops": lambda: _loops(cfg, "resized_crop", "vision_file"),
+        "vision:nvimgcodec": lambda: _feed(_vision_loader(cfg, vision), cfg, decoder=decoder),
+        "model:fit-nvimgcodec": lambda: _train(cfg, _vision_loader(cfg, vision), fed=True),
+        "decode:torch": lambda: _decode_torch(cfg),
+    }
+
+
+def _child(names: str, cfg: dict[str, Any]) -> None:
+    """Runs the entries ``names`` (comma-separated: several in --smoke only) here, one
+    after another, each printing its figures as a JSON line."""
+    runs = _entries(cfg)
+    device = jax.devices()[0]
+    for one in names.split(","):
+        got = runs[one]()
+        got.update(device=f"{jax.device_count()} x {device.device_kind}", platform=device.platform)
+        print(json.dumps(got), flush=True)
+
+
+# The parent: the entries in fresh processes, in rounds; the lines.
 def _run_children(names: list[str], cfg_file: str, env: dict[str, str]) -> dict[str, Any]:
     """``names`` run one after another in one fresh process (one each, to be timed)."""
     done = subprocess.run(
@@ -103,15 +301,15 @@ def _flags(parser: argparse.ArgumentParser) -> None:
 
 def _write_config(cfg: dict[str, Any]) -> str:
     """The JPEGs pickled for the children, and the config naming them; its path."""
-    from gpu_fns import make_jpegs
-
     folder = tempfile.mkdtemp(prefix="meshfeed-gpu-host-")
-    cfg["jpeg_file"] = os.path.join(folder, "jpegs.pkl")
-    with open(cfg["jpeg_file"], "wb") as f:
-        pickle.dump(make_jpegs(cfg["jpegs"]), f)
-    cfg["vision_file"] = os.path.join(folder, "vision.pkl")
-    with open(cfg["vision_file"], "wb") as f:  # ImageNet training images' size
-        pickle.dump(make_jpegs(cfg["vision_jpegs"], seed=1, height=375, width=500), f)
+    jpegs = {  # 256x256, and ImageNet training images' size
+        "jpeg_file": make_jpegs(cfg["jpegs"]),
+        "vision_file": make_jpegs(cfg["vision_jpegs"], seed=1, height=375, width=500),
+    }
+    for key, data in jpegs.items():
+        cfg[key] = os.path.join(folder, f"{key}.pkl")
+        with open(cfg[key], "wb") as f:
+            pickle.dump(data, f)
     cfg_file = os.path.join(folder, "config.json")
     with open(cfg_file, "w") as f:
         json.dump(cfg, f)
@@ -121,10 +319,8 @@ def _write_config(cfg: dict[str, Any]) -> str:
 def main() -> None:
     args = arguments(__doc__, rounds=5, add=_flags)
     if args.child:
-        from gpu_entries import run_entries
-
         with open(args.config) as f:
-            run_entries(args.child, json.load(f))
+            _child(args.child, json.load(f))
         return
     if args.platform == "cpu":
         use_cpu_devices()
@@ -132,10 +328,14 @@ def main() -> None:
     env = dict(os.environ)
     if args.src:  # the children import that meshfeed (the benchmark's helpers stay these)
         env["PYTHONPATH"] = os.pathsep.join([args.src, env.get("PYTHONPATH", "")]).strip(os.pathsep)
-    sys.path.insert(0, str(HERE))
     cfg_file = _write_config(cfg)
     nvimgcodec = find_spec("nvidia") is not None and find_spec("nvidia.nvimgcodec") is not None
-    names = _names(cfg, find_spec("torch") is not None, nvimgcodec)
+    torch = find_spec("torch") is not None
+    names = [
+        name
+        for name in _entries(cfg)
+        if (torch or name != "decode:torch") and (nvimgcodec or "nvimgcodec" not in name)
+    ]
     if args.only:
         wanted = set(args.only.split(","))
         names = [n for n in names if n in wanted or n.split(":")[0] in wanted]
@@ -144,10 +344,8 @@ def main() -> None:
         if args.smoke:  # one process for all: the smoke checks that each runs
             per_round.append(_run_children(names, cfg_file, env))
             continue
-        got = {}
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            got[name] = _run_child(name, cfg_file, env)
-        per_round.append(got)
+        order = names[r % len(names) :] + names[: r % len(names)]
+        per_round.append({name: _run_children([name], cfg_file, env)[name] for name in order})
     _report(per_round, names, cfg, args)
 
 
@@ -162,21 +360,14 @@ def _report(
     def ratio(a: str, b: str) -> float | None:
         return median_ratio(per_round, a, b, "steps_per_s", digits=4)
 
-    def median(fn: Callable[[dict[str, Any]], float], name: str) -> float:
-        return round(statistics.median(fn(r[name]) for r in per_round), 4)
+    def median(name: str, key: str) -> float:
+        return round(median_of(per_round, name, key) or 0.0, 4)
 
-    first = per_round[0][names[0]]
-    common = {
-        "device": first["device"],
-        "platform": first["platform"],
-        "devices": int(first["device"].split(" x ")[0]),
-        "processes": 1,
-        "cores": os.cpu_count(),
-        "global_batch_size": batch,
-        "rounds": args.rounds,
-        "window_s": cfg["seconds"],
-        "build": args.src or "this",
-    }
+    first = per_round[0][names[0]]  # where the children ran
+    common = {k: first[k] for k in ("device", "platform")}
+    common |= {"devices": int(first["device"].split(" x ")[0]), "processes": 1}
+    common |= {"cores": os.cpu_count(), "global_batch_size": batch, "rounds": args.rounds}
+    common |= {"window_s": cfg["seconds"], "build": args.src or "this"}
     for name in names:
         workload, entry = name.split(":", 1)
         line: dict[str, Any] = {**common, "workload": workload, "name": entry}
@@ -184,7 +375,7 @@ def _report(
         line["images_per_s"] = round(images_per_s)
         if workload in ("place", "ceiling"):
             line["gb_per_s"] = round(images_per_s * ROW_BYTES / 1e9, 3)
-            line["loader_cpu_ms_per_step"] = median(lambda g: g["cpu_ms_per_step"], name)
+            line["loader_cpu_ms_per_step"] = median(name, "cpu_ms_per_step")
         if name == "place:meshfeed" and "place:device_put" in names:
             line["ratio_to_device_put"] = ratio(name, "place:device_put")
         if workload == "ceiling":
@@ -192,8 +383,9 @@ def _report(
             line["place_threads"] = entry.split(":t")[1] if ":t" in entry else "auto"
             if ":t" in entry:
                 line["ratio_to_auto"] = ratio(name, f"ceiling:{line['workers']}")
-            line["memcpy_ms"] = median(lambda g: g["memcpy_ms"], name)
-            line["cpu_per_memcpy"] = median(lambda g: g["cpu_ms_per_step"] / g["memcpy_ms"], name)
+            line["memcpy_ms"] = median(name, "memcpy_ms")
+            per_memcpy = [r[name]["cpu_ms_per_step"] / r[name]["memcpy_ms"] for r in per_round]
+            line["cpu_per_memcpy"] = round(statistics.median(per_memcpy), 4)
         if workload in ("decode", "vision"):
             workers = {"loops": cfg["loops"], "nvimgcodec": 0}
             line["workers"] = workers.get(entry, cfg["workers"])
@@ -203,7 +395,7 @@ def _report(
             if name == "vision:nvimgcodec":
                 line["decoder"] = per_round[0][name]["decoder"]
         if name in ("model:fit", "model:fit-nvimgcodec"):
-            line["input_wait_share"] = median(lambda g: g["input_wait"], name)
+            line["input_wait_share"] = median(name, "input_wait")
             line["workers"] = cfg["workers"] if name == "model:fit" else 0
             if "model:synthetic" in names:
                 line["ratio_to_synthetic"] = ratio(name, "model:synthetic")

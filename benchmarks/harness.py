@@ -1,35 +1,7 @@
 """The harness every benchmark runs in: devices, flags, rounds, medians, JSON lines.
 
-A benchmark file holds its workload and its peers; this module holds the rest, once:
-
-- ``use_cpu_devices(count=8)``: ``count`` CPU devices for this process and the
-  processes it starts (``XLA_FLAGS``, ``JAX_PLATFORMS=cpu``). Call it at the top of
-  ``main()`` (or of a child's code), before the first device is used: JAX reads
-  ``XLA_FLAGS`` when its backend starts, not when it is imported. A device count
-  already in ``XLA_FLAGS`` (a process of ``run_in_processes``) is kept.
-- ``arguments(doc, *, seconds=None, rounds=None, smoke=None, add=None)``: the command
-  line every benchmark has: ``--smoke``, and ``--seconds`` / ``--rounds`` when given a
-  default; ``add(parser)`` adds the benchmark's own flags. Under ``--smoke`` the
-  values in ``smoke`` replace the parsed ones (by default ``seconds=0.3, rounds=1`` for
-  the flags there are). Returns the namespace.
-- ``in_rounds(entries, rounds, pause=0.3)``: each round runs every entry once, in an
-  order rotated by the round's number (the entry after another's teardown pays for it),
-  with ``gc.collect()`` and ``pause`` seconds after each. An entry is a callable
-  returning its figure (a float, or a dict of them); an entry that is a string (the
-  reason a peer is skipped) is not run. Returns one ``{name: figure}`` a round.
-- ``median_of(per_round, name, key=None)``: the median over rounds of ``name``'s figure
-  (of ``figure[key]`` for dict figures); ``None`` when no round has it.
-- ``median_ratio(per_round, a, b, key=None, digits=3)``: ``a / b`` taken within each
-  round, then the median, rounded; ``None`` when no round has both.
-- ``make_line(benchmark, *, smoke, **fields)``: a JSON line's dict: ``benchmark``, the
-  fields, then those every line carries and the fields do not give (``devices``,
-  ``processes``, ``smoke``, ``jax``, ``python``). ``devices`` and ``processes`` come
-  from JAX (this process's view): a parent that measures in children passes its own.
-- ``emit(benchmark, *, smoke, stream=None, **fields)``: prints ``make_line(...)`` as one
-  JSON line (to ``stream``, by default ``sys.stdout``) and returns it.
-- ``run_child(args, *, env=None)``: ``python args...`` in a fresh process; its last
-  stdout line read back as JSON. Raises ``RuntimeError`` with the end of its stderr
-  when it fails. ``common.loops_at_once`` starts several at once instead.
+A benchmark file holds its workload and its peers; this module holds the rest, once.
+``README.md`` says how they fit together; each function says what it does.
 
 Example::
 
@@ -62,7 +34,10 @@ _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 
 def use_cpu_devices(count: int = 8) -> None:
-    """``count`` CPU devices for this process and its children, unless set already."""
+    """``count`` CPU devices for this process and its children, unless set already.
+
+    Call it before the first device is used: JAX reads ``XLA_FLAGS`` when its backend
+    starts, not when it is imported."""
     flags = os.environ.get("XLA_FLAGS", "")
     if _DEVICE_FLAG not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {_DEVICE_FLAG}={count}".strip()
@@ -81,7 +56,8 @@ def arguments(
     add: Callable[[argparse.ArgumentParser], object] | None = None,
     argv: Sequence[str] | None = None,
 ) -> argparse.Namespace:
-    """The benchmark's flags parsed, with ``smoke``'s values applied under ``--smoke``."""
+    """The benchmark's flags parsed, with ``smoke``'s values applied under ``--smoke``
+    (by default ``seconds=0.3, rounds=1``, for the flags there are)."""
     parser = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny data and timings, for CI")
     if seconds is not None:
@@ -144,7 +120,10 @@ def median_ratio(
 
 
 def make_line(benchmark: str, *, smoke: bool, **fields: Any) -> dict[str, Any]:
-    """A JSON line's fields: ``benchmark``, ``fields``, then what every line carries."""
+    """A JSON line's fields: ``benchmark``, ``fields``, then what every line carries.
+
+    ``devices`` and ``processes`` come from this process's JAX unless given: a parent
+    that measures in children passes its own."""
     line = {"benchmark": benchmark, **fields}
     if "devices" not in line or "processes" not in line:
         import jax

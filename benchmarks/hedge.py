@@ -1,11 +1,5 @@
-"""Workload Q, a store's slow tail: hedged range reads against none.
-
-A folder on moto's S3 server behind a ``CountingProxy`` that holds a share of the range
-reads; ``hedge=True`` and ``hedge=False`` against the clean run, rotating rounds. Goal at
-3% x 2 s: <= 1.3x the clean run, duplicates <= 5% of requests. ``Q-floor``: every read
-held, the default read-ahead's input wait against fixed depths. ``--smoke`` for CI; the
-workload is in ``benchmarks/README.md``.
-"""
+"""Workload Q, a store's slow tail: hedged range reads against none, each against the clean
+run; ``Q-floor``: every read held, the default read-ahead's input wait against fixed depths."""
 
 from __future__ import annotations
 
@@ -18,9 +12,9 @@ from typing import Any
 import jax
 import numpy as np
 from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
+from remote_fns import loader, s3_store
 
 import meshfeed
-from meshfeed.testing import CountingProxy, S3Server
 
 SHARES = (0.0, 0.01, 0.03, 0.10)
 HOLDS = (0.5, 2.0)
@@ -29,6 +23,8 @@ LATENCY_S = 0.5  # the floor: a far store; ~16 range reads a step
 STEP_S = 0.1
 FLOOR_BATCH = 8
 DEPTHS = ("auto", 2, 4, 16)
+URL = "s3://data/tail"
+COUNTED = ("requests", "hedges", "hedges_won")
 
 
 def round_seeds(entries: int) -> Callable[[], int]:
@@ -37,78 +33,55 @@ def round_seeds(entries: int) -> Callable[[], int]:
     return lambda: 1 + next(calls) // entries
 
 
-def _loader(url: str, options: dict[str, Any], seed: int, **kwargs: Any) -> meshfeed.Loader:
-    hedge = kwargs.pop("hedge", True)
-    return meshfeed.Loader(
-        meshfeed.open_source(url, storage_options=options, hedge=hedge),
-        num_epochs=None,
-        shuffle=True,
-        seed=seed,
-        sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=8)),
-        **kwargs,
-    )
-
-
-def _run(
-    url: str,
-    options: dict[str, Any],
-    proxy: CountingProxy,
-    case: dict[str, Any],
-    steps: int,
-    seed: int,
-) -> dict[str, float]:
-    loader = _loader(url, options, seed, global_batch_size=BATCH, hedge=case["hedge"])
-    it = iter(loader)
+def _timed(proxy: Any, source: Any, seed: int, steps: int, held: Any, step_s: float, **kw: Any):
+    """One batch of a shuffled endless loader, then ``held`` (share, seconds) of the range
+    reads held and ``steps`` timed, each with ``step_s`` of compute: its stats, seconds."""
+    feed = loader(source, shuffle=True, seed=seed, **kw)
+    it = iter(feed)
     jax.block_until_ready(next(it))
-    proxy.hold("range", case["share"], case["hold"], seed=seed)
-    loader.stats(reset=True)  # the requests counted from here (this process's, behind URLs)
+    if held:
+        proxy.hold("range", *held, seed=seed)
+    feed.stats(reset=True)  # the requests counted from here (this process's, behind URLs)
     start = time.perf_counter()
     for _ in range(steps):
         jax.block_until_ready(next(it))
+        if step_s:
+            time.sleep(step_s)  # the step's compute
     seconds = time.perf_counter() - start
-    proxy.hold("range", 0.0, 0.0)
-    url_stats = loader.stats()["source"]["url"]
-    loader.close()
-    got = {k: url_stats[k] for k in ("requests", "hedges", "hedges_won")}
-    return {"seconds": seconds, **got}
+    if held:
+        proxy.hold("range", 0.0, 0.0)
+    stats = feed.stats()
+    feed.close()
+    return stats, seconds
 
 
-def _waits(url: str, options: dict[str, Any], prefetch: Any, steps: int, seed: int) -> float:
+def _run(proxy: Any, options: Any, case: dict[str, Any], steps: int, seed: int) -> dict[str, float]:
+    source = meshfeed.open_source(URL, storage_options=options, hedge=case["hedge"])
+    held = (case["share"], case["hold"])
+    stats, seconds = _timed(proxy, source, seed, steps, held, 0.0, batch=BATCH)
+    return {"seconds": seconds, **{k: stats["source"]["url"][k] for k in COUNTED}}
+
+
+def _waits(proxy: Any, options: Any, prefetch: Any, steps: int, seed: int) -> float:
     """The share of ``steps`` steps' time the loop waited on input (after one untimed)."""
-    loader = _loader(url, options, seed, global_batch_size=FLOOR_BATCH, prefetch=prefetch)
-    it = iter(loader)
-    jax.block_until_ready(next(it))
-    loader.stats(reset=True)
-    start = time.perf_counter()
-    for _ in range(steps):
-        jax.block_until_ready(next(it))
-        time.sleep(STEP_S)  # the step's compute
-    seconds = time.perf_counter() - start
-    waited = loader.stats()["consumer"]["wait_seconds"]
-    loader.close()
-    return waited / seconds
+    source = meshfeed.open_source(URL, storage_options=options)
+    fed = {"batch": FLOOR_BATCH, "prefetch": prefetch}
+    stats, seconds = _timed(proxy, source, seed, steps, None, STEP_S, **fed)
+    return stats["consumer"]["wait_seconds"] / seconds
 
 
-def _floor(url: str, options: dict[str, Any], proxy: CountingProxy, args: Any) -> None:
+def _floor(options: Any, proxy: Any, args: argparse.Namespace) -> None:
     rounds, steps = (1, 5) if args.smoke else (args.rounds, 4 * args.steps)
-    proxy.hold("range", 1.0, LATENCY_S)
     depths = DEPTHS[:2] if args.smoke else DEPTHS
     seed = round_seeds(len(depths))
-    entries = {str(d): lambda d=d: _waits(url, options, d, steps, seed()) for d in depths}
+    entries = {str(d): lambda d=d: _waits(proxy, options, d, steps, seed()) for d in depths}
+    proxy.hold("range", 1.0, LATENCY_S)
     per_round = in_rounds(entries, rounds, pause=0.0)
     proxy.hold("range", 0.0, 0.0)
+    head = {"workload": "Q-floor", "latency_s": LATENCY_S, "step_s": STEP_S, "steps": steps}
     for d in depths:
-        emit(
-            "hedge",
-            smoke=args.smoke,
-            workload="Q-floor",
-            prefetch=d,
-            latency_s=LATENCY_S,
-            step_s=STEP_S,
-            steps=steps,
-            rounds=rounds,
-            input_wait=round(median_of(per_round, str(d)) or 0.0, 4),
-        )
+        wait = round(median_of(per_round, str(d)) or 0.0, 4)
+        emit("hedge", smoke=args.smoke, **head, prefetch=d, rounds=rounds, input_wait=wait)
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:
@@ -121,33 +94,23 @@ def main() -> None:
     use_cpu_devices()
     smoke = {"shares": (0.0, 0.03), "holds": (0.5,), "rounds": 1, "steps": 3}
     args = arguments(__doc__, rounds=3, smoke=smoke, add=_flags)
-    cases = [{"share": 0.0, "hold": 0.0, "hedge": h} for h in (False, True)]
-    for share, hold in ((s, t) for s in args.shares if s for t in args.holds):
-        cases += [{"share": share, "hold": hold, "hedge": h} for h in (False, True)]
-    server = S3Server()
-    proxy = CountingProxy(server.port)
-    try:
-        server.make_bucket("data")
+    held = [(0.0, 0.0)] + [(s, t) for s in args.shares if s for t in args.holds]
+    cases = [{"share": s, "hold": t, "hedge": h} for s, t in held for h in (False, True)]
+    with s3_store() as (server, proxy, options):
         rng = np.random.default_rng(0)
-        data = {
-            "x": rng.integers(0, 255, (64 * 32, 64), dtype=np.uint8),
-            "y": np.arange(64 * 32, dtype=np.int32),
-        }
-        url = "s3://data/tail"
-        meshfeed.write_source(url, data, shard_size=32, storage_options=server.storage_options)
-        options = {**server.storage_options, "endpoint_url": proxy.endpoint}
+        x = rng.integers(0, 255, (64 * 32, 64), dtype=np.uint8)
+        data = {"x": x, "y": np.arange(64 * 32, dtype=np.int32)}
+        meshfeed.write_source(URL, data, shard_size=32, storage_options=server.storage_options)
         if not args.smoke:  # the store's latencies learned
-            _run(url, options, proxy, cases[1], 2 * args.steps, 0)
+            _run(proxy, options, cases[1], 2 * args.steps, 0)
         seed = round_seeds(len(cases))
         entries = {
-            str(i): lambda c=case: _run(url, options, proxy, c, args.steps, seed())
+            str(i): lambda c=case: _run(proxy, options, c, args.steps, seed())
             for i, case in enumerate(cases)
         }
         per_round = in_rounds(entries, args.rounds, pause=0.0)
         for i, case in enumerate(cases):
-            got = [r[str(i)] for r in per_round]
-            requests = sum(g["requests"] for g in got)
-            hedges = sum(g["hedges"] for g in got)
+            got = {k: sum(r[str(i)][k] for r in per_round) for k in COUNTED}
             emit(
                 "hedge",
                 smoke=args.smoke,
@@ -157,15 +120,12 @@ def main() -> None:
                 rounds=args.rounds,
                 seconds=round(median_of(per_round, str(i), "seconds") or 0.0, 3),
                 against_clean=median_ratio(per_round, str(i), "0", "seconds"),
-                requests=int(requests),
-                duplicates=int(hedges),
-                duplicates_won=int(sum(g["hedges_won"] for g in got)),
-                duplicate_share=round(hedges / max(requests, 1), 4),
+                requests=int(got["requests"]),
+                duplicates=int(got["hedges"]),
+                duplicates_won=int(got["hedges_won"]),
+                duplicate_share=round(got["hedges"] / max(got["requests"], 1), 4),
             )
-        _floor(url, options, proxy, args)
-    finally:
-        proxy.close()
-        server.close()
+        _floor(options, proxy, args)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,12 @@
-"""Workload L, a lost process: how soon the survivors end, and what they say.
-
-Processes started as a cluster manager starts them (no ``meshfeed launch``) train the
-demo's convnet with ``fit``; after step 12, process 1 is SIGKILLed (part ``kill``) or
-SIGSTOPped (``stop``). meshfeed's watch (``meshfeed.initialize()``) against plain
-``jax.distributed.initialize(heartbeat_timeout_seconds=20)``, rotating rounds: seconds
-from the death to each survivor's exit, its exit code and last line. Part ``load``: how
-late a 0.25 s timer thread wakes in 4 processes x 2 devices under two busy loops.
-``--smoke`` (one round of ``kill``, a short ``load``) for CI.
-"""
+"""Workload L, a lost process: how soon the survivors end and what they say, meshfeed's watch
+against plain ``jax.distributed`` (parts ``kill`` and ``stop``), and how late a timer thread
+wakes under load (``load``)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -22,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import arguments, emit
 
 from meshfeed.testing import cluster_env, free_port
@@ -76,52 +68,42 @@ print(f"late {late[0]:.4f}", flush=True)
 
 def _run(
     tmp: Path, how: str, action: str, processes: int, devices: int, steps: int, heartbeat: int
-) -> dict:
-    """One job; the survivors' seconds to exit after the death, codes and last lines.
-    ``heartbeat``: plain JAX's heartbeat timeout, meshfeed's backstop."""
+) -> list[dict]:
+    """One job (process 1 lost after step 12 unless ``action`` is ``none``): each survivor's
+    seconds from the death to its exit, code and last line. ``heartbeat``: plain JAX's
+    heartbeat timeout, meshfeed's backstop."""
     coordinator = f"127.0.0.1:{free_port()}"
     out = tmp / f"{how}-{action}-{time.monotonic_ns()}"
-    job = tmp / "job.py"
-    job.write_text(JOB)
-    started = []
-    for i in range(processes):
-        env = cluster_env(i, processes, devices, coordinator)
-        env["BENCH_DIR"] = str(Path(__file__).resolve().parent)
-        env["BENCH_JAX_HEARTBEAT"] = str(heartbeat)
-        log = Path(f"{out}.{i}.log")
+    command = [sys.executable, "-c", JOB, how, action, str(steps), "12", str(out)]
+    bench = {"BENCH_DIR": str(Path(__file__).resolve().parent)}
+    bench["BENCH_JAX_HEARTBEAT"] = str(heartbeat)
+    logs = [Path(f"{out}.{i}.log") for i in range(processes)]
+    popens = []
+    for i, log in enumerate(logs):
+        env = {**cluster_env(i, processes, devices, coordinator), **bench}
         with log.open("w") as f:
-            cmd = [sys.executable, str(job), how, action, str(steps), "12", str(out)]
-            started.append(
-                (subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT), log)
-            )
+            popens.append(subprocess.Popen(command, env=env, stdout=f, stderr=subprocess.STDOUT))
+    victim = 1 if action != "none" else None
+    survivors = [i for i in range(processes) if i != victim]
     ends: dict[int, float] = {}
     deadline = time.monotonic() + 300
-    victim = 1 if action != "none" else None
-    while len(ends) < processes - (victim is not None) and time.monotonic() < deadline:
-        for i, (popen, _) in enumerate(started):
-            if i != victim and i not in ends and popen.poll() is not None:
-                ends[i] = time.monotonic()
-        time.sleep(0.02)
-    for popen, _ in started:
-        if popen.poll() is None:
-            popen.send_signal(signal.SIGKILL)
-            popen.wait()
+    for i in survivors:  # one when a process is lost: its exit timed exactly
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popens[i].wait(timeout=max(0.0, deadline - time.monotonic()))
+            ends[i] = time.monotonic()
+    for popen in popens:  # the stopped process, and any left after the deadline
+        popen.kill()
+        popen.wait()
     died = float(Path(f"{out}.died").read_text()) if victim is not None else None
-    survivors = []
-    for i, (popen, log) in enumerate(started):
-        if i == victim:
-            continue
-        lines = [line for line in log.read_text().splitlines() if line.strip()]
-        survivors.append(
-            {
-                "process": i,
-                "seconds_to_exit": None if died is None or i not in ends else ends[i] - died,
-                "exit_code": popen.returncode,
-                "last_line": lines[-1][:300] if lines else "",
-                "late": next((float(x.split()[1]) for x in lines if x.startswith("late ")), None),
-            }
-        )
-    return {"survivors": survivors}
+    result = []
+    for i in survivors:
+        lines = [line for line in logs[i].read_text().splitlines() if line.strip()]
+        seconds = None if died is None or i not in ends else ends[i] - died
+        got = {"process": i, "seconds_to_exit": seconds, "exit_code": popens[i].returncode}
+        got["last_line"] = lines[-1][:300] if lines else ""
+        got["late"] = next((float(x.split()[1]) for x in lines if x.startswith("late ")), None)
+        result.append(got)
+    return result
 
 
 def _emit(smoke: bool, **fields: Any) -> None:
@@ -134,40 +116,31 @@ def _deaths(tmp: Path, action: str, args: argparse.Namespace) -> None:
     for r in range(args.rounds):
         took = {}
         for how in ["meshfeed", "jax"] if r % 2 == 0 else ["jax", "meshfeed"]:
-            result = _run(tmp, how, action, 2, 4, steps=30, heartbeat=heartbeat)
-            for s in result["survivors"]:
+            survivors = _run(tmp, how, action, 2, 4, steps=30, heartbeat=heartbeat)
+            for s in survivors:
                 _emit(args.smoke, part=action, who=how, round=r, **s, processes=2)
-            took[how] = max(s["seconds_to_exit"] or float("inf") for s in result["survivors"])
+            took[how] = max(s["seconds_to_exit"] or float("inf") for s in survivors)
         ratios.append(took["meshfeed"] / took["jax"])
-    _emit(
-        args.smoke,
-        part=action,
-        summary="median survivor exit time, meshfeed / plain JAX",
-        ratio=statistics.median(ratios),
-        rounds=args.rounds,
-        processes=2,
-    )
+    summary = "median survivor exit time, meshfeed / plain JAX"
+    ratio = statistics.median(ratios)
+    _emit(args.smoke, part=action, summary=summary, ratio=ratio, rounds=args.rounds, processes=2)
 
 
 def _load(tmp: Path, smoke: bool) -> None:
+    """How late a 0.25 s timer thread wakes in 4 processes x 2 devices under two busy loops."""
     steps = 15 if smoke else 300
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
-        result = _run(tmp, "meshfeed", "none", 4, 2, steps=steps, heartbeat=20)
+        survivors = _run(tmp, "meshfeed", "none", 4, 2, steps=steps, heartbeat=20)
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
-    late = [s["late"] for s in result["survivors"] if s["late"] is not None]
-    _emit(
-        smoke,
-        part="load",
-        processes=4,
-        steps=steps,
-        busy_loops=2,
-        longest_wake_delay_s=max(late) if late else None,
-        exit_codes=[s["exit_code"] for s in result["survivors"]],
-    )
+    late = [s["late"] for s in survivors if s["late"] is not None]
+    line: dict[str, Any] = {"processes": 4, "steps": steps, "busy_loops": 2}
+    line["longest_wake_delay_s"] = max(late) if late else None
+    line["exit_codes"] = [s["exit_code"] for s in survivors]
+    _emit(smoke, part="load", **line)
 
 
 def main() -> None:

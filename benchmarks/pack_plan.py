@@ -1,13 +1,7 @@
 """Workload W, a packed corpus at start-up: the packing plan kept as data against planning it.
 
-A meshfeed folder of N documents (log-normal lengths, mean ~33 tokens, uint16) packed
-into rows of 2,048; each entry a fresh process timed from after its imports to its first
-batch, with its peak RSS: ``unpacked`` (open and a first read: the floor), ``kept``
-(``pack`` reading the plan kept beside the data, then a ``Loader``'s first batch) and
-``planned`` (the plan made in memory, ``plan_dir=False``). Goal: ``kept`` less
-``unpacked`` <= 1 s and <= 100 MB at 16M, flat in N. Also the plan's build rate on 1 and
-2 workers (``--ray``: Ray tasks too) against the in-memory planner, and ``--s3``: the
-requests to open a packed folder on the local S3 server (goal: <= 4). ``--smoke`` for CI.
+Fresh processes to a first batch, the plan's build rate on 1 and 2 workers (``--ray``: Ray
+tasks too), and ``--s3``: the requests to open a packed folder on the local S3 server.
 """
 
 from __future__ import annotations
@@ -17,10 +11,10 @@ import functools
 import json
 import os
 import resource
-import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from harness import arguments, emit, in_rounds, median_of, run_child
 
@@ -34,8 +28,7 @@ def write_documents(folder: Path, n: int) -> Path:
 
     import meshfeed
 
-    rng = np.random.default_rng(0)
-    lengths = np.maximum(1, rng.lognormal(3.0, 0.9, n)).astype(np.int64)
+    lengths = np.maximum(1, np.random.default_rng(0).lognormal(3.0, 0.9, n)).astype(np.int64)
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     tokens = meshfeed.Ragged(np.zeros(int(offsets[-1]), np.uint16), offsets)
@@ -58,34 +51,22 @@ def _child(entry: str, data: str) -> None:
         rows = len(source)
     else:
         packed = meshfeed.pack(source, SEQ_LEN, plan_dir=None if entry == "kept" else False)
-        mesh = meshfeed.make_mesh(data=1)
-        sharding = meshfeed.batch_sharding(mesh)
+        sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=1))
         loader = meshfeed.Loader(packed, global_batch_size=16, sharding=sharding, prefetch=0)
         next(iter(loader))
         rows = len(packed)
     seconds = time.perf_counter() - start
-    rss = _peak_rss()
-    print(json.dumps({"seconds": seconds, "peak_rss": rss, "rows": rows}))
-
-
-def _peak_rss() -> int:
-    """This process's peak resident bytes: ``VmHWM``, which starts over at ``exec`` (where
-    ``ru_maxrss`` keeps the forking parent's), or ``ru_maxrss`` off Linux."""
-    try:
+    try:  # VmHWM starts over at exec, where ru_maxrss keeps the forking parent's
         with open("/proc/self/status") as f:
-            line = next(x for x in f if x.startswith("VmHWM:"))
-        return int(line.split()[1]) * 1024
-    except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _run(entry: str, data: Path) -> dict:
-    return run_child([__file__, "--run", entry, "--data", str(data)])
+            rss = next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM:"))
+    except (OSError, StopIteration):  # off Linux
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"seconds": seconds, "peak_rss": rss, "rows": rows}))
 
 
 def build_rates(data: Path, n: int, ray: bool = False) -> dict:
     """Documents/s of the kept plan's build on 1 and 2 worker processes (and Ray tasks),
-    and of the in-memory planner, here; the same plan."""
+    and of the in-memory planner; the same plan."""
     import meshfeed
 
     source = meshfeed.open_source(data)
@@ -93,13 +74,8 @@ def build_rates(data: Path, n: int, ray: bool = False) -> dict:
     memory = meshfeed.pack(source, SEQ_LEN, plan_dir=False)
     planned = time.perf_counter() - start
     out: dict[str, float] = {"planner_docs_per_s": round(n / planned)}
-    builds: list[tuple[str, dict]] = [("1", {"plan_workers": 1}), ("2", {"plan_workers": 2})]
-    if ray:
-        import ray as ray_module
 
-        ray_module.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-        builds.append(("ray", {"plan_executor": "ray"}))
-    for name, how in builds:
+    def build(name: str, **how: Any) -> None:
         start = time.perf_counter()
         kept = meshfeed.pack(source, SEQ_LEN, rebuild_plan=True, **how)
         built = time.perf_counter() - start
@@ -107,30 +83,34 @@ def build_rates(data: Path, n: int, ray: bool = False) -> dict:
             raise RuntimeError("the kept plan differs from the one made in memory")
         out[f"build_{name}_docs_per_s"] = round(n / built)
         out[f"build_{name}_over_planner"] = round(planned / built, 3)
+
+    build("1", plan_workers=1)
+    build("2", plan_workers=2)
     if ray:
+        import ray as ray_module
+
+        ray_module.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        build("ray", plan_executor="ray")
         ray_module.shutdown()
     return out
 
 
 def local(sizes: list[int], rounds: int, smoke: bool, ray: bool = False) -> None:
     for n in sizes:
-        scratch = Path(tempfile.mkdtemp(prefix="meshfeed-pack-plan-"))
-        try:
-            data = write_documents(scratch / "data", n)
+        with tempfile.TemporaryDirectory(prefix="meshfeed-pack-plan-") as scratch:
+            data = write_documents(Path(scratch) / "data", n)
             rates = build_rates(data, n, ray)
             emit("pack_plan", smoke=smoke, workload="W", part="build", documents=n, **rates)
-            entries = {e: functools.partial(_run, e, data) for e in ENTRIES}
+            child = [__file__, "--data", str(data), "--run"]
+            entries = {e: functools.partial(run_child, [*child, e]) for e in ENTRIES}
             per_round = in_rounds(entries, rounds)
-            line = {"workload": "W", "part": "start-up", "documents": n, "rounds": rounds}
-            for e in ENTRIES:
-                line[f"{e}_s"] = round(median_of(per_round, e, "seconds") or 0.0, 3)
-                rss = median_of(per_round, e, "peak_rss") or 0.0
-                line[f"{e}_rss_mb"] = round(rss / 2**20, 1)
-            line["kept_over_unpacked_s"] = round(line["kept_s"] - line["unpacked_s"], 3)
-            line["kept_over_unpacked_mb"] = round(line["kept_rss_mb"] - line["unpacked_rss_mb"], 1)
-            emit("pack_plan", smoke=smoke, **line)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        line = {"workload": "W", "part": "start-up", "documents": n, "rounds": rounds}
+        for e in ENTRIES:
+            line[f"{e}_s"] = round(median_of(per_round, e, "seconds") or 0.0, 3)
+            line[f"{e}_rss_mb"] = round((median_of(per_round, e, "peak_rss") or 0.0) / 2**20, 1)
+        line["kept_over_unpacked_s"] = round(line["kept_s"] - line["unpacked_s"], 3)
+        line["kept_over_unpacked_mb"] = round(line["kept_rss_mb"] - line["unpacked_rss_mb"], 1)
+        emit("pack_plan", smoke=smoke, **line)
 
 
 def s3(sizes: list[int], smoke: bool) -> None:
@@ -142,31 +122,21 @@ def s3(sizes: list[int], smoke: bool) -> None:
     server = S3Server()
     server.make_bucket("data")
     proxy = CountingProxy(server.port)
+    direct = server.storage_options
+    counted = {**direct, "endpoint_url": proxy.endpoint}
     try:
         for n in sizes:
+            url = f"s3://data/packed-{n}"
             with tempfile.TemporaryDirectory() as tmp:
-                local_data = write_documents(Path(tmp) / "data", n)
-                url = f"s3://data/packed-{n}"
-                s3fs.S3FileSystem(**server.storage_options).put(
-                    str(local_data), url, recursive=True
-                )
-            meshfeed.pack(
-                meshfeed.open_source(url, storage_options=server.storage_options), SEQ_LEN
-            )
-            options = {**server.storage_options, "endpoint_url": proxy.endpoint}
+                data = str(write_documents(Path(tmp) / "data", n))
+                s3fs.S3FileSystem(**direct).put(data, url, recursive=True)
+            meshfeed.pack(meshfeed.open_source(url, storage_options=direct), SEQ_LEN)
             proxy.reset()
-            packed = meshfeed.pack(meshfeed.open_source(url, storage_options=options), SEQ_LEN)
-            opening = proxy.counts()
-            emit(
-                "pack_plan",
-                smoke=smoke,
-                workload="W",
-                part="s3-open",
-                documents=n,
-                requests=opening["total"],
-                head=opening["head"],
-                rows=len(packed),
-            )
+            packed = meshfeed.pack(meshfeed.open_source(url, storage_options=counted), SEQ_LEN)
+            counts = proxy.counts()
+            line: dict[str, Any] = {"workload": "W", "part": "s3-open", "documents": n}
+            line |= {"requests": counts["total"], "head": counts["head"], "rows": len(packed)}
+            emit("pack_plan", smoke=smoke, **line)
     finally:
         proxy.close()
         server.close()
@@ -186,12 +156,10 @@ def main() -> None:
         _child(args.run, args.data)
         return
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    if args.s3:
+    if not args.s3:
+        local(args.sizes, args.rounds, args.smoke, args.ray)
+    if args.s3 or args.smoke:
         s3([10_000] if args.smoke else [100_000, 1_000_000], args.smoke)
-        return
-    local(args.sizes, args.rounds, args.smoke, args.ray)
-    if args.smoke:
-        s3([10_000], smoke=True)
 
 
 if __name__ == "__main__":

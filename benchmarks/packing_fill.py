@@ -1,14 +1,9 @@
 """Packing fill: meshfeed's planner against Graphcore's histogram packers on BERT's lengths.
 
-Documents drawn (seeded) from the length histograms Graphcore's packing paper (arXiv
-2107.02027) publishes for BERT's Wikipedia at 512 and SQuAD 1.1 at 384
-(``data/graphcore_histograms.json``, MIT), packed by ``meshfeed.pack``'s ``best_fit``
-and ``best_fit_decreasing`` (several windows; with no cap and ``max_segments=12``) and
-by SPFHP and LPFHP written out from the paper (``max_sequences_per_pack=12``, on the
-histogram at once: their time is to the rows' patterns). Real-token fraction and plan
-time a document; a first line per histogram checks the code below against the paper's
-figures on the published histogram (Wikipedia: 99.6040% and 99.8129%). ``--smoke`` for
-CI (20k documents, two windows).
+Documents drawn from the length histograms of Graphcore's packing paper (arXiv 2107.02027,
+``data/graphcore_histograms.json``, MIT), packed by ``meshfeed.pack`` and by SPFHP and
+LPFHP written out from the paper; a first line per histogram checks those against the
+paper's figures on the published histogram (Wikipedia: 99.6040% and 99.8129%).
 """
 
 from __future__ import annotations
@@ -17,20 +12,21 @@ import json
 import platform
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 from harness import arguments
+from packing import source
 
 import meshfeed
-from meshfeed.types import Algorithm
 
 HISTOGRAMS = Path(__file__).parent / "data" / "graphcore_histograms.json"
 SETS = {"wikipedia": "wikipedia", "squad": "squad_1_1"}
 THEIR_CAP = 12  # max_sequences_per_pack in the paper's README
 BEST_FIT_WINDOW = 16_384  # pack's default window
 Patterns = list[tuple[int, tuple[int, ...]]]  # (how many rows, the lengths in each)
+OpenRows = dict[int, list[tuple[int, tuple[int, ...]]]]  # free space: (rows, lengths)
 
 
 def histogram(name: str) -> tuple[np.ndarray, int]:
@@ -40,20 +36,12 @@ def histogram(name: str) -> tuple[np.ndarray, int]:
     return np.asarray(entry["counts"], np.int64), int(entry["max_sequence_length"])
 
 
-def draw(counts: np.ndarray, n: int, seed: int) -> np.ndarray:
-    """``n`` document lengths drawn from ``counts``."""
-    rng = np.random.default_rng(seed)
-    return rng.choice(np.arange(1, len(counts) + 1), n, p=counts / counts.sum())
-
-
 def spfhp(counts: np.ndarray, seq_len: int, cap: int) -> Patterns:
-    """Shortest-pack-first histogram packing: lengths longest first; the open rows kept
-    as groups of identical rows (count, lengths) by their free space; each length goes
-    into the open rows of the *most* free space that hold it, a group of ``k`` rows
-    taking ``k`` sequences, one each (the rest of a group stays open as a smaller
-    group); sequences that fit nowhere open new rows, one each. A row closes when full
-    or at ``cap`` sequences."""
-    open_rows: dict[int, list[tuple[int, tuple[int, ...]]]] = defaultdict(list)
+    """Shortest-pack-first histogram packing: lengths longest first, each into the open rows
+    (groups of identical rows by free space) of the *most* free space that hold it, a group
+    of ``k`` rows taking ``k`` sequences, one each; sequences that fit nowhere open new rows
+    (one each). A row closes when full or at ``cap`` sequences."""
+    open_rows: OpenRows = defaultdict(list)
     closed: Patterns = []
     for length in range(seq_len, 0, -1):
         n = int(counts[length - 1])
@@ -77,13 +65,11 @@ def spfhp(counts: np.ndarray, seq_len: int, cap: int) -> Patterns:
 
 
 def lpfhp(counts: np.ndarray, seq_len: int, cap: int) -> Patterns:
-    """Longest-pack-first histogram packing: lengths longest first; the open rows kept as
-    groups (count, lengths) by their free space; each length goes into the open rows of
-    the *least* free space that hold it (best fit), each row taking as many copies of it
-    as fit (``free // length``, within ``cap`` and the sequences left) -- as many rows
-    of the group as there are sequences for; the search starts again at the tightest
-    after each step. Sequences that fit nowhere open new rows of as many copies as fit."""
-    open_rows: dict[int, list[tuple[int, tuple[int, ...]]]] = defaultdict(list)
+    """Longest-pack-first histogram packing: lengths longest first, each into the open rows
+    of the *least* free space that hold it, each row taking as many copies as fit (within
+    ``cap`` and the sequences left), the search starting again at the tightest after each
+    step; sequences that fit nowhere open new rows of as many copies as fit."""
+    open_rows: OpenRows = defaultdict(list)
     closed: Patterns = []
     for length in range(seq_len, 0, -1):
         n = int(counts[length - 1])
@@ -114,7 +100,7 @@ def lpfhp(counts: np.ndarray, seq_len: int, cap: int) -> Patterns:
 
 
 def _keep(
-    open_rows: dict[int, list[tuple[int, tuple[int, ...]]]],
+    open_rows: OpenRows,
     closed: Patterns,
     k: int,
     rows: tuple[int, ...],
@@ -135,83 +121,45 @@ def patterns_fill(patterns: Patterns, seq_len: int) -> tuple[float, int, int]:
     return tokens / (rows * seq_len), rows, sum(k * len(p) for k, p in patterns)
 
 
-def theirs(
-    packer: Callable[[np.ndarray, int, int], Patterns], lengths: np.ndarray, seq_len: int
-) -> dict[str, float]:
-    start = time.perf_counter()
-    counts = np.bincount(lengths, minlength=seq_len + 1)[1:]
-    patterns = packer(counts, seq_len, THEIR_CAP)
-    seconds = time.perf_counter() - start
-    fill, rows, sequences = patterns_fill(patterns, seq_len)
-    assert sequences == len(lengths), "every sequence packed once"
-    return {"fill": fill, "rows": rows, "seconds": seconds}
+PACKERS: dict[str, Callable[[np.ndarray, int, int], Patterns]] = {"spfhp": spfhp, "lpfhp": lpfhp}
 
 
-def ours(
-    lengths: np.ndarray, seq_len: int, algorithm: Algorithm, window: int, max_segments: int | None
-) -> dict[str, float]:
-    """``meshfeed.pack`` over documents of ``lengths`` (their tokens a zero-byte view:
-    planning reads the lengths alone)."""
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    tokens = np.broadcast_to(np.zeros(1, np.uint8), (int(offsets[-1]),))
-    source = meshfeed.ArraySource({"tokens": meshfeed.Ragged(tokens, offsets)})
-    start = time.perf_counter()
-    packed = meshfeed.pack(
-        source, seq_len, algorithm=algorithm, window=window, max_segments=max_segments
-    )
-    seconds = time.perf_counter() - start
-    fill = 1 - packed.stats()["padding_fraction"]
-    return {"fill": fill, "rows": len(packed), "seconds": seconds}
-
-
-def fills(name: str, documents: int, windows: tuple[int, ...]) -> list[dict[str, object]]:
+def fills(name: str, documents: int, windows: tuple[int, ...]) -> Iterator[dict[str, object]]:
     """The lines for one histogram: the published one packed by SPFHP and LPFHP, then
-    ``documents`` drawn from it, packed by every entry."""
+    ``documents`` drawn from it (seeded), packed by every entry."""
     counts, seq_len = histogram(name)
-    published = {
-        f"{label}_fill": round(patterns_fill(packer(counts, seq_len, THEIR_CAP), seq_len)[0], 6)
-        for label, packer in (("spfhp", spfhp), ("lpfhp", lpfhp))
-    }
-    lines: list[dict[str, object]] = [
-        {
-            "name": "published_histogram",
-            "histogram": name,
-            "seq_len": seq_len,
-            "documents": int(counts.sum()),
-            "max_sequences_per_pack": THEIR_CAP,
-            **published,
-        }
-    ]
-    lengths = draw(counts, documents, seed=0)
-    entries: list[tuple[str, int | None, int | None]] = [
-        ("spfhp", None, THEIR_CAP),
-        ("lpfhp", None, THEIR_CAP),
-    ]
+    at = {"histogram": name, "seq_len": seq_len}
+    published: dict[str, object] = {"documents": int(counts.sum())}
+    published["max_sequences_per_pack"] = THEIR_CAP
+    for label, packer in PACKERS.items():
+        patterns = packer(counts, seq_len, THEIR_CAP)
+        published[f"{label}_fill"] = round(patterns_fill(patterns, seq_len)[0], 6)
+    yield {"name": "published_histogram", **at, **published}
+    rng = np.random.default_rng(0)
+    lengths = rng.choice(np.arange(1, len(counts) + 1), documents, p=counts / counts.sum())
+    entries: list[tuple[str, int | None, int | None]] = [(p, None, THEIR_CAP) for p in PACKERS]
     for cap in (None, THEIR_CAP):
         entries.append(("best_fit", BEST_FIT_WINDOW, cap))
         entries += [("best_fit_decreasing", w, cap) for w in windows]
+    documents_source = source(lengths)
     for algorithm, window, cap in entries:
+        start = time.perf_counter()
         if algorithm == "best_fit" or algorithm == "best_fit_decreasing":
-            assert window is not None
-            got = ours(lengths, seq_len, algorithm, window, cap)
-        else:
-            got = theirs(spfhp if algorithm == "spfhp" else lpfhp, lengths, seq_len)
-        lines.append(
-            {
-                "name": "fill",
-                "histogram": name,
-                "seq_len": seq_len,
-                "documents": documents,
-                "algorithm": algorithm,
-                "window": window,
-                "max_segments": cap,
-                "real_token_fraction": round(got["fill"], 6),
-                "rows": got["rows"],
-                "us_per_document": round(got["seconds"] / documents * 1e6, 3),
-            }
-        )
-    return lines
+            packed = meshfeed.pack(
+                documents_source, seq_len, algorithm=algorithm, window=window, max_segments=cap
+            )
+            seconds = time.perf_counter() - start
+            fill, rows = 1 - packed.stats()["padding_fraction"], len(packed)
+        else:  # theirs run on the histogram, at once: their time is to the rows' patterns
+            drawn = np.bincount(lengths, minlength=seq_len + 1)[1:]
+            patterns = PACKERS[algorithm](drawn, seq_len, THEIR_CAP)
+            seconds = time.perf_counter() - start
+            fill, rows, sequences = patterns_fill(patterns, seq_len)
+            assert sequences == documents, "every sequence packed once"
+        figures = {"real_token_fraction": round(fill, 6), "rows": rows}
+        figures["us_per_document"] = round(seconds / documents * 1e6, 3)
+        entry = {"algorithm": algorithm, "window": window, "max_segments": cap}
+        yield {"name": "fill", **at, "documents": documents, **entry, **figures}
 
 
 def main() -> None:

@@ -1,16 +1,12 @@
-"""The record pipeline against the machine's limit, and the loader's own cost.
+"""The record pipeline against the machine's limit, and the loader's own cost (workload C).
 
-Workload C (``decode_throughput.py``), global batch 256 on 8 CPU devices: two plain
-decode loops at once (``limit``), one (``loop``), meshfeed's record loop in two
-processes at once (``record-loop:2``, the ceiling of any pipeline built on it), the
-PyTorch ``DataLoader`` with 2 workers, ``Loader(num_workers=2)`` with processes and
-threads, and with an identity transform (``identity:2``: the pipeline's own cost); for
-meshfeed, the loading process's CPU per batch and the workers' per record. Rotating
-rounds, medians of per-round ratios; README.md says more. ``--smoke`` for CI.
+Two plain decode loops at once (``limit``), one, meshfeed's record loop in two processes
+(its pipeline's ceiling), the ``DataLoader`` and ``Loader(num_workers=2)``; README.md says more.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -18,6 +14,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_fns import CROP, decode_loop, encode_all, identity
@@ -26,6 +23,7 @@ from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu
 
 from common import Run
 
+# meshfeed's record loop (private: no public name runs it without a Loader) on chunks of 128.
 _RECORD_LOOP = """
 import sys, time
 sys.path.insert(0, {here!r})
@@ -51,17 +49,10 @@ print(done / (time.perf_counter() - start), flush=True)
 
 def _children_cpu() -> float:
     """CPU seconds of this process's live children (the record workers)."""
-    try:
-        import psutil
-    except ImportError:
-        return float("nan")
     total = 0.0
     for child in psutil.Process().children(recursive=True):
-        try:
-            times = child.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system
+        with contextlib.suppress(psutil.Error):
+            total += sum(child.cpu_times()[:2])  # user, system
     return total
 
 
@@ -71,74 +62,59 @@ def _timed(run: Run, seconds: float, warmup: int = 5) -> dict[str, float]:
     it = run()
     for _ in range(warmup):
         jax.block_until_ready(next(it))
-    batches = 0
-    cpu = time.process_time()
-    children = _children_cpu()
-    start = time.perf_counter()
-    while True:
+    batches, cpu, children, start = 0, time.process_time(), _children_cpu(), time.perf_counter()
+    while batches == 0 or time.perf_counter() - start < seconds:
         jax.block_until_ready(next(it))
         batches += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            break
+    elapsed = time.perf_counter() - start
     out = {
         "rate": batches * BATCH / elapsed,
         "loader_cpu_ms_per_batch": 1000 * (time.process_time() - cpu) / batches,
         "worker_cpu_us_per_record": 1e6 * (_children_cpu() - children) / (batches * BATCH),
     }
-    del it
+    del it  # the loader closed before the next entry
     return out
 
 
-def _add_flags(parser: Any) -> None:
+def _flags(parser: Any) -> None:
     parser.add_argument("--examples", type=int, default=30_000)
     parser.add_argument("--label", default="", help="a tag for this run (e.g. before/after)")
 
 
 def main() -> None:
     use_cpu_devices()
-    args = arguments(__doc__, seconds=2.0, rounds=7, smoke=SMOKE, add=_add_flags)
+    args = arguments(__doc__, seconds=2.0, rounds=7, smoke=SMOKE, add=_flags)
     seconds = args.seconds
     encoded, labels = encode_all(args.examples)
     pngs = {"png": encoded, "label": labels}
-    rng = np.random.default_rng(0)
-    image = rng.integers(0, 255, (args.examples, CROP, CROP, 3), np.uint8)
-
-    def loader(run: Run | str) -> Any:
-        """A loader's entry, timed by ``_timed``; a reason it is skipped stays as it is."""
-        return run if isinstance(run, str) else lambda: _timed(run, seconds)
-
+    image = np.random.default_rng(0).integers(0, 255, (args.examples, CROP, CROP, 3), np.uint8)
+    loaders = {
+        "torch:2": torch_run(pngs, 2),
+        "meshfeed:2": meshfeed_run(pngs, 2),
+        "meshfeed-threads:2": meshfeed_run(pngs, 2, "threads"),
+        "identity:2": meshfeed_run({"image": image, "label": labels}, 2, fn=identity),
+    }
     entries: dict[str, Any] = {
         "limit": lambda: {"rate": loops_rate(2, seconds)},
         "loop": lambda: {"rate": decode_loop(encoded, labels, seconds)},
         "record-loop:2": lambda: {"rate": loops_rate(2, seconds, loop=_RECORD_LOOP)},
-        "torch:2": loader(torch_run(encoded, labels, 2)),
-        "meshfeed:2": loader(meshfeed_run(pngs, 2)),
-        "meshfeed-threads:2": loader(meshfeed_run(pngs, 2, "threads")),
-        "identity:2": loader(meshfeed_run({"image": image, "label": labels}, 2, fn=identity)),
     }
+    for name, run in loaders.items():  # a reason a peer is skipped stays as it is
+        entries[name] = run if isinstance(run, str) else lambda run=run: _timed(run, seconds)
     per_round = in_rounds(entries, args.rounds)
+    common = {"label": args.label, "global_batch_size": BATCH, "examples": args.examples}
+    common |= {"rounds": args.rounds, "window_s": seconds}
     for name, entry in entries.items():
-        line: dict[str, Any] = {
-            "workload": "C",
-            "name": name,
-            "label": args.label,
-            "global_batch_size": BATCH,
-            "examples": args.examples,
-            "rounds": args.rounds,
-            "window_s": seconds,
-        }
+        line: dict[str, Any] = {"workload": "C", "name": name, **common}
         if isinstance(entry, str):
             emit("pipeline_limit", smoke=args.smoke, **line, skipped=entry)
             continue
         line["records_per_s"] = round(median_of(per_round, name, "rate") or 0.0)
-        ratios = {
-            "ratio_to_limit": "limit" if name != "identity:2" else None,
-            "ratio_to_record_loop": "record-loop:2" if name.startswith("meshfeed") else None,
-            "ratio_to_torch": "torch:2" if name.startswith("meshfeed") else None,
-        }
-        for key, base in ratios.items():
-            ratio = None if base is None else median_ratio(per_round, name, base, "rate")
+        bases = {} if name == "identity:2" else {"ratio_to_limit": "limit"}
+        if name.startswith("meshfeed"):
+            bases |= {"ratio_to_record_loop": "record-loop:2", "ratio_to_torch": "torch:2"}
+        for key, base in bases.items():
+            ratio = median_ratio(per_round, name, base, "rate")
             if ratio is not None:
                 line[key] = ratio
         for key in ("loader_cpu_ms_per_batch", "worker_cpu_us_per_record"):

@@ -1,14 +1,7 @@
 """Record workers on Ray: against worker processes, the loading process's CPU, scaling.
 
-One local Ray (``ray.init(address="local", num_cpus=16)``, replies up to 8 MiB inline,
-as a local Ray the loader starts has them) that every ``worker_type="ray"`` loader
-joins; global batch 256 on 8 CPU devices, endless. Part C: workload C's PNG decode on
-``ray:2`` against ``processes:2``, records/s and the loading process's CPU per batch
-(goal: ``ratio_to_processes`` >= 0.8). Part S: a record transform that sleeps 2 ms then
-crops, on W = 1, 2, 4, ... 32 Ray workers: speedup over 1 worker and efficiency
-(goal >= 0.8 until the loading side saturates), with the CPU of the loading process,
-of Ray's own processes and of the workers. Rotating rounds, medians of per-round
-ratios; README.md says more. ``--smoke`` (W = 1, 2) for CI.
+C: the PNG decode on 2 Ray workers vs 2 worker processes; S: a transform that sleeps 2 ms
+then crops, on W = 1 ... 32 Ray workers (speedup, efficiency). README.md says more.
 """
 
 from __future__ import annotations
@@ -25,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_fns import decode_crop, encode_all
-from harness import arguments, emit, in_rounds, use_cpu_devices
-from ray_fns import SLEEP_S, images, sleep_crop
+from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
+from worker_fns import SLEEP_S, sleep_crop
+from workload_fns import images
 
 import meshfeed
 
@@ -42,16 +35,12 @@ SCALING_PREFETCH = 8
 IDLE_AFTER_S = 3.0  # before the idle CPU is measured: every read-ahead full by then
 GOAL_RATIO = 0.8
 GOAL_EFFICIENCY = 0.8
+CORES = ("loader", "ray_system", "workers", "other_workers", "all")
 
 # JAX warns on every os.fork() once it is initialised; Ray's start-up forks. Harmless.
 warnings.filterwarnings("ignore", message=r".*os\.fork\(\).*", category=RuntimeWarning)
 
-
 _OUT = sys.stdout  # the JSON lines; Ray's own messages go to stderr (``main``)
-
-
-def _emit(line: dict[str, Any]) -> None:
-    emit("ray_workers", stream=_OUT, **line)
 
 
 def _start_ray() -> Any:
@@ -70,48 +59,43 @@ def _start_ray() -> Any:
     return ray
 
 
-class _Entry:
-    """A loader built once, its endless iterator, and its record workers' pids."""
+def _worker_pids() -> set[int]:
+    return {pid for pid, (kind, _) in _descendants().items() if kind == "worker"}
 
-    def __init__(self, name: str, make: Callable[[], meshfeed.Loader], workers: int) -> None:
-        """Builds the loader, takes its first batches, and waits for its ``workers``."""
-        before = {p for p, (kind, _) in _descendants().items() if kind == "worker"}
+
+class _Entry:
+    """A loader (``name``: ``kind:workers``) built once, its endless iterator, and its
+    record workers' pids."""
+
+    def __init__(self, name: str, source: Any, fn: Any, worker_type: Any, **options: Any) -> None:
+        """Builds the loader, takes its first batches, and waits for its workers."""
+        before = _worker_pids()
         start = time.perf_counter()
-        self.name = name
-        self.loader = make()
+        self.name, self.workers = name, int(name.split(":")[1])
+        self.loader = meshfeed.Loader(
+            meshfeed.ArraySource(source),
+            global_batch_size=BATCH,
+            sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=8)),
+            record_transform=fn,
+            num_workers=self.workers,
+            worker_type=worker_type,
+            seed=0,
+            num_epochs=None,
+            **options,
+        )
         self.it: Iterator[Any] = iter(self.loader)
         for _ in range(3):
             self.next()
         deadline = time.monotonic() + 120
         while True:  # the workers still starting (the batches went to the first ones)
-            now = {p for p, (kind, _) in _descendants().items() if kind == "worker"}
-            self.pids = now - before
-            if len(self.pids) >= workers or time.monotonic() > deadline:
+            self.pids = _worker_pids() - before
+            if len(self.pids) >= self.workers or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         self.start_s = round(time.perf_counter() - start, 2)
 
     def next(self) -> None:
         jax.block_until_ready(next(self.it))
-
-    def close(self) -> None:
-        self.loader.close()
-
-
-def _loader(
-    source: dict[str, np.ndarray], fn: Any, workers: int, worker_type: Any, **options: Any
-) -> Callable[[], meshfeed.Loader]:
-    return lambda: meshfeed.Loader(
-        meshfeed.ArraySource(source),
-        global_batch_size=BATCH,
-        sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=8)),
-        record_transform=fn,
-        num_workers=workers,
-        worker_type=worker_type,
-        seed=0,
-        num_epochs=None,
-        **options,
-    )
 
 
 def _descendants() -> dict[int, tuple[str, float]]:
@@ -134,16 +118,18 @@ def _descendants() -> dict[int, tuple[str, float]]:
     return out
 
 
-def _spent(
-    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], own: set[int]
-) -> dict[str, float]:
-    """CPU seconds between two ``_descendants``: Ray's own, the ``own`` workers, the
-    other record workers (the other entries', idle)."""
-    out = {"ray_system": 0.0, "workers": 0.0, "other_workers": 0.0}
-    for pid, (kind, cpu) in after.items():
+def _cores(before: dict[int, tuple[str, float]], own: set[int], cpu: float, start: float) -> Any:
+    """Cores busy since ``before`` (a ``_descendants``), ``cpu`` (this process's CPU time)
+    and ``start``: this process's, Ray's own, the ``own`` workers', the other record
+    workers' (the other entries', idle), and all; and the seconds elapsed."""
+    loader, elapsed = time.process_time() - cpu, time.perf_counter() - start
+    out = dict.fromkeys(CORES, 0.0)
+    for pid, (kind, seconds) in _descendants().items():
         group = "ray_system" if kind == "ray" else "workers" if pid in own else "other_workers"
-        out[group] += cpu - before.get(pid, (kind, 0.0))[1]
-    return out
+        out[group] += seconds - before.get(pid, (kind, 0.0))[1]
+    out["loader"] = loader
+    out["all"] = sum(out.values())
+    return {k: v / elapsed for k, v in out.items()}, elapsed
 
 
 def _window(entry: _Entry, seconds: float) -> dict[str, float]:
@@ -151,65 +137,69 @@ def _window(entry: _Entry, seconds: float) -> dict[str, float]:
     batches its read-ahead may hold and 2 more; the CPU spent meanwhile."""
     for _ in range((entry.loader.prefetch_depth or 0) + 2):
         entry.next()
-    before = _descendants()
+    before, cpu, start = _descendants(), time.process_time(), time.perf_counter()
     batches = 0
-    cpu = time.process_time()
-    start = time.perf_counter()
-    while True:
+    while batches < 2 or time.perf_counter() - start < seconds:
         entry.next()
         batches += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds and batches >= 2:
-            break
-    loader = time.process_time() - cpu
-    spent = _spent(before, _descendants(), entry.pids)  # its scans: not the loader's CPU
+    cores, elapsed = _cores(before, entry.pids, cpu, start)  # its scans: not the loader's
+    per_batch = elapsed / batches
     return {
-        "rate": batches * BATCH / elapsed,
-        "loader_cpu_ms_per_batch": 1000 * loader / batches,
-        "ray_system_cpu_ms_per_batch": 1000 * spent["ray_system"] / batches,
-        "worker_cpu_us_per_record": 1e6 * spent["workers"] / (batches * BATCH),
-        "loader_cores": loader / elapsed,
-        "ray_system_cores": spent["ray_system"] / elapsed,
-        "workers_cores": spent["workers"] / elapsed,
-        "other_workers_cores": spent["other_workers"] / elapsed,
-        "all_cores": (loader + sum(spent.values())) / elapsed,
+        "rate": BATCH / per_batch,
+        "loader_cpu_ms_per_batch": 1000 * cores["loader"] * per_batch,
+        "ray_system_cpu_ms_per_batch": 1000 * cores["ray_system"] * per_batch,
+        "worker_cpu_us_per_record": 1e6 * cores["workers"] * per_batch / BATCH,
+        **{f"{k}_cores": v for k, v in cores.items()},
     }
 
 
-def _idle(seconds: float) -> dict[str, float]:
-    """Cores busy while every loader sits idle, its read-ahead full."""
-    before = _descendants()
-    cpu = time.process_time()
-    start = time.perf_counter()
-    time.sleep(seconds)
-    loader = time.process_time() - cpu
-    elapsed = time.perf_counter() - start
-    spent = _spent(before, _descendants(), set())
-    return {
-        "loader": round(loader / elapsed, 3),
-        "ray_system": round(spent["ray_system"] / elapsed, 3),
-        "workers": round(spent["other_workers"] / elapsed, 3),
-    }
+def _measured(
+    workload: str, makes: list[Callable[[], _Entry]], settle_s: float, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The entries ``makes`` builds, ``settle_s`` for their read-ahead to fill, the cores
+    busy while all sit idle, then each one's window once a round, ``--pause`` after each;
+    the rounds, and each entry's line of medians."""
+    entries: list[_Entry] = []
+    try:
+        for make in makes:
+            entries.append(make())
+        time.sleep(settle_s)
+        before, cpu, start = _descendants(), time.process_time(), time.perf_counter()
+        time.sleep(max(args.seconds, 1.0))
+        cores = _cores(before, set(), cpu, start)[0]  # every worker is an "other" one here
+        keys = {"loader": "loader", "ray_system": "ray_system", "workers": "other_workers"}
+        idle = {k: round(cores[key], 3) for k, key in keys.items()}
+        windows = {e.name: partial(_window, e, args.seconds) for e in entries}
+        per_round = in_rounds(windows, args.rounds, args.pause)
+        depths = {e.name: e.loader.prefetch_depth for e in entries}
+    finally:
+        for entry in entries:
+            entry.loader.close()
+    lines = {}
+    for entry in entries:
+        lines[entry.name] = {
+            "workload": workload,
+            "name": entry.name,
+            "worker_type": entry.name.split(":")[0],
+            "num_workers": entry.workers,
+            "prefetch_depth": depths[entry.name],
+            "start_s": entry.start_s,
+            "worker_pids_found": len(entry.pids),
+            **_figures(per_round, entry.name, idle),
+            "idle_cores": idle,
+        }
+    return per_round, lines
 
 
-def _rounds(entries: list[_Entry], args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Each entry's window once a round, the order rotating; ``--pause`` after each for
-    the entry to refill its read-ahead before the next one runs."""
-    windows = {e.name: partial(_window, e, args.seconds) for e in entries}
-    return in_rounds(windows, args.rounds, args.pause)
-
-
-def _figures(
-    per_round: list[dict[str, dict[str, float]]], name: str, idle: dict[str, float]
-) -> dict[str, Any]:
+def _figures(per_round: list[dict[str, Any]], name: str, idle: dict[str, float]) -> Any:
     """The medians over rounds of ``name``'s figures."""
-    runs = [r[name] for r in per_round]
 
     def median(key: str, digits: int) -> float:
-        return round(statistics.median(x[key] for x in runs), digits)
+        return round(median_of(per_round, name, key) or 0.0, digits)
 
     above_idle = [  # the loading process's CPU a batch, less what it spends idle
-        1000 * (x["loader_cores"] - idle["loader"]) * BATCH / x["rate"] for x in runs
+        1000 * (r[name]["loader_cores"] - idle["loader"]) * BATCH / r[name]["rate"]
+        for r in per_round
     ]
     return {
         "records_per_s": round(median("rate", 0)),
@@ -217,100 +207,51 @@ def _figures(
         "loader_cpu_ms_per_batch_above_idle": round(statistics.median(above_idle), 2),
         "ray_system_cpu_ms_per_batch": median("ray_system_cpu_ms_per_batch", 2),
         "worker_cpu_us_per_record": median("worker_cpu_us_per_record", 1),
-        "cores": {
-            k: median(f"{k}_cores", 2)
-            for k in ("loader", "ray_system", "workers", "other_workers", "all")
-        },
+        "cores": {k: median(f"{k}_cores", 2) for k in CORES},
     }
 
 
-def _ratios(
-    per_round: list[dict[str, dict[str, float]]], name: str, base: str
-) -> tuple[float, list[float]]:
-    ratio = [r[name]["rate"] / r[base]["rate"] for r in per_round]
-    return round(statistics.median(ratio), 3), [round(x, 3) for x in ratio]
+def _by_round(per_round: list[dict[str, Any]], name: str, base: str) -> list[float]:
+    return [round(r[name]["rate"] / r[base]["rate"], 3) for r in per_round]
 
 
 def _decode_part(args: argparse.Namespace, common: dict[str, Any]) -> None:
     """C: 2 Ray workers against 2 worker processes, on the PNG decode."""
     encoded, labels = encode_all(args.examples)
     source = {"png": encoded, "label": labels}
-    entries: list[_Entry] = []
-    try:
-        for kind in ("processes", "ray"):
-            entries.append(_Entry(f"{kind}:2", _loader(source, decode_crop, 2, kind), 2))
-        time.sleep(args.pause)
-        idle = _idle(max(args.seconds, 1.0))
-        per_round = _rounds(entries, args)
-        depth = {e.name: e.loader.prefetch_depth for e in entries}
-    finally:
-        for entry in entries:
-            entry.close()
-    for entry in entries:
-        line: dict[str, Any] = {
-            **common,
-            "workload": "C",
-            "name": entry.name,
-            "worker_type": entry.name.split(":")[0],
-            "num_workers": 2,
-            "examples": args.examples,
-            "prefetch_depth": depth[entry.name],
-            "start_s": entry.start_s,
-            "worker_pids_found": len(entry.pids),
-            **_figures(per_round, entry.name, idle),
-            "idle_cores": idle,
-        }
-        if entry.name == "ray:2":
-            ratio, by_round = _ratios(per_round, "ray:2", "processes:2")
-            line["ratio_to_processes"] = ratio
-            line["ratio_by_round"] = by_round
+    makes = [partial(_Entry, f"{k}:2", source, decode_crop, k) for k in ("processes", "ray")]
+    per_round, lines = _measured("C", makes, args.pause, args)
+    for name, line in lines.items():
+        line = {**common, **line, "examples": args.examples}
+        if name == "ray:2":
+            line["ratio_to_processes"] = median_ratio(per_round, name, "processes:2", "rate")
+            line["ratio_by_round"] = _by_round(per_round, name, "processes:2")
             line["goal"] = GOAL_RATIO
-        _emit(line)
+        emit("ray_workers", stream=_OUT, **line)
 
 
 def _scaling_part(args: argparse.Namespace, common: dict[str, Any], counts: list[int]) -> None:
     """S: 1, 2, 4, ... Ray workers on the sleeping transform."""
-    source = images(args.examples)
-    options = meshfeed.types.RayOptions(cpus=SCALING_CPUS)
-    entries: list[_Entry] = []
-    try:
-        for w in counts:
-            make = _loader(source, sleep_crop, w, options, prefetch=SCALING_PREFETCH)
-            entries.append(_Entry(f"ray:{w}", make, w))
-        time.sleep(IDLE_AFTER_S)  # ray:1 fills its 4 steps at 0.5 s each
-        idle = _idle(max(args.seconds, 1.0))
-        per_round = _rounds(entries, args)
-    finally:
-        for entry in entries:
-            entry.close()
-    base = entries[0].name
+    source, options = images(args.examples), meshfeed.types.RayOptions(cpus=SCALING_CPUS)
+    prefetch = {"prefetch": SCALING_PREFETCH}
+    makes = [partial(_Entry, f"ray:{w}", source, sleep_crop, options, **prefetch) for w in counts]
+    per_round, lines = _measured("S", makes, IDLE_AFTER_S, args)  # ray:1 fills 4 steps at 0.5 s
+    base = f"ray:{counts[0]}"
     saturated = None
-    for w, entry in zip(counts, entries, strict=True):
-        speedup, by_round = _ratios(per_round, entry.name, base)
-        line: dict[str, Any] = {
-            **common,
-            "workload": "S",
-            "name": entry.name,
-            "worker_type": "ray",
-            "num_workers": w,
-            "ray_cpus_per_worker": SCALING_CPUS,
-            "sleep_ms_per_record": SLEEP_S * 1000,
-            "prefetch": SCALING_PREFETCH,
-            "ideal_records_per_s": round(w / SLEEP_S),
-            "start_s": entry.start_s,
-            "worker_pids_found": len(entry.pids),
-            **_figures(per_round, entry.name, idle),
-            "idle_cores": idle,
-            "speedup": speedup,
-            "speedup_by_round": by_round,
-            "efficiency": round(speedup * counts[0] / w, 3),
-            "goal_efficiency": GOAL_EFFICIENCY,
-        }
+    for w, (name, line) in zip(counts, lines.items(), strict=True):
+        speedup = median_ratio(per_round, name, base, "rate") or 0.0
+        del line["prefetch_depth"]  # S's lines give the fixed prefetch instead
+        line = {**common, **line, "ray_cpus_per_worker": SCALING_CPUS}
+        line |= {"sleep_ms_per_record": SLEEP_S * 1000, "prefetch": SCALING_PREFETCH}
+        line |= {"ideal_records_per_s": round(w / SLEEP_S), "speedup": speedup}
+        line["speedup_by_round"] = _by_round(per_round, name, base)
+        line["efficiency"] = round(speedup * counts[0] / w, 3)
+        line["goal_efficiency"] = GOAL_EFFICIENCY
         if saturated is None and line["efficiency"] < GOAL_EFFICIENCY:
             saturated = w
-        _emit(line)
+        emit("ray_workers", stream=_OUT, **line)
     summary = {"worker_counts": counts, "first_below_goal": saturated}  # None: none was
-    _emit({**common, "workload": "S", "name": "saturation", **summary})
+    emit("ray_workers", stream=_OUT, **common, workload="S", name="saturation", **summary)
 
 
 def _add_flags(parser: argparse.ArgumentParser) -> None:
@@ -329,13 +270,8 @@ def main() -> None:
     # out of the JSON lines.
     with contextlib.redirect_stdout(sys.stderr):
         ray = _start_ray()
-        common = {
-            "global_batch_size": BATCH,
-            "rounds": args.rounds,
-            "window_s": args.seconds,
-            "smoke": args.smoke,
-            "ray": ray.__version__,
-        }
+        common = {"global_batch_size": BATCH, "rounds": args.rounds, "window_s": args.seconds}
+        common |= {"smoke": args.smoke, "ray": ray.__version__}
         try:
             _decode_part(args, common)
             time.sleep(args.pause)

@@ -1,29 +1,25 @@
-"""The default read-ahead in many fresh processes: one mode, as fast as the best fixed depth.
-
-Workload H: ``prefetch="auto"`` against ``prefetch=0, 1, 2, 16`` and the floor (a numpy
-gather + ``make_array_from_process_local_data``) over each source, each process fresh,
-rotating rounds. Goals: the worst process >= 0.8x the median, >= 0.95x the best fixed
-depth. ``--default-only`` times the default and the floor alone; ``--src`` another build.
-``--smoke`` for CI; the workload is in ``benchmarks/README.md``.
-"""
+"""Workload H, the default read-ahead in many fresh processes: ``prefetch="auto"`` against
+fixed depths and the floor over each source. ``--default-only``: the default and the floor."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
-from harness import arguments, emit, in_rounds, median_of, median_ratio, run_child, use_cpu_devices
+from decode_fns import decode_crop, encode_all
+from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
+from remote_fns import in_child, loader, rounded
 from workload_fns import images
 
-from common import measure
+import meshfeed
+from common import measure, to_global
 
 SOURCES = ("memory", "mmap", "folder", "records")
 FIXED = (0, 1, 2, 16)
@@ -32,11 +28,7 @@ BATCH, RECORDS_BATCH = 512, 256
 
 def _data(kind: str, n: int, folder: Path) -> tuple[Any, dict[str, np.ndarray] | None]:
     """The loader's source and the floor's arrays (``None``: no floor)."""
-    import meshfeed
-
     if kind == "records":
-        from decode_fns import encode_all
-
         encoded, labels = encode_all(n)
         return meshfeed.ArraySource({"png": encoded, "label": labels}), None
     arrays = images(n)
@@ -51,62 +43,46 @@ def _data(kind: str, n: int, folder: Path) -> tuple[Any, dict[str, np.ndarray] |
     return meshfeed.open_source(folder / "data"), mapped
 
 
-def _child(
-    kind: str, n: int, seconds: float, rounds: int, warmup: int, fixed: tuple[int, ...]
-) -> dict[str, Any]:
-    import jax
+def _floor(arrays: dict[str, np.ndarray], batch: int) -> Iterator[dict[str, np.ndarray]]:
+    """The floor's host batches: a numpy gather of shuffled ids, endless."""
+    order = np.random.default_rng(0).permutation(len(arrays["label"]))
+    ids = [order[i * batch : (i + 1) * batch] for i in range(len(order) // batch)]
+    while True:
+        for rows in ids:
+            yield {name: a[rows] for name, a in arrays.items()}
 
-    import meshfeed
 
-    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=8))
+def _child(kind: str, n: int, seconds: float, rounds: int, warmup: int, fixed: list[int]):
     batch = RECORDS_BATCH if kind == "records" else BATCH
+    extra = {"record_transform": decode_crop, "num_workers": 2} if kind == "records" else {}
     with tempfile.TemporaryDirectory() as tmp:
         source, floor_arrays = _data(kind, n, Path(tmp))
-        extra: dict[str, Any] = {}
-        if kind == "records":
-            from decode_fns import decode_crop
-
-            extra = {"record_transform": decode_crop, "num_workers": 2}
         # "1 again": a second prefetch=1 loader, whose ratio to the first is the noise of
         # a process's measurement (two identical contenders).
         depths: dict[str, int | str] = {"auto": "auto", **{str(p): p for p in fixed}}
         if fixed:
             depths["1 again"] = 1
-        loaders = {
-            name: meshfeed.Loader(
-                source,
-                global_batch_size=batch,
-                sharding=sharding,
-                num_epochs=None,
-                prefetch=p,
-                **extra,
-            )
-            for name, p in depths.items()
-        }
+        loaders = {name: loader(source, batch, prefetch=p, **extra) for name, p in depths.items()}
         steps: dict[str, Callable[[], Any]] = {n: iter(x).__next__ for n, x in loaders.items()}
-        if floor_arrays is not None:
-            steps["floor"] = _floor(floor_arrays, batch, sharding)
+        if floor_arrays is not None:  # the same gather, then global arrays
+            steps["floor"] = to_global(_floor(floor_arrays, batch), batch).__next__
         for step in steps.values():
             for _ in range(warmup):
                 jax.block_until_ready(step())
 
         def window(name: str) -> float:
             # Steps read ahead while the others ran are not this window's work: take twice
-            # the depth first (a deep read-ahead of record workers' rows would otherwise
-            # start each window with a head start).
-            loader = loaders.get(name)
-            for _ in range(4 + 2 * (loader.prefetch_depth if loader is not None else 0)):
+            # the depth first (else a deep read-ahead of record workers' rows gets ahead).
+            fed = loaders.get(name)
+            for _ in range(4 + 2 * (fed.prefetch_depth if fed is not None else 0)):
                 jax.block_until_ready(steps[name]())
             return measure(lambda: iter(steps[name], None), batch, seconds, warmup=0)
 
         per_round = in_rounds({n: partial(window, n) for n in steps}, rounds, pause=0.0)
         auto = loaders["auto"]
         stats = auto.stats()["consumer"]["read_ahead"]  # "moves": none before issue 49's build
-        line: dict[str, Any] = {
-            "rows_per_s": {k: round(median_of(per_round, k) or 0) for k in steps},
-            "depth": auto.prefetch_depth,
-            "moves": stats.get("moves", [])[-4:],
-        }
+        line = {"rows_per_s": rounded(per_round, steps), "depth": auto.prefetch_depth}
+        line["moves"] = stats.get("moves", [])[-4:]
         if fixed:
             best = max(map(str, fixed), key=lambda k: median_of(per_round, k) or 0)
             line["best_fixed"] = int(best)
@@ -116,46 +92,30 @@ def _child(
             line["ratio_to_floor"] = median_ratio(per_round, "auto", "floor")
             for p in fixed:
                 line[f"prefetch={p}_ratio_to_floor"] = median_ratio(per_round, str(p), "floor")
-        for loader in loaders.values():
-            loader.close()
+        for x in loaders.values():
+            x.close()
         return line
 
 
-def _floor(arrays: dict[str, np.ndarray], batch: int, sharding: Any) -> Callable[[], Any]:
-    import jax
-
-    n = len(arrays["label"])
-    order = np.random.default_rng(0).permutation(n)
-    ids = [order[i * batch : (i + 1) * batch] for i in range(n // batch)]
-    k = iter(range(1 << 62))
-
-    def step() -> Any:
-        rows = ids[next(k) % len(ids)]
-        return {
-            name: jax.make_array_from_process_local_data(sharding, a[rows], (batch, *a.shape[1:]))
-            for name, a in arrays.items()
-        }
-
-    return step
+def _spread(values: list[float], digits: int | None, most: bool = True) -> dict[str, Any]:
+    """The least, the median (rounded) and, with ``most``, the most of ``values``."""
+    out = {"min": min(values), "median": round(statistics.median(values), digits)}
+    return {**out, "max": max(values)} if most else out
 
 
 def _summary(kind: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"source": kind}
     if "ratio_to_best_fixed" in lines[0]:
-        best = [x["ratio_to_best_fixed"] for x in lines]
-        out["ratio_to_best_fixed"] = {"min": min(best), "median": round(statistics.median(best), 3)}
-        noise = [x["noise"] for x in lines]
-        out["noise"] = {"min": min(noise), "median": round(statistics.median(noise), 3)}
+        for key in ("ratio_to_best_fixed", "noise"):
+            out[key] = _spread([x[key] for x in lines], 3, most=False)
     out["depths"] = sorted(x["depth"] for x in lines)
     rates = [x["rows_per_s"]["auto"] for x in lines]
-    mid = statistics.median(rates)
-    out["rows_per_s"] = {"min": min(rates), "median": round(mid), "max": max(rates)}
-    out["worst_rate_against_median"] = round(min(rates) / mid, 3)
+    out["rows_per_s"] = _spread(rates, None)
+    out["worst_rate_against_median"] = round(min(rates) / statistics.median(rates), 3)
     if "ratio_to_floor" in lines[0]:
         floor = [x["ratio_to_floor"] for x in lines]
-        mid = statistics.median(floor)
-        out["ratio_to_floor"] = {"min": min(floor), "median": round(mid, 3), "max": max(floor)}
-        out["worst_against_median"] = round(min(floor) / mid, 3)
+        out["ratio_to_floor"] = _spread(floor, 3)
+        out["worst_against_median"] = round(min(floor) / statistics.median(floor), 3)
     return out
 
 
@@ -165,39 +125,25 @@ def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-only", action="store_true", help="the default and the floor")
     parser.add_argument("--src", help="time the meshfeed in this folder (another build's src)")
     parser.add_argument("--label", default="", help="a label on every line (which build)")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
 
 
 def main() -> None:
-    use_cpu_devices()  # for the children: JAX starts in them only
+    use_cpu_devices()  # for the children
     args = arguments(__doc__, seconds=0.3, rounds=9, smoke={}, add=_flags)
     smoke = args.smoke
-    if args.child:
-        kind = args.child
-        n = {True: (2_048, 8_192), False: (16_384, 50_000)}[smoke][kind != "records"]
-        warmup = 5 if smoke else (100 if kind == "records" else 300)
-        fixed = () if args.default_only else FIXED
-        seconds, rounds = (0.05, 1) if smoke else (args.seconds, args.rounds)
-        line = _child(kind, n, seconds, rounds, warmup, fixed)
-        print(json.dumps(line), flush=True)
-        return
     processes = 1 if smoke else args.processes
-    tail = ["--seconds", str(args.seconds), "--rounds", str(args.rounds)]
-    tail += ["--smoke"] if smoke else []
-    tail += ["--default-only"] if args.default_only else []
-    env = dict(os.environ)
-    if args.src:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.src, env.get("PYTHONPATH")]))
+    fixed = () if args.default_only else FIXED
+    seconds, rounds = (0.05, 1) if smoke else (args.seconds, args.rounds)
     head = {"workload": "H", "label": args.label, "smoke": smoke}
     head |= {"devices": 8, "processes": processes}  # fresh processes a source, 8 devices each
     for kind in args.sources.split(","):
+        n = {True: (2_048, 8_192), False: (16_384, 50_000)}[smoke][kind != "records"]
+        warmup = 5 if smoke else (100 if kind == "records" else 300)
         lines = []
         for p in range(processes):
-            line = run_child([__file__, "--child", kind, *tail], env=env)
-            lines.append(line)
-            emit("read_ahead", **head, source=kind, process=p, **line)
-        summary = _summary(kind, lines)
-        emit("read_ahead", **head, name=f"summary:{kind}", **summary)
+            lines.append(in_child(_child, kind, n, seconds, rounds, warmup, fixed, src=args.src))
+            emit("read_ahead", **head, source=kind, process=p, **lines[-1])
+        emit("read_ahead", **head, name=f"summary:{kind}", **_summary(kind, lines))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,13 @@
-"""Schedules: what weights by stage and a batch size that ramps cost per step.
-
-Workload X: a mixture of three sources read by a ``Loader`` with and without each schedule;
-ids resolved per second, and rows per second as placed global batches, in rotating rounds
-with ratios to ``fixed``. ``--smoke`` for CI; the workload is in ``benchmarks/README.md``.
+"""Schedules: what weights by stage and a batch size that ramps cost per step, workload X
+of README.md: ids resolved per second, and rows per second as placed global batches, with
+and without each schedule, in rotating rounds with ratios to ``fixed``. ``--smoke`` for CI.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -27,50 +26,35 @@ STAGES = [
     (12_000, [0.6, 0.3, 0.1]),  # the fixed weights again: batches are timed here
 ]
 LENGTH = 20_000 * BATCH  # positions in the run: past every stage start
+BATCHES_FROM = 12_000  # past the ramp, in the stage whose weights are the fixed ones
+Build = Callable[[], meshfeed.Loader]
 
 
-def sources(scale: int) -> list[meshfeed.ArraySource]:
-    out = []
-    for tag, n in enumerate([400_000 // scale] * 3):
-        rng = np.random.default_rng(tag)
-        out.append(
-            meshfeed.ArraySource(
-                {
-                    "id": np.arange(n, dtype=np.int32),
-                    "x": rng.normal(size=(n, 16)).astype(np.float32),
-                }
-            )
-        )
-    return out
-
-
-def loaders(scale: int) -> dict[str, Callable[[], meshfeed.Loader]]:
-    src = sources(scale)
+def loaders(scale: int) -> dict[str, Build]:
+    n = 400_000 // scale
+    ids = np.arange(n, dtype=np.int32)
+    xs = [np.random.default_rng(tag).normal(size=(n, 16)).astype(np.float32) for tag in range(3)]
+    sources = [meshfeed.ArraySource({"id": ids, "x": x}) for x in xs]
     sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
-    fixed_weights = STAGES[0][1]
 
-    def make(weights: Any, batch: Any, shuffle: bool) -> Callable[[], meshfeed.Loader]:
-        def build() -> meshfeed.Loader:
-            mixture = meshfeed.mix(src, weights, length=LENGTH)
-            return meshfeed.Loader(
-                mixture, global_batch_size=batch, sharding=sharding, shuffle=shuffle
-            )
+    def build(weights: Any, batch: Any, shuffle: bool) -> meshfeed.Loader:
+        mixture = meshfeed.mix(sources, weights, length=LENGTH)
+        return meshfeed.Loader(mixture, global_batch_size=batch, sharding=sharding, shuffle=shuffle)
 
-        return build
-
+    fixed = STAGES[0][1]
     return {
-        "fixed": make(fixed_weights, BATCH, True),
-        "fixed_in_order": make(fixed_weights, BATCH, False),
-        "staged": make(STAGES, BATCH, False),
-        "ramp": make(fixed_weights, RAMP, True),
-        "staged_ramp": make(STAGES, RAMP, False),
+        "fixed": partial(build, fixed, BATCH, True),
+        "fixed_in_order": partial(build, fixed, BATCH, False),
+        "staged": partial(build, STAGES, BATCH, False),
+        "ramp": partial(build, fixed, RAMP, True),
+        "staged_ramp": partial(build, STAGES, RAMP, False),
     }
 
 
 _AT: dict[int, int] = {}  # where each loader's ids left off: windows go on through the run
 
 
-def ids_rate(build: Callable[[], meshfeed.Loader], seconds: float) -> float:
+def ids_rate(build: Build, seconds: float) -> float:
     """Ids resolved to (source, example) per second, over at least ``seconds``, on the
     steps after the last window's (so the rounds go through every stage and blend)."""
     loader = build()
@@ -82,26 +66,20 @@ def ids_rate(build: Callable[[], meshfeed.Loader], seconds: float) -> float:
     k = _AT.get(id(build), first)
     done = 0
     start = time.perf_counter()
-    while True:
+    while time.perf_counter() - start < seconds:
         ids = loader.ids(k)
         locate(ids)
         done += len(ids)
         k = k + 1 if k + 1 < steps else first
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            _AT[id(build)] = k
-            return done / elapsed
+    _AT[id(build)] = k
+    return done / (time.perf_counter() - start)
 
 
-BATCHES_FROM = 12_000  # past the ramp, in the stage whose weights are the fixed ones
+def batches_rate(build: Build, seconds: float) -> float:
+    """Rows per second as placed global batches, from step ``BATCHES_FROM``, where every
+    contender reads steps of 256 rows in the same proportions: what differs is the schedule."""
 
-
-def batches_rate(build: Callable[[], meshfeed.Loader], seconds: float) -> float:
-    """Rows per second as placed global batches, from step ``BATCHES_FROM``: every
-    contender reads steps of 256 rows in the same proportions there, so what differs is
-    the schedule."""
-
-    def run() -> Iterator[Any]:
+    def run() -> Any:
         loader = build()
         loader.restore({**loader.state(), "step": BATCHES_FROM})
         return iter(loader)
@@ -110,12 +88,9 @@ def batches_rate(build: Callable[[], meshfeed.Loader], seconds: float) -> float:
 
 
 def compare(
-    contenders: dict[str, Callable[[], meshfeed.Loader]],
-    rate: Callable[[Callable[[], meshfeed.Loader], float], float],
-    rounds: int,
-    seconds: float,
+    contenders: dict[str, Build], rate: Callable[[Build, float], float], rounds: int, seconds: float
 ) -> dict[str, Any]:
-    entries = {n: lambda b=build: rate(b, seconds) for n, build in contenders.items()}
+    entries = {n: partial(rate, build, seconds) for n, build in contenders.items()}
     per_round = in_rounds(entries, rounds)
     out: dict[str, Any] = {f"{n}_per_s": round(median_of(per_round, n) or 0) for n in entries}
     for name in [n for n in entries if n != "fixed"]:
@@ -126,10 +101,9 @@ def compare(
 def main() -> None:
     use_cpu_devices()
     args = arguments(__doc__, seconds=0.5, rounds=7)
-    scale = 20 if args.smoke else 1
+    every = loaders(20 if args.smoke else 1)
     run = {"smoke": args.smoke, "global_batch_size": BATCH, "rounds": args.rounds}
     run["window_s"] = args.seconds
-    every = loaders(scale)
     emit("schedules", name="ids", **run, **compare(every, ids_rate, args.rounds, args.seconds))
     pair = {n: every[n] for n in ("fixed", "ramp", "staged_ramp")}
     got = compare(pair, batches_rate, args.rounds, args.seconds)

@@ -1,28 +1,30 @@
-"""Soak: 100,000 steps of the demo's loader with prefetch and record workers.
-
-One process, 8 CPU devices, the digits (batch 64, shuffled, endless), a per-record
-random shift in 2 worker processes, the default ``prefetch``; every batch waited for and
-dropped. After the warm-up (10% of steps) and at the end: the resident memory of this
-process and its workers, its threads and open files. Goals: RSS growth <= 5% after
-warm-up; no growth in threads or open files. ``--smoke`` (2,000 steps) for CI.
+"""Soak: 100,000 steps (``--smoke``: 2,000) of the demo's loader, 2 record workers: this
+process's and its workers' resident memory, threads and open files after the warm-up (10%)
+and at the end. Goals: RSS growth <= 5%; no growth in threads or open files.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import sys
 import time
-from pathlib import Path
+from typing import Any
 
 import jax
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np
 from harness import arguments, emit, use_cpu_devices
-from soak_fns import shift
 
 import meshfeed
-from common import DIGITS_BATCH_SIZE as GLOBAL_BATCH_SIZE
-from common import digits
+from common import DIGITS_BATCH_SIZE, digits
+
+
+def shift(record: dict[str, Any], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Shifts the 8x8 digit by up to one pixel each way (``np.roll``: it wraps around)."""
+    dy, dx = rng.integers(-1, 2, 2)
+    image = np.roll(record["image"], (int(dy), int(dx)), axis=(0, 1))
+    return {"image": image, "label": record["label"]}
 
 
 def _rss(pid: int | str = "self") -> int:
@@ -33,17 +35,11 @@ def _rss(pid: int | str = "self") -> int:
     return 0
 
 
-def _children() -> list[int]:
-    """This process's child processes (the record workers), from ``/proc``."""
-    pids: set[int] = set()
+def snapshot() -> dict[str, int]:
+    workers: set[int] = set()  # this process's children, from /proc
     for task in os.listdir("/proc/self/task"):
         with open(f"/proc/self/task/{task}/children") as f:
-            pids.update(int(pid) for pid in f.read().split())
-    return sorted(pids)
-
-
-def snapshot() -> dict[str, int]:
-    workers = _children()
+            workers.update(int(pid) for pid in f.read().split())
     return {
         "rss_bytes": _rss(),
         "worker_rss_bytes": sum(_rss(pid) for pid in workers),
@@ -60,48 +56,41 @@ def main() -> None:
         smoke={"steps": 2_000},
         add=lambda p: p.add_argument("--steps", type=int, default=100_000),
     )
-    steps = args.steps
-    train = digits()
     loader = meshfeed.Loader(
-        meshfeed.ArraySource(train),
-        global_batch_size=GLOBAL_BATCH_SIZE,
+        meshfeed.ArraySource(digits()),
+        global_batch_size=DIGITS_BATCH_SIZE,
         sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=8)),
         num_epochs=None,
         record_transform=shift,
         num_workers=2,
     )
-    warm = max(1, steps // 10)
-    start = time.perf_counter()
+    warm = max(1, args.steps // 10)
     after_warmup: dict[str, int] = {}
-    try:
-        for k, batch in enumerate(loader, start=1):
+    start = time.perf_counter()
+    with contextlib.closing(loader):
+        for k, batch in enumerate(itertools.islice(loader, args.steps), start=1):
             jax.block_until_ready(batch)
             del batch
             if k == warm:
                 after_warmup = snapshot()
             if k % warm == 0:
-                print(f"soak: {k}/{steps} steps", file=sys.stderr, flush=True)
-            if k == steps:
-                break
+                print(f"soak: {k}/{args.steps} steps", file=sys.stderr, flush=True)
         end = snapshot()
         seconds = time.perf_counter() - start
-    finally:
-        loader.close()
-    growth = (end["rss_bytes"] + end["worker_rss_bytes"]) / (
-        after_warmup["rss_bytes"] + after_warmup["worker_rss_bytes"]
-    ) - 1
+    grown = {k: end[k] - after_warmup[k] for k in end}
+    before = after_warmup["rss_bytes"] + after_warmup["worker_rss_bytes"]
     emit(
         "soak",
         smoke=args.smoke,
-        steps=steps,
+        steps=args.steps,
         warmup_steps=warm,
-        steps_per_s=round(steps / seconds),
-        rss_growth=round(growth, 4),
+        steps_per_s=round(args.steps / seconds),
+        rss_growth=round((grown["rss_bytes"] + grown["worker_rss_bytes"]) / before, 4),
         after_warmup=after_warmup,
         end=end,
-        thread_growth=end["threads"] - after_warmup["threads"],
-        open_file_growth=end["open_files"] - after_warmup["open_files"],
-        global_batch_size=GLOBAL_BATCH_SIZE,
+        thread_growth=grown["threads"],
+        open_file_growth=grown["open_files"],
+        global_batch_size=DIGITS_BATCH_SIZE,
         num_workers=2,
     )
 

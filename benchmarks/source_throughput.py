@@ -1,58 +1,64 @@
-"""File formats: samples/s from Parquet and ArrayRecord files into global jax.Arrays.
-
-Workload A's data (60000 x 28x28x1 uint8 images + int64 labels), shuffled, global batch
-256 on 8 CPU devices, written at set-up as P, one Parquet file (``ParquetSource`` +
-``Loader`` vs the PyTorch ``DataLoader`` over the table read with pyarrow) and R, one
-ArrayRecord file (``ArrayRecordSource`` vs Grain's ``ArrayRecordDataSource`` and the
-``DataLoader`` over it). Prints ``ratio_to_best_peer``; ``--smoke`` for CI.
+"""Source throughput: samples/s from Parquet (P) and ArrayRecord (R) files of workload A's
+data into global jax.Arrays on 8 CPU devices, against pyarrow, Grain and the PyTorch
+``DataLoader`` (README.md). ``--smoke`` for CI.
 """
 
 from __future__ import annotations
 
-import statistics
-import sys
+import dataclasses
+import importlib.util
+import itertools
+import json
 import tempfile
 from collections.abc import Callable
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from format_fns import decode_record, write_arrayrecord, write_parquet
-from harness import arguments, emit, use_cpu_devices
+from harness import arguments, use_cpu_devices
+from loader_throughput import Entries, entry_lines
 
 import meshfeed
-from common import Run, loader_batches, measure, not_installed, to_global, torch_batches
+from common import Run, collate, loader_batches, measure, not_installed, to_global, torch_batches
 
 BATCH = 256
-Entries = dict[str, tuple[str, Run | str]]
 
 
+def decode_record(raw: bytes) -> dict[str, np.ndarray]:
+    """784 image bytes + an int64 label, as ``arrayrecord_entries`` writes them."""
+    return {
+        "image": np.frombuffer(raw, np.uint8, 784).reshape(28, 28),
+        "label": np.frombuffer(raw, np.int64, 1, 784)[0],
+    }
+
+
+@dataclasses.dataclass
 class _Batched:
     """A map-style dataset with ``__getitems__``: the DataLoader fetches a batch at once."""
 
-    def __init__(self, n: int, get: Callable[[list[int]], dict[str, np.ndarray]]) -> None:
-        self.n = n
-        self.get = get
+    n: int
+    get: Callable[[list[int]], dict[str, np.ndarray]]
 
     def __len__(self) -> int:
         return self.n
-
-    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
-        return {k: v[0] for k, v in self.get([i]).items()}
 
     def __getitems__(self, ids: list[int]) -> dict[str, np.ndarray]:
         return self.get(ids)
 
 
-def _torch(dataset: _Batched) -> Run | str:
+def _torch(n: int, get: Callable[[list[int]], dict[str, np.ndarray]]) -> Run | str:
     # __getitems__ already returns the batch
-    return torch_batches(dataset, BATCH, collate_fn=lambda b: b)
+    return torch_batches(_Batched(n, get), BATCH, collate_fn=lambda b: b)
 
 
-def parquet_entries(path: str) -> Entries:
+def parquet_entries(path: str, images: np.ndarray, labels: np.ndarray) -> Entries:
+    import pyarrow as pa
     import pyarrow.parquet as pq
+
+    flat = pa.array(images.reshape(-1))
+    image = pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(flat, 28), 28)
+    pq.write_table(pa.table({"image": image, "label": labels}), path, row_group_size=1000)
+    table = pq.read_table(path)
 
     def table_rows(ids: list[int]) -> dict[str, np.ndarray]:
         part = table.take(ids)
@@ -62,22 +68,27 @@ def parquet_entries(path: str) -> Entries:
             "label": part.column("label").to_numpy(),
         }
 
-    table = pq.read_table(path)
     ours = loader_batches(lambda: meshfeed.sources.ParquetSource(path), BATCH)
     return {
         "meshfeed:parquet": ("meshfeed", ours),
-        "torch:pyarrow": ("peer", _torch(_Batched(table.num_rows, table_rows))),
+        "torch:pyarrow": ("peer", _torch(table.num_rows, table_rows)),
     }
 
 
-def arrayrecord_entries(path: str) -> Entries:
+def arrayrecord_entries(path: str, images: np.ndarray, labels: np.ndarray) -> Entries:
     from array_record.python.array_record_data_source import ArrayRecordDataSource
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    writer = ArrayRecordWriter(path, "group_size:1")
+    for image, label in zip(images, labels, strict=True):
+        writer.write(image.tobytes() + label.tobytes())
+    writer.close()
+    reader = ArrayRecordDataSource([path])
 
     def grain_run() -> Any:
         import grain
 
-        epoch = 0
-        while True:
+        for epoch in itertools.count():
             ds = (
                 grain.MapDataset.source(ArrayRecordDataSource([path]))
                 .shuffle(seed=epoch)
@@ -85,74 +96,41 @@ def arrayrecord_entries(path: str) -> Entries:
                 .batch(BATCH, drop_remainder=True)
             )
             yield from to_global(iter(ds), BATCH)
-            epoch += 1
-
-    reader = ArrayRecordDataSource([path])
 
     def records(ids: list[int]) -> dict[str, np.ndarray]:
-        decoded = [decode_record(r) for r in reader.__getitems__(ids)]
-        return {k: np.stack([d[k] for d in decoded]) for k in decoded[0]}
+        return collate([decode_record(r) for r in reader.__getitems__(ids)])
 
-    try:
-        import grain  # noqa: F401
-
-        grain_entry: Run | str = grain_run
-    except ImportError:
-        grain_entry = not_installed("grain")
+    has_grain = importlib.util.find_spec("grain") is not None
     ours = loader_batches(lambda: meshfeed.sources.ArrayRecordSource(path, decode_record), BATCH)
     return {
         "meshfeed:arrayrecord": ("meshfeed", ours),
-        "grain:arrayrecord": ("peer", grain_entry),
-        "torch:arrayrecord": ("peer", _torch(_Batched(len(reader), records))),
+        "grain:arrayrecord": ("peer", grain_run if has_grain else not_installed("grain")),
+        "torch:arrayrecord": ("peer", _torch(len(reader), records)),
     }
 
 
-def _workloads(folder: str, n: int) -> dict[str, Entries]:
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
-    labels = rng.integers(0, 10, n).astype(np.int64)
-    workloads = {}
-    try:
-        write_parquet(f"{folder}/a.parquet", images, labels)
-        workloads["P"] = parquet_entries(f"{folder}/a.parquet")
-    except ImportError:
-        workloads["P"] = {"meshfeed:parquet": ("meshfeed", "pyarrow is not installed")}
-    try:
-        write_arrayrecord(f"{folder}/a.array_record", images, labels)
-        workloads["R"] = arrayrecord_entries(f"{folder}/a.array_record")
-    except ImportError:
-        workloads["R"] = {"meshfeed:arrayrecord": ("meshfeed", "array-record not installed")}
-    return workloads
+def _rate(seconds: float, name: str, run: Run) -> float:
+    return measure(run, BATCH, seconds)
 
 
 def main() -> None:
     use_cpu_devices()
     args = arguments(__doc__, seconds=2.0, rounds=3, smoke={"seconds": 0.2, "rounds": 1})
     n = 2048 if args.smoke else 60_000
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, n).astype(np.int64)
+    workloads = {"P": ("parquet", parquet_entries), "R": ("arrayrecord", arrayrecord_entries)}
+    rate = partial(_rate, args.seconds)
+    fields = {"global_batch_size": BATCH, "examples": n}
     with tempfile.TemporaryDirectory() as folder:
-        for workload, entries in _workloads(folder, n).items():
-            samples: dict[str, list[float]] = {k: [] for k in entries}
-            for _ in range(args.rounds):  # interleaved rounds, the same order each
-                for name, (_, run) in entries.items():
-                    if not isinstance(run, str):
-                        samples[name].append(measure(run, BATCH, args.seconds))
-            rates = {k: statistics.median(v) for k, v in samples.items() if v}
-            peers = [rates[k] for k, (kind, _) in entries.items() if kind == "peer" and k in rates]
-            for name, (kind, run) in entries.items():
-                line: dict[str, Any] = {
-                    "workload": workload,
-                    "name": name,
-                    "kind": kind,
-                    "global_batch_size": BATCH,
-                    "examples": n,
-                }
-                if isinstance(run, str):
-                    line["skipped"] = run
-                else:
-                    line["samples_per_s"] = round(rates[name])
-                    if peers:
-                        line["ratio_to_best_peer"] = round(rates[name] / max(peers), 3)
-                emit("source_throughput", smoke=args.smoke, **line)
+        for workload, (kind, make) in workloads.items():
+            try:
+                entries: Entries = make(f"{folder}/a.{kind}", images, labels)
+            except ImportError as missing:  # the package that writes the file
+                entries = {f"meshfeed:{kind}": ("meshfeed", not_installed(str(missing.name)))}
+            for line in entry_lines("source_throughput", workload, entries, rate, args, **fields):
+                print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,205 +1,145 @@
-"""Pod scale: what one host asks of the store to start, against the file count; the
-bounded pool of open files against none.
-
-Workload K: a folder, tar shards and Parquet files on moto's S3 server behind a
-``CountingProxy``, each opened by a fresh process (``--src``: the build before too); then
-the default pool of 128 open files against 100,000, steps/s (goal >= 0.95x). ``--smoke``
-for CI; the workload is in ``benchmarks/README.md``.
-"""
+"""Workload K, pod scale: what one host asks of the store to open a folder, tar shards and
+Parquet files (``--src``: the build before too); the pool of 128 open files against none."""
 
 from __future__ import annotations
 
 import argparse
 import io
 import os
+import resource
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import arguments, emit, in_rounds, median_of, median_ratio, run_child
+from harness import arguments, emit, in_rounds, median_ratio, use_cpu_devices
+from remote_fns import figures, in_child, loader, s3_store
+from workload_fns import images
+
+import meshfeed
+from common import measure
 
 KINDS = ("folder", "tar", "parquet")
-
-OPEN = """
-import json, sys, time
-kind, url, endpoint = sys.argv[1:4]
-import meshfeed
-options = {"endpoint_url": endpoint, "key": "test", "secret": "test",
-           "client_kwargs": {"region_name": "us-east-1"}}
-start = time.perf_counter()
-if kind == "folder":
-    source = meshfeed.open_source(url, storage_options=options)
-elif kind == "tar":
-    source = meshfeed.sources.TarSource(url + "/*.tar", storage_options=options)
-else:
-    try:
-        source = meshfeed.sources.ParquetSource(url + "/*.parquet", storage_options=options)
-    except FileNotFoundError:  # the build before: one file a source, each opened
-        import s3fs
-        fs = s3fs.S3FileSystem(**options)
-        files = sorted(fs.glob(url.split("://", 1)[1] + "/*.parquet"))
-        source = [
-            meshfeed.sources.ParquetSource("s3://" + f, storage_options=options) for f in files
-        ]
-print(json.dumps({"seconds": time.perf_counter() - start}))
-"""
-
-READ = """
-import hashlib, json, os, resource, sys, time
-path, limit, prefetch = sys.argv[1], int(sys.argv[2]), sys.argv[4]
-if limit > 128:
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-import jax, meshfeed
-source = meshfeed.open_source(path, max_open_files=limit)
-loader = meshfeed.Loader(source, global_batch_size=512, num_epochs=None, shuffle=True,
-                         sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=8)),
-                         prefetch=int(prefetch) if prefetch.isdigit() else prefetch)
-it = iter(loader)
-for _ in range(10):
-    jax.block_until_ready(next(it))
-steps, start = 0, time.perf_counter()
-while time.perf_counter() - start < float(sys.argv[3]):
-    jax.block_until_ready(next(it))
-    steps += 1
-print(json.dumps({"steps_per_s": steps / (time.perf_counter() - start),
-                  "fds": len(os.listdir("/proc/self/fd")),
-                  "held": loader.stats()["source"]["files"]["held"]}))
-loader.close()  # its reader threads stopped before the interpreter ends
-"""
+HEAD = {"workload": "K", "devices": 8, "processes": 1}  # the children's: 8 devices, 1 process
 
 
-def _payload(i: int) -> bytes:
-    return f"sample {i} ".encode() * 4
+def _open(kind: str, url: str, options: dict[str, Any]) -> dict[str, float]:
+    """Seconds to open ``url``'s files of ``kind``, in a fresh process (imports included)."""
+    start = time.perf_counter()
+    if kind == "folder":
+        meshfeed.open_source(url, storage_options=options)
+    elif kind == "tar":
+        meshfeed.sources.TarSource(url + "/*.tar", storage_options=options)
+    else:
+        try:
+            meshfeed.sources.ParquetSource(url + "/*.parquet", storage_options=options)
+        except FileNotFoundError:  # the build before: one file a source, each opened
+            import s3fs
+
+            files = s3fs.S3FileSystem(**options).glob(url.split("://", 1)[1] + "/*.parquet")
+            for f in sorted(files):
+                meshfeed.sources.ParquetSource("s3://" + f, storage_options=options)
+    return {"seconds": time.perf_counter() - start}
+
+
+def _read(path: str, limit: int, seconds: float) -> dict[str, Any]:
+    """Steps/s of a global shuffle over ``path`` with at most ``limit`` files open, and the
+    files this process holds open (a fresh process of 8 devices)."""
+    use_cpu_devices()
+    if limit > 128:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    source = meshfeed.open_source(path, max_open_files=limit)
+    fed = loader(source, 512, shuffle=True, prefetch=0)
+    rate = measure(lambda: iter(fed), 1, seconds, warmup=10)
+    fds = len(os.listdir("/proc/self/fd"))
+    line = {"steps_per_s": rate, "fds": fds, "held": fed.stats()["source"]["files"]["held"]}
+    fed.close()  # its reader threads stopped before the interpreter ends
+    return line
 
 
 def _write(kind: str, n: int, folder: Path) -> Path:
-    import meshfeed
-
+    """``n`` files of ``kind``, two rows each (a folder: ``n`` shards of each field)."""
     if kind == "folder":
-        rows = 2 * n
-        data = {"x": np.arange(rows, dtype=np.int32), "y": np.ones((rows, 3), np.float32)}
+        data = {"x": np.arange(2 * n, dtype=np.int32), "y": np.ones((2 * n, 3), np.float32)}
         meshfeed.write_source(folder / "d", data, shard_size=2)
         return folder / "d"
+    import pyarrow as pa  # not in the children before they open (their imports are timed)
+    import pyarrow.parquet as pq
+
     out = folder / kind
     out.mkdir()
-    if kind == "tar":
-        for s in range(n):
-            with tarfile.open(out / f"shard-{s:05d}.tar", "w") as tar:
-                for i in (2 * s, 2 * s + 1):
-                    for ext, data in (("txt", _payload(i)), ("cls", str(i % 10).encode())):
+    for f in range(n):
+        if kind == "parquet":
+            pq.write_table(pa.table({"x": np.arange(2 * f, 2 * f + 2)}), out / f"t-{f:05d}.parquet")
+        else:
+            with tarfile.open(out / f"shard-{f:05d}.tar", "w") as tar:
+                for i in (2 * f, 2 * f + 1):
+                    for ext, data in (("txt", (b"sample %d " % i) * 4), ("cls", b"%d" % (i % 10))):
                         info = tarfile.TarInfo(f"{i:06d}.{ext}")
                         info.size = len(data)
                         tar.addfile(info, io.BytesIO(data))
-        meshfeed.index(str(out / "*.tar"), progress=False)
-        return out
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    for f in range(n):
-        pq.write_table(pa.table({"x": np.arange(2 * f, 2 * f + 2)}), out / f"t-{f:05d}.parquet")
-    meshfeed.index(str(out / "*.parquet"), progress=False)
+    meshfeed.index(str(out / f"*.{kind}"), progress=False)
     return out
 
 
-def _open(kind: str, url: str, proxy: Any, src: str | None) -> dict[str, Any]:
-    env = dict(os.environ, AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test")
-    if src:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
-    proxy.reset()
-    opened = run_child(["-c", OPEN, kind, url, proxy.endpoint], env=env)
-    return {**proxy.counts(), **opened}
-
-
 def startup(counts: list[int], src: str | None, smoke: bool, before_max: int) -> None:
-    import s3fs
+    import s3fs  # not in the children before they open (their imports are timed)
 
-    from meshfeed.testing import CountingProxy, S3Server
-
-    server = S3Server()
-    server.make_bucket("data")
-    proxy = CountingProxy(server.port)
-    fs = s3fs.S3FileSystem(**server.storage_options)
+    os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test")  # the children's
     every = {"after": None, **({"before": src} if src else {})}
-    try:
+    with s3_store() as (server, proxy, held):
+        fs = s3fs.S3FileSystem(**server.storage_options)
+
+        def opened(kind: str, url: str, src: str | None) -> dict[str, Any]:
+            proxy.reset()
+            return {**in_child(_open, kind, url, held, src=src), **proxy.counts()}
+
         for kind in KINDS:
             for n in counts:
+                url = f"s3://data/{kind}-{n}"
                 with tempfile.TemporaryDirectory() as tmp:
-                    local = _write(kind, n, Path(tmp))
-                    url = f"s3://data/{kind}-{n}"
-                    fs.put(str(local), url, recursive=True)
+                    fs.put(str(_write(kind, n, Path(tmp))), url, recursive=True)
                 rounds = 1 if smoke or n >= 512 else 3
                 builds = {b: p for b, p in every.items() if b == "after" or n <= before_max}
-                entries = {
-                    b: lambda p=p, u=url, k=kind: _open(k, u, proxy, p) for b, p in builds.items()
-                }
+                entries = {b: lambda p=p, u=url, k=kind: opened(k, u, p) for b, p in builds.items()}
                 per_round = in_rounds(entries, rounds, pause=0.0)
                 for b in builds:
                     line = {"source": kind, "files": n, "build": b, "rounds": rounds}
                     line |= {k: v for k, v in per_round[0][b].items() if k != "seconds"}
-                    line["seconds"] = round(median_of(per_round, b, "seconds") or 0.0, 3)
+                    line |= figures(per_round, b, {"seconds": 3})
                     line["requests_per_file"] = round(line["total"] / n, 3)
-                    _print(smoke=smoke, part="startup", **line)
-    finally:
-        proxy.close()
-        server.close()
+                    emit("startup", **HEAD, smoke=smoke, part="startup", **line)
 
 
-def cache(
-    smoke: bool, rounds: int, seconds: float, shards: int, per_shard: int, prefetch: str = "0"
-) -> None:
-    import meshfeed
-
+def cache(smoke: bool, rounds: int, seconds: float, shards: int, per_shard: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows = per_shard * shards
-        rng = np.random.default_rng(0)
-        data = {
-            "image": rng.integers(0, 256, (rows, 32, 32, 3), dtype=np.uint8),
-            "label": np.arange(rows, dtype=np.int32),
-        }
+        data = {**images(rows), "label": np.arange(rows, dtype=np.int32)}
         meshfeed.write_source(Path(tmp) / "d", data, shard_size=per_shard)
         limits = {"bounded": 128, "unbounded": 100_000}
-        command = ["-c", READ, str(Path(tmp) / "d")]
         entries = {
-            name: lambda n=n: run_child([*command, str(n), str(seconds), prefetch])
+            name: lambda n=n: in_child(_read, str(Path(tmp) / "d"), n, seconds)
             for name, n in limits.items()
         }
         per_round = in_rounds(entries, rounds, pause=0.0)
-        ratio = median_ratio(per_round, "bounded", "unbounded", "steps_per_s")
-        for name in limits:
-            extra = {"ratio_to_unbounded": ratio} if name == "bounded" else {}
-            _print(
-                smoke=smoke,
-                part="cache",
-                name=name,
-                files=2 * shards,
-                rows_a_shard=per_shard,
-                rounds=rounds,
-                fds=per_round[-1][name]["fds"],
-                held=per_round[-1][name]["held"],
-                steps_per_s=round(median_of(per_round, name, "steps_per_s") or 0.0, 2),
-                **extra,
-            )
-
-
-def _print(**line: Any) -> None:
-    # The children have 8 devices, one process each.
-    emit("startup", workload="K", devices=8, processes=1, **line)
+    ratio = median_ratio(per_round, "bounded", "unbounded", "steps_per_s")
+    for name in limits:
+        extra = {"ratio_to_unbounded": ratio} if name == "bounded" else {}
+        last = {k: per_round[-1][name][k] for k in ("fds", "held")}
+        shape = {"files": 2 * shards, "rows_a_shard": per_shard, "rounds": rounds}
+        rate = figures(per_round, name, {"steps_per_s": 2})
+        line = {"name": name, **shape, **last, **rate, **extra}
+        emit("startup", **HEAD, smoke=smoke, part="cache", **line)
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--src", help="also time the meshfeed in this folder (before)")
     parser.add_argument("--counts", default="8,64,512,2048,10000", help="files, comma-separated")
-    parser.add_argument(
-        "--before-max",
-        type=int,
-        default=2048,
-        help="the most files the build before opens (~6 requests a file)",
-    )
+    before = "the most files the build before opens (~6 requests a file)"
+    parser.add_argument("--before-max", type=int, default=2048, help=before)
     parser.add_argument("--part", choices=["startup", "cache", "both"], default="both")
 
 
@@ -208,12 +148,12 @@ def main() -> None:
     counts = [8] if args.smoke else [int(c) for c in args.counts.split(",")]
     if args.part in ("startup", "both"):
         startup(counts, args.src, args.smoke, args.before_max)
-    if args.part in ("cache", "both") and args.smoke:
-        cache(True, rounds=1, seconds=0.3, shards=256, per_shard=2)
-    elif args.part in ("cache", "both"):
+    if args.part in ("cache", "both"):
         # 128 files; 4,096 files; 4,096 files of 96 KiB images
-        for shards, per_shard in ((64, 32), (2048, 2), (2048, 32)):
-            cache(False, args.rounds, seconds=3.0, shards=shards, per_shard=per_shard)
+        sizes = [(256, 2)] if args.smoke else [(64, 32), (2048, 2), (2048, 32)]
+        rounds, seconds = (1, 0.3) if args.smoke else (args.rounds, 3.0)
+        for shards, per_shard in sizes:
+            cache(args.smoke, rounds, seconds, shards, per_shard)
 
 
 if __name__ == "__main__":

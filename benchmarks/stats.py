@@ -1,12 +1,6 @@
-"""What counting costs: ``loader.stats()``'s counters against the steps they count.
-
-The share is the counter adds a step (``loader.stats()["counter_updates"]``) x the price
-of one (``meshfeed.testing.counter_price``) over the step's time, on the cheapest steps
-meshfeed makes (in memory, 8 CPU devices, no training): ``plain``, ``record`` (a record
-transform) and ``threads`` (2 worker threads and a batch transform). Goal: share <= 1%.
-``--against SRC`` also times this build against the meshfeed in ``SRC`` (the commit
-before the counters), fresh processes, rotating rounds. ``--smoke`` for CI.
-"""
+"""What counting costs: ``loader.stats()``'s counter adds a step x the price of one over the
+step's time, on the cheapest steps meshfeed makes. Goal: share <= 1%. ``--against SRC``:
+steps/s against the meshfeed in ``SRC`` (the commit before the counters)."""
 
 from __future__ import annotations
 
@@ -14,15 +8,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import arguments, emit, in_rounds, median_ratio, run_child, use_cpu_devices
 
 import meshfeed
@@ -37,28 +28,21 @@ def _double(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     return {"x": record["x"] * 2, "y": record["y"]}
 
 
+RECORD = {"record_transform": _double}
 CASES: dict[str, dict[str, Any]] = {
     "plain": {},
-    "record": {"record_transform": _double},
-    "threads": {
-        "record_transform": _double,
-        "num_workers": 2,
-        "worker_type": "threads",
-        "transform": lambda batch: batch,
-    },
+    "record": RECORD,
+    "threads": {**RECORD, "num_workers": 2, "worker_type": "threads", "transform": lambda b: b},
 }
 
 
-def step_time(case: dict[str, Any], source: meshfeed.ArraySource, rounds: int, window: float):
-    """The median over rounds of seconds a step, and the counter adds a step."""
-    mesh = meshfeed.make_mesh(data=jax.device_count())
-    loader = meshfeed.Loader(
-        source,
-        global_batch_size=BATCH,
-        sharding=meshfeed.batch_sharding(mesh),
-        num_epochs=None,
-        **case,
-    )
+def step_time(case: dict[str, Any], rounds: int, window: float) -> tuple[float, int, int]:
+    """The median over rounds of seconds a step, the counter adds and the steps taken."""
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.random((N, WIDTH), dtype=np.float32), "y": np.arange(N, dtype=np.int64)}
+    sharding = meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
+    options = {"global_batch_size": BATCH, "sharding": sharding, "num_epochs": None}
+    loader = meshfeed.Loader(meshfeed.ArraySource(arrays), **options, **case)
     batches = iter(loader)
     for _ in range(20):  # warm: threads started, depth settled
         next(batches)
@@ -75,44 +59,20 @@ def step_time(case: dict[str, Any], source: meshfeed.ArraySource, rounds: int, w
     return statistics.median(per_step), total, loader.step
 
 
-def _source() -> meshfeed.ArraySource:
-    rng = np.random.default_rng(0)
-    return meshfeed.ArraySource(
-        {"x": rng.random((N, WIDTH), dtype=np.float32), "y": np.arange(N, dtype=np.int64)}
-    )
-
-
-def child(window: float) -> None:
-    """Steps/s of the ``plain`` case with ``prefetch=2`` (no depth to settle), the median
-    of three windows: what one side of ``--against`` measures, in a process of its own
-    (on a build without ``loader.stats``, too)."""
-    seconds, _, _ = step_time({"prefetch": 2}, _source(), 3, window)
-    print(json.dumps({"steps_per_s": 1.0 / seconds}))
-
-
 def against(src: str, rounds: int, window: float, smoke: bool) -> None:
-    """This build against the meshfeed in ``src`` (a build without the counters: the
-    commit before them), each side in a fresh process, the order rotating by round."""
+    """Steps/s (``plain``, ``prefetch=2``) in fresh processes of this build and ``src``'s."""
     here = str(Path(meshfeed.__file__).resolve().parents[1])
     command = [__file__, "--child", "--window", str(window)]
 
     def side(path: str) -> float:
         return run_child(command, env={**os.environ, "PYTHONPATH": path})["steps_per_s"]
 
-    sides = {"here": lambda: side(here), "there": lambda: side(src)}
-    per_round = in_rounds(sides, rounds, pause=0)
-    by_round = [r["here"] / r["there"] for r in per_round]
-    emit(
-        "stats",
-        smoke=smoke,
-        bench="stats",  # the key the committed results/stats.jsonl carries
-        case="plain, prefetch=2",
-        against=src,
-        ratio=median_ratio(per_round, "here", "there", digits=4),
-        ratio_by_round=[round(r, 3) for r in by_round],
-        rounds=rounds,
-        window_s=window,
-    )
+    per_round = in_rounds({"here": lambda: side(here), "there": lambda: side(src)}, rounds, 0)
+    line: dict[str, Any] = {"case": "plain, prefetch=2", "against": src}
+    line["ratio"] = median_ratio(per_round, "here", "there", digits=4)
+    line["ratio_by_round"] = [round(r["here"] / r["there"], 3) for r in per_round]
+    # ``bench``: the key the committed results/stats.jsonl carries
+    emit("stats", smoke=smoke, bench="stats", **line, rounds=rounds, window_s=window)
 
 
 def _add_flags(parser: argparse.ArgumentParser) -> None:
@@ -124,33 +84,22 @@ def _add_flags(parser: argparse.ArgumentParser) -> None:
 def main() -> None:
     use_cpu_devices()
     args = arguments(__doc__, rounds=20, smoke={"rounds": 2}, add=_add_flags)
-    if args.child:
-        return child(args.window)
+    if args.child:  # one side of --against: the median of three windows
+        seconds, _, _ = step_time({"prefetch": 2}, 3, args.window)
+        print(json.dumps({"steps_per_s": 1.0 / seconds}))
+        return
     rounds = 2 if args.smoke else 7  # of each case's windows; --rounds is --against's
     window = 0.05 if args.smoke else 0.5
-    source = _source()
     from meshfeed.testing import counter_price  # here: --child runs on builds without it
 
     price = counter_price(20_000 if args.smoke else 1_000_000)
+    common = {"goal": GOAL, "rounds": rounds, "window_s": window, "cpus": os.cpu_count()}
     for name, case in CASES.items():
-        seconds, updates, steps = step_time(case, source, rounds, window)
-        per_step = updates / steps
-        share = per_step * price / seconds
-        emit(
-            "stats",
-            smoke=args.smoke,
-            bench="stats",
-            case=name,
-            step_ms=round(1000 * seconds, 4),
-            updates_per_step=round(per_step, 2),
-            update_us=round(1e6 * price, 3),
-            share=round(share, 5),
-            goal=GOAL,
-            met=share <= GOAL,
-            rounds=rounds,
-            window_s=window,
-            cpus=os.cpu_count(),
-        )
+        seconds, updates, steps = step_time(case, rounds, window)
+        share = updates / steps * price / seconds
+        line = {"step_ms": round(1000 * seconds, 4), "updates_per_step": round(updates / steps, 2)}
+        line |= {"update_us": round(1e6 * price, 3), "share": round(share, 5), "met": share <= GOAL}
+        emit("stats", smoke=args.smoke, bench="stats", case=name, **line, **common)
     if args.against:
         against(args.against, args.rounds, 0.05 if args.smoke else 0.6, args.smoke)
 

@@ -1,13 +1,7 @@
 """Workload I, images: a folder of ImageNet-size JPEGs to augmented batches, ``meshfeed.vision``.
 
-JPEGs of 500x375 in class folders read by ``ImageFolderSource``, cut by
-``vision.RandomResizedCrop(224)`` (torchvision's rule), resized and flipped, into global
-batches of 64 on 8 CPU devices. ``meshfeed:2`` (2 workers; goal >= 0.85x the loops) and
-``meshfeed-nvimgcodec-cpu:2`` against ``loops x2`` (two processes running the same Pillow
-work in a plain loop: what the two cores give) and ``torch:2`` (the DataLoader with 2
-workers and pinned memory). ``--augment trivial`` adds TrivialAugmentWide in every
-contender (goals: >= 0.9x the loops, >= 1.2x the DataLoader). Rotating rounds; the
-medians of images/s and of the per-round ratios to the loops. ``--smoke`` for CI.
+``ImageFolderSource`` + ``vision.RandomResizedCrop(224)`` in 2 workers (Pillow, and
+nvImageCodec's CPU codecs) against two plain Pillow loops at once and the ``DataLoader``.
 """
 
 from __future__ import annotations
@@ -15,21 +9,21 @@ from __future__ import annotations
 import importlib.util
 import io
 import os
-import shutil
 import statistics
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gpu_fns import LOOP
 from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
 from PIL import Image
+from worker_fns import LOOP
 
 import meshfeed
 import meshfeed.vision as vision
-from common import loader_batches, loops_at_once, measure, torch_batches
+from common import Records, Run, loader_batches, loops_at_once, measure, torch_batches
 
 HERE = Path(__file__).resolve().parent
 BATCH, SIZE = 64, 224
@@ -63,38 +57,19 @@ def _crop(augment: bool, decoder: str = "pillow") -> vision.RandomResizedCrop:
     return vision.RandomResizedCrop(SIZE, decoder=decoder, augment=after)  # type: ignore[arg-type]
 
 
-class _TorchImages:
+class _TorchImages(Records):
     """A map-style dataset: a file read, decoded and augmented as the loop does it."""
 
-    def __init__(self, paths: list[str], labels: np.ndarray, augment: bool) -> None:
-        self.paths, self.labels = paths, labels
+    def __init__(self, source: meshfeed.ImageFolderSource, augment: bool) -> None:
+        paths = np.asarray([source.path(i) for i in range(len(source))])
+        super().__init__({"path": paths, "label": source[np.arange(len(source))]["label"]})
         self.crop = _crop(augment)
 
-    def __len__(self) -> int:
-        return len(self.paths)
-
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
-        with open(self.paths[i], "rb") as f:
-            data = np.frombuffer(f.read(), np.uint8)
-        record = {"image": data, "label": self.labels[i]}
-        return self.crop(record, np.random.default_rng(i))
-
-
-def _torch(root: Path, workers: int, augment: bool) -> Callable[[], Iterator[Any]] | str:
-    source = meshfeed.ImageFolderSource(root)
-    paths = [source.path(i) for i in range(len(source))]
-    dataset = _TorchImages(paths, source[np.arange(len(source))]["label"], augment)
-    return torch_batches(dataset, BATCH, workers=workers, prefetch_factor=4, pin_memory=True)
-
-
-def _meshfeed(root: Path, workers: int, decoder: str, augment: bool) -> Callable[[], Any]:
-    source = meshfeed.ImageFolderSource(root)
-    crop = _crop(augment, decoder)
-    return loader_batches(lambda: source, BATCH, record_transform=crop, num_workers=workers)
-
-
-def _timed(run: Callable[[], Iterator[Any]], seconds: float) -> Callable[[], float]:
-    return lambda: measure(run, BATCH, seconds, warmup=2)
+        record = super().__getitem__(i)
+        with open(str(record["path"]), "rb") as f:
+            image = np.frombuffer(f.read(), np.uint8)
+        return self.crop({"image": image, "label": record["label"]}, np.random.default_rng(i))
 
 
 def _flags(parser: Any) -> None:
@@ -110,42 +85,47 @@ def _flags(parser: Any) -> None:
     )
 
 
+def _timed(run: Run | str, seconds: float) -> Callable[[], float] | str:
+    """A ``Run`` as an entry timed by ``measure``; the reason a peer is skipped as it is."""
+    return run if isinstance(run, str) else partial(measure, run, BATCH, seconds, warmup=2)
+
+
 def main() -> None:
     use_cpu_devices()
     smoke = {"images": 64, "rounds": 1, "seconds": 0.3}
     args = arguments(__doc__, seconds=3.0, rounds=5, smoke=smoke, add=_flags)
     augment = args.augment == "trivial"
-    scratch = Path(tempfile.mkdtemp(prefix="meshfeed-vision-"))
-    try:
-        root = write_folder(scratch / "train", args.images, noise=args.noise)
+    with tempfile.TemporaryDirectory(prefix="meshfeed-vision-") as scratch:
+        root = write_folder(Path(scratch), args.images, noise=args.noise)
         source = meshfeed.ImageFolderSource(root)
         paths = [source.path(i) for i in range(len(source))]
         kb = statistics.mean(os.path.getsize(p) for p in paths) / 1e3
-        loop = LOOP.format(
-            here=str(HERE), work="resized_crop", source=paths, seconds=args.seconds, augment=augment
-        )
-        peers: dict[str, Callable[[], Iterator[Any]] | str] = {
-            "meshfeed:2": _meshfeed(root, 2, "pillow", augment),
-            "torch:2": _torch(root, 2, augment),
+        work = {"work": "resized_crop", "source": paths, "augment": augment}
+        loop = LOOP.format(here=str(HERE), seconds=args.seconds, **work)
+
+        def workers(decoder: str) -> Callable[[], float] | str:
+            crop = _crop(augment, decoder)
+            run = loader_batches(lambda: source, BATCH, record_transform=crop, num_workers=2)
+            return _timed(run, args.seconds)
+
+        dataset = _TorchImages(source, augment)
+        torch = torch_batches(dataset, BATCH, workers=2, prefetch_factor=4, pin_memory=True)
+        entries = {
+            LOOPS: lambda: loops_at_once(loop, 2),
+            "meshfeed:2": workers("pillow"),
+            "torch:2": _timed(torch, args.seconds),
         }
         if importlib.util.find_spec("nvidia.nvimgcodec") is not None:
-            peers["meshfeed-nvimgcodec-cpu:2"] = _meshfeed(root, 2, "nvimgcodec-cpu", augment)
-        entries: dict[str, Callable[[], float] | str] = {LOOPS: lambda: loops_at_once(loop, 2)}
-        for name, run in peers.items():
-            entries[name] = run if isinstance(run, str) else _timed(run, args.seconds)
+            entries["meshfeed-nvimgcodec-cpu:2"] = workers("nvimgcodec-cpu")
         per_round = in_rounds(entries, args.rounds)
-        common = {"images": args.images, "kb": round(kb, 1), "rounds": args.rounds}
-        for name, entry in entries.items():
-            if isinstance(entry, str):
-                figures: dict[str, Any] = {"skipped": entry}
-            else:
-                images_per_s = round(median_of(per_round, name) or 0.0, 1)
-                over_loops = median_ratio(per_round, name, LOOPS)
-                figures = {"images_per_s": images_per_s, "over_loops_x2": over_loops}
-            line = {"workload": "I", "entry": name, **common, "augment": args.augment, **figures}
-            emit("vision", smoke=args.smoke, **line)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    common = {"images": args.images, "kb": round(kb, 1), "rounds": args.rounds}
+    for name, entry in entries.items():
+        figures: dict[str, Any] = {"skipped": entry}
+        if not isinstance(entry, str):
+            figures = {"images_per_s": round(median_of(per_round, name) or 0.0, 1)}
+            figures["over_loops_x2"] = median_ratio(per_round, name, LOOPS)
+        line = {"workload": "I", "entry": name, **common, "augment": args.augment, **figures}
+        emit("vision", smoke=args.smoke, **line)
 
 
 if __name__ == "__main__":

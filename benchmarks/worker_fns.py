@@ -1,5 +1,5 @@
-"""The image workloads' per-record functions (importable by worker processes), and the
-plain loop both ``gpu_host.py`` and ``vision.py`` measure meshfeed against."""
+"""What worker processes import by name: the per-record functions of the image, fault and
+Ray benchmarks, their data, and the plain loop meshfeed is measured against."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import sys
 import time
 from typing import Any
 
+import decode_fns
 import numpy as np
 
 SIZE, CROP = 256, 224  # ImageNet-like: 256x256 JPEGs, a random 224x224 crop
 ROW = (CROP, CROP, 3)  # a row of the rows-in-memory workloads
+BAD_EVERY = 100  # example ids divisible by this are bad: 1% of them
+SLEEP_S = 0.002  # per record: a worker does at most 500 records/s
 
 
 def make_jpegs(n: int, seed: int = 0, height: int = SIZE, width: int = SIZE) -> list[bytes]:
@@ -42,11 +45,6 @@ def decode_crop_flip(record: dict[str, Any], rng: np.random.Generator) -> dict[s
     if rng.random() < 0.5:
         crop = crop[:, ::-1]
     return {"image": np.ascontiguousarray(crop), "label": np.asarray(record["label"])}
-
-
-def decode_index(jpeg: bytes, label: int, index: int) -> dict[str, Any]:
-    """The same work for a map-style dataset (PyTorch), with a per-index generator."""
-    return decode_crop_flip({"jpeg": jpeg, "label": label}, np.random.default_rng(index))
 
 
 def copy_row(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
@@ -81,22 +79,19 @@ def pillow_crop(data: bytes, rng: np.random.Generator, size: int, augment: bool)
     return np.asarray(trivial.apply(resized, trivial.params(size, size, rng)))
 
 
+# One plain loop for ``common.loops_at_once``: ``here`` and ``plain_loop``'s arguments.
 LOOP = """
 import sys
 sys.path.insert(0, {here!r})
-from gpu_fns import plain_loop
+from worker_fns import plain_loop
 plain_loop({work!r}, {source!r}, {seconds}, augment={augment})
 """
-"""The script of one plain loop for ``common.loops_at_once``: ``LOOP.format(here=...,
-work=..., source=..., seconds=..., augment=...)``, the arguments of ``plain_loop``."""
 
 
 def plain_loop(work: str, source: str | list[str], seconds: float, augment: bool = False) -> None:
-    """The peer a core gives: a plain loop of ``work`` over JPEGs for ``seconds``, then
-    its images/s printed. ``work``: ``"crop_flip"`` (``decode_crop_flip``) or
-    ``"resized_crop"`` (``pillow_crop`` to 224); ``source``: a pickle file of the JPEGs'
-    bytes, or a list of files read on every pass. Prints ``ready`` and waits for a line
-    on stdin first, so that loops started together run together."""
+    """A plain loop of ``work`` (``"crop_flip"`` or ``"resized_crop"``: ``pillow_crop`` to
+    224) over the JPEGs of ``source`` (a pickle file, or files read on every pass) for
+    ``seconds``, then its images/s printed; ``ready`` and a line on stdin first."""
     from PIL import Image  # noqa: F401  (the imports before the clock starts)
 
     if work == "resized_crop":
@@ -119,3 +114,44 @@ def plain_loop(work: str, source: str | list[str], seconds: float, augment: bool
                 pillow_crop(jpeg, rng, CROP, augment)
         done += len(jpegs)
     print(done / (time.perf_counter() - start), flush=True)
+
+
+def pngs(n: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Workload C's ``n`` PNG-encoded images and labels, clean and with every image whose
+    id is a multiple of ``BAD_EVERY`` cut to its first half (a truncated file)."""
+    encoded, labels = decode_fns.encode_all(n)
+    bad = encoded.copy()
+    for i in range(0, n, BAD_EVERY):
+        bad[i] = encoded[i][: len(encoded[i]) // 2]
+    return {"png": encoded, "label": labels}, {"png": bad, "label": labels}
+
+
+def is_bad(ids: np.ndarray) -> np.ndarray:
+    """Which of ``ids`` are bad in the second source of ``pngs(n)``."""
+    return (ids >= 0) & (ids % BAD_EVERY == 0)
+
+
+def decode_crop_checked(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """``decode_crop``, raising ``ValueError`` on an image that does not decode (PIL
+    raises ``OSError`` on a truncated PNG)."""
+    try:
+        return decode_fns.decode_crop(record, rng)
+    except (OSError, SyntaxError) as error:
+        raise ValueError(f"the image does not decode: {error}") from error
+
+
+def dequantize(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """uint8 -> float32 in [0, 1) plus uniform noise of one level from the example's
+    generator: a cheap record transform whose output is 4x its input."""
+    image = record["image"]
+    noise = rng.random(image.shape, dtype=np.float32)
+    return {"image": (image.astype(np.float32) + noise) * (1 / 256), "label": record["label"]}
+
+
+def sleep_crop(record: dict[str, Any], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Waits ``SLEEP_S`` (a remote core's decode, say: a worker bound by latency, not by
+    this machine's cores), then a random 28x28 crop of a 32x32 image."""
+    time.sleep(SLEEP_S)
+    i, j = rng.integers(0, decode_fns.SIZE - decode_fns.CROP + 1, 2)
+    crop = record["image"][i : i + decode_fns.CROP, j : j + decode_fns.CROP]
+    return {"image": crop, "label": record["label"]}
