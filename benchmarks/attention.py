@@ -60,7 +60,8 @@ def arrays(length: int, ids: np.ndarray, pos: np.ndarray) -> tuple[jax.Array, ..
     return q, k, v, jnp.asarray(ids), jnp.asarray(pos), w
 
 
-def _seconds_per_call(run: Callable[[], Any], window: float) -> float:
+def seconds_per_call(run: Callable[[], Any], window: float) -> float:
+    """Seconds a call of ``run`` takes, its result ready, over ``window`` seconds of calls."""
     calls, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < window:
         jax.block_until_ready(run())
@@ -72,7 +73,7 @@ def rounds_of(calls: dict[str, Callable[[], Any]], rounds: int, window: float) -
     """Seconds per call of each entry (warmed first), per round, in rotating order."""
     for call in calls.values():
         jax.block_until_ready(call())
-    timed = {name: functools.partial(_seconds_per_call, c, window) for name, c in calls.items()}
+    timed = {name: functools.partial(seconds_per_call, c, window) for name, c in calls.items()}
     return in_rounds(timed, rounds)
 
 

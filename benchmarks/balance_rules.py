@@ -24,7 +24,7 @@ def karmarkar_karp(values: np.ndarray, k: int, equal_size: bool = False) -> np.n
     ``k``, largest sum first; ``equal_size``: ``len(values) / k`` values each."""
     values = np.asarray(values, np.float64)
     n = len(values)
-    if k <= 1 or n == 0:
+    if k <= 1 or n <= 1:
         return np.zeros(n, np.int64)
     parent = np.arange(n)  # union-find over the values: a group is a root
     tick = itertools.count()
@@ -51,13 +51,8 @@ def karmarkar_karp(values: np.ndarray, k: int, equal_size: bool = False) -> np.n
             merged = a.merge(b, parent)  # type: ignore[union-attr]
         heapq.heappush(heap, (-merged.spread(), next(tick), merged))  # type: ignore[union-attr]
     last = heap[0][2]
-    if isinstance(last, int):
-        return np.zeros(n, np.int64)
-    while True:  # every value to its root
-        up = parent[parent]
-        if np.array_equal(up, parent):
-            break
-        parent = up
+    while not np.array_equal(parent[parent], parent):  # every value to its root
+        parent = parent[parent]
     group_of_root = np.full(n, -1, np.int64)
     roots = last.roots[::-1]  # type: ignore[union-attr]  # groups by sum, largest first
     group_of_root[roots[roots >= 0]] = np.flatnonzero(roots >= 0)
@@ -129,8 +124,7 @@ def trl(lengths: np.ndarray, devices: int, per_device: int, seq_len: int) -> Ste
     for i in np.argsort(-lengths, kind="stable").tolist():
         load, d = heapq.heappop(loads)
         row[i] = d
-        n = int(lengths[i])
-        heapq.heappush(loads, (load + n * n, d))
+        heapq.heappush(loads, (load + int(lengths[i]) ** 2, d))
     return Step(row, np.arange(devices), per_device * seq_len)
 
 

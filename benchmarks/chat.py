@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import arguments, emit, in_rounds, median_of, median_ratio, run_child
+from harness import arguments, emit, in_rounds, median_of, median_ratio
 from prepare import byte_bpe
 
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -41,7 +41,6 @@ def _tool(name: str) -> dict:
 
 
 def template(name: str) -> str:
-    """One of the chat templates TRL keeps, by file name."""
     import trl
 
     return (Path(trl.__file__).parent / "chat_templates" / f"{name}.jinja").read_text()
@@ -83,8 +82,11 @@ def make_data(folder: Path, n: int) -> tuple[Path, Path]:
     return data, folder / "tokenizer"
 
 
-def _child(name: str, data: str, tokenizer: str, out: str, chat_template: str) -> None:
-    """One entry in this fresh process: its seconds, conversations, ids' (and masks') digest."""
+def run_entry(name: str, data: str, tokenizer: str, cache: str, chat_template: str) -> dict:
+    """One entry, in a fresh process with a ``datasets`` cache of its own: its seconds,
+    conversations/s, ids' (and masks') digest."""
+    os.environ["HF_DATASETS_CACHE"] = cache  # read when datasets is imported
+    out = os.path.join(cache, "out")
     import datasets
     import numpy as np
     import transformers
@@ -101,9 +103,6 @@ def _child(name: str, data: str, tokenizer: str, out: str, chat_template: str) -
         options = {"tools": tools, "chat_template": text, "tokenize": True, "return_dict": True}
         got = hf.apply_chat_template(messages, **options, **extra)
         return {"input_ids": got["input_ids"], "assistant_masks": got.get("assistant_masks")}
-
-    def encode_row(record):
-        return encode(record["messages"], record["tools"])
 
     def encode_batch(batch):
         groups: dict[str, list[int]] = {}  # one call a set of tools
@@ -135,12 +134,11 @@ def _child(name: str, data: str, tokenizer: str, out: str, chat_template: str) -
     else:
         rows = datasets.Dataset.from_json(data, keep_in_memory=True)
         read = time.perf_counter() - start
-        columns = rows.column_names
         if name == "datasets":
-            options = {"batched": True, "keep_in_memory": True}
-            mapped = rows.map(encode_batch, num_proc=2, remove_columns=columns, **options)
-        else:
-            mapped = rows.map(encode_row, num_proc=2, remove_columns=columns)
+            options = {"function": encode_batch, "batched": True, "keep_in_memory": True}
+        else:  # a record a call
+            options = {"function": encode, "input_columns": ["messages", "tools"]}
+        mapped = rows.map(num_proc=2, remove_columns=rows.column_names, **options)
         seconds = time.perf_counter() - start
         ids, masks = mapped["input_ids"], mapped["assistant_masks"]
     digest = hashlib.sha256()
@@ -148,17 +146,17 @@ def _child(name: str, data: str, tokenizer: str, out: str, chat_template: str) -
         digest.update(np.asarray(one, np.int64).tobytes() + b"|")
         if blocks:
             digest.update(np.asarray(masks[i], bool).tobytes() + b"|")
-    got = {"seconds": seconds, "read_seconds": read, "conversations": len(ids)}
-    print(json.dumps({**got, "digest": digest.hexdigest()[:16]}))
+    got = {"seconds": seconds, "read_seconds": read, "rate": len(ids) / seconds}
+    got["map_seconds"] = None if read is None else seconds - read
+    return {**got, "digest": digest.hexdigest()[:16]}
 
 
 def _run(data: Path, tokenizer: Path, scratch: Path, chat_template: str, name: str) -> dict:
-    """One entry in a fresh process, with a ``datasets`` cache of its own."""
-    out = tempfile.mkdtemp(dir=scratch)
-    command = [__file__, "--run", name, "--data", str(data), "--tokenizer", str(tokenizer)]
-    command += ["--out", str(Path(out) / "out"), "--template", chat_template]
-    got = run_child(command, env={**os.environ, "HF_DATASETS_CACHE": out})
-    shutil.rmtree(out, ignore_errors=True)
+    from remote_fns import in_child  # here: the entries' processes import this module, not JAX
+
+    cache = tempfile.mkdtemp(dir=scratch)
+    got = in_child(run_entry, name, str(data), str(tokenizer), cache, chat_template)
+    shutil.rmtree(cache, ignore_errors=True)
     return got
 
 
@@ -167,15 +165,10 @@ def _flags(parser: argparse.ArgumentParser) -> None:
     templates = {"nargs": "+", "default": list(TEMPLATES), "metavar": "NAME"}
     parser.add_argument("--templates", **templates, help="TRL's chat_templates/NAME.jinja, each")
     parser.add_argument("--entries", nargs="+", default=list(ENTRIES), choices=ENTRIES)
-    for flag in ("--template", "--run", "--data", "--tokenizer", "--out"):
-        parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
 
 
 def main() -> None:
     args = arguments(__doc__, rounds=5, smoke={"rounds": 1, "conversations": 100}, add=_flags)
-    if args.run:
-        _child(args.run, args.data, args.tokenizer, args.out, args.template)
-        return
     # --smoke: meshfeed and datasets on the last template (the same code)
     chosen = ["datasets"] if args.smoke and "--entries" not in sys.argv else args.entries
     entries = tuple(dict.fromkeys(["meshfeed", *chosen]))
@@ -188,11 +181,6 @@ def main() -> None:
             digests = {e: {got[e]["digest"] for got in per_round} for e in entries}
             if len(set().union(*digests.values())) != 1:
                 raise RuntimeError(f"{chat_template}: the entries' ids differ: {digests}")
-            for got in per_round:
-                for one in got.values():
-                    one["rate"] = one["conversations"] / one["seconds"]
-                    if one["read_seconds"] is not None:
-                        one["map_seconds"] = one["seconds"] - one["read_seconds"]
             for name in entries:
                 line = {"workload": "V", "template": chat_template, "entry": name}
                 line |= {"conversations": args.conversations, "rounds": args.rounds}

@@ -1,21 +1,10 @@
-"""What the benchmarks share: timing, the peers' loaders, global arrays, the digits.
-
-Benchmarks use meshfeed's public API only; anything two of them need lives here (the
-harness itself, flags, rounds and JSON lines, is ``harness.py``). An entry is a ``Run``:
-a callable that starts an endless iterator of global ``jax.Array`` batches.
-
-- ``measure(run, batch, seconds)``: samples/s of a ``Run`` in steady state;
-- ``loader_batches(make_source, batch, **options)``: meshfeed's ``Loader`` as a ``Run``;
-- ``torch_batches(dataset, batch, ...)``: the PyTorch ``DataLoader`` as a ``Run``, or the
-  reason it is skipped; ``Records`` and ``collate`` for a map-style dataset over arrays;
-- ``to_global(batches, global_batch_size)``: a peer's host batches as global arrays;
-- ``loops_at_once(script, count)``: ``count`` fresh processes timed together;
-- the digits workload: ``digits``, ``digits_params``, ``digits_loss``, ``fit_digits``;
-- ``Remote``: an in-memory source with a store's latency per read.
-"""
+"""What two benchmarks measure alike: timing, the peers' loaders, global arrays, the digits
+(the harness itself, flags, rounds and JSON lines, is ``harness.py``). Benchmarks use
+meshfeed's public API only."""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import time
@@ -31,7 +20,7 @@ import meshfeed
 DIGITS_BATCH_SIZE = 64
 DIGITS_LEARNING_RATE = 3e-3
 
-Run = Callable[[], Iterator[Any]]
+Run = Callable[[], Iterator[Any]]  # an entry: starts an endless iterator of global jax.Arrays
 
 
 def not_installed(package: str) -> str:
@@ -40,19 +29,16 @@ def not_installed(package: str) -> str:
 
 
 def measure(
-    run: Callable[[], Iterator[Any]],
+    run: Run,
     batch: int,
     seconds: float,
     warmup: int = 3,
     *,
     steps: int | None = None,
 ) -> float:
-    """Samples per second over ``seconds`` of steady-state iteration of ``run()``.
-
-    With ``steps``, over exactly that many steps instead: what several processes must
-    use when each step runs a collective, or they would stop after different counts and
-    leave one waiting for the others.
-    """
+    """Samples per second over ``seconds`` of steady-state iteration of ``run()``; with
+    ``steps``, over exactly that many steps instead: several processes whose steps run a
+    collective must all stop after the same count, or one would wait for the others."""
     it = run()
     for _ in range(warmup):
         jax.block_until_ready(next(it))
@@ -62,7 +48,7 @@ def measure(
         jax.block_until_ready(next(it))
         done += 1
         elapsed = time.perf_counter() - start
-        if (steps is None and elapsed >= seconds) or (steps is not None and done >= steps):
+        if (done >= steps) if steps is not None else (elapsed >= seconds):
             return done * batch / elapsed
 
 
@@ -171,6 +157,31 @@ def torch_batches(
         )
         while True:
             yield from to_global(iter(loader), batch)
+
+    return run
+
+
+def grain_batches(
+    records: Callable[[], Any],
+    batch: int,
+    *,
+    decode: Callable[[Any], Any] | None = None,
+    batch_fn: Callable[[Any], Any] | None = None,
+) -> Run | str:
+    """Grain's ``MapDataset`` over ``records()`` (shuffled anew each epoch, then ``decode``
+    each, batched by this process's share of ``batch``), then global arrays, endless; or
+    why it is skipped."""
+    try:
+        import grain
+    except ImportError:
+        return not_installed("grain")
+
+    def run() -> Iterator[Any]:
+        for epoch in itertools.count():
+            ds = grain.MapDataset.source(records()).shuffle(seed=epoch)
+            ds = ds if decode is None else ds.map(decode)
+            ds = ds.batch(batch // jax.process_count(), drop_remainder=True, batch_fn=batch_fn)
+            yield from to_global(iter(ds), batch)
 
     return run
 

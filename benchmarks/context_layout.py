@@ -5,14 +5,14 @@
 from __future__ import annotations
 
 import functools
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from attention import seconds_per_call
 from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from packing import source
 
 import meshfeed
 
@@ -38,9 +38,7 @@ def documents(seq_len: int, tokens: int, seed: int = 0) -> meshfeed.ArraySource:
     lengths: list[int] = []
     while sum(lengths) < tokens:
         lengths.append(int(np.exp(rng.uniform(np.log(64), np.log(2 * seq_len)))))
-    values = rng.integers(1, 50_000, sum(lengths), dtype=np.int32)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    return meshfeed.ArraySource({"tokens": meshfeed.Ragged(values, offsets)})
+    return source(np.array(lengths), rng.integers(1, 50_000, sum(lengths), dtype=np.int32))
 
 
 def reads(seq_len: int, cp: int, steps: int) -> dict[str, Any]:
@@ -80,14 +78,6 @@ def reads(seq_len: int, cp: int, steps: int) -> dict[str, Any]:
     }
 
 
-def _seconds_per_call(read: Callable[[], Any], window: float) -> float:
-    calls, began = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - began) < window:
-        read()
-        calls += 1
-    return elapsed / calls
-
-
 def host(seq_len: int, cp: int, rounds: int, window: float) -> dict[str, Any]:
     """Microseconds a row to read rows laid out, and device 0's slice, against as packed."""
     rows = meshfeed.pack(documents(seq_len, seq_len * 64, seed=1), seq_len, max_segments=256)
@@ -99,7 +89,7 @@ def host(seq_len: int, cp: int, rounds: int, window: float) -> dict[str, Any]:
         "laid_out": lambda: laid_out[ids],
         "device_slice": lambda: laid_out.read_at(ids, at),
     }
-    entries = {name: functools.partial(_seconds_per_call, r, window) for name, r in reads.items()}
+    entries = {name: functools.partial(seconds_per_call, r, window) for name, r in reads.items()}
     per_round = in_rounds(entries, rounds, pause=0.0)
     us = {
         f"{n}_us_per_row": round((median_of(per_round, n) or 0.0) * 1e6 / len(ids), 1)

@@ -1,19 +1,12 @@
-"""Workload C, decode: PNG-encoded 32x32 RGB images decoded and randomly cropped per record.
-
-A plain loop on one core and on two at once against ``Loader(record_transform=...,
-num_workers=W)`` (processes, threads), the PyTorch ``DataLoader``, Grain and tf.data.
-"""
+"""Workload C, decode: PNG-encoded 32x32 RGB images decoded and randomly cropped per record."""
 
 from __future__ import annotations
 
-import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_fns import CROP, decode_crop, decode_loop, encode_all
 from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
 
@@ -47,8 +40,7 @@ print(decode_loop(encoded, labels, {seconds}), flush=True)
 def loops_rate(count: int, seconds: float, n: int = 2048, loop: str = LOOP_SCRIPT) -> float:
     """Records/s of ``count`` processes running ``loop`` at once (``common.loops_at_once``;
     formatted with ``here``, ``n`` and ``seconds``), by default the plain decode loop."""
-    script = loop.format(here=str(Path(__file__).parent), n=n, seconds=seconds)
-    return loops_at_once(script, count)
+    return loops_at_once(loop.format(here=str(Path(__file__).parent), n=n, seconds=seconds), count)
 
 
 def meshfeed_run(
@@ -64,10 +56,6 @@ class DecodedImages(Records):
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         return decode_crop(super().__getitem__(i), np.random.default_rng(i))
-
-
-def torch_run(pngs: dict[str, np.ndarray], workers: int) -> Run | str:
-    return torch_batches(DecodedImages(pngs), BATCH, workers=workers)
 
 
 def _grain(pngs: dict[str, np.ndarray], workers: int) -> Run | str:
@@ -127,22 +115,22 @@ def main() -> None:
         "loop": lambda: decode_loop(encoded, labels, args.seconds),
         "loop x2": lambda: loops_rate(2, args.seconds),
     }
-    kinds = {"loop": ("floor", 0), "loop x2": ("floor", 0)}  # name: (kind, workers)
     for w in (2,) if args.smoke else (1, 2):  # the smoke: each entry's code once
         runs = {
             "meshfeed": meshfeed_run(pngs, w),
             "meshfeed-threads": meshfeed_run(pngs, w, "threads"),
-            "torch": torch_run(pngs, w),
+            "torch": torch_batches(DecodedImages(pngs), BATCH, workers=w),
             "grain": _grain(pngs, w),
             "tfdata": _tfdata(pngs, w),
         }
         for peer, run in runs.items():
-            kinds[f"{peer}:{w}"] = ("meshfeed" if peer.startswith("meshfeed") else "peer", w)
             timed = partial(measure, run, BATCH, args.seconds, warmup=5)
             entries[f"{peer}:{w}"] = run if isinstance(run, str) else timed
     per_round = in_rounds(entries, args.rounds)
     for name, entry in entries.items():
-        kind, w = kinds[name]
+        peer, _, workers = name.partition(":")  # the loops: no workers, the floor
+        w = int(workers or 0)
+        kind = "floor" if not w else "meshfeed" if peer.startswith("meshfeed") else "peer"
         line: dict[str, Any] = {"workload": "C", "name": name, "kind": kind, "num_workers": w}
         line |= {"global_batch_size": BATCH, "examples": args.examples, "rounds": args.rounds}
         if isinstance(entry, str):

@@ -1,8 +1,4 @@
-"""Faults of a real run, timed: bad records skipped, and rows through files when /dev/shm is small.
-
-F: workload C with 1% of its PNGs cut in half, ``on_error="skip"`` vs clean data. G: rows in
-children under ``unshare -rm`` with a private 8 MiB /dev/shm vs /dev/shm as it is.
-"""
+"""Faults of a real run, timed: bad records skipped; rows through files when /dev/shm is small."""
 
 from __future__ import annotations
 
@@ -23,11 +19,11 @@ import time
 from typing import Any
 
 import numpy as np
+from gpu_host import array_loader
 from harness import arguments, emit, in_rounds, median_of, use_cpu_devices
 from worker_fns import decode_crop_checked, dequantize, is_bad, pngs
 from workload_fns import images
 
-import meshfeed
 from common import measure
 
 BATCH = 256  # workload F
@@ -37,43 +33,25 @@ MAX_SKIPPED = 0.02  # the default budget, 1%, is what the data holds: a run coul
 MOUNT = 'mount -t tmpfs -o size=8m tmpfs /dev/shm && exec "$@"'
 
 
-def _loader(source: dict[str, np.ndarray], batch: int, fn: Any, **options: Any) -> Any:
-    return meshfeed.Loader(
-        meshfeed.ArraySource(source),
-        global_batch_size=batch,
-        sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=8)),
-        record_transform=fn,
-        num_workers=2,
-        num_epochs=None,
-        **options,
-    )
-
-
-def _skips(loader: meshfeed.Loader) -> dict[str, Any]:
-    """The examples skipped in each full epoch handed out, and the bad ids in one."""
-    per_epoch = loader.steps_per_epoch
-    assert per_epoch is not None
-    epochs = range(loader.step // per_epoch)
-    counts = collections.Counter(s.step // per_epoch for s in loader.skipped)
-
-    def bad_in(epoch: int) -> int:
-        steps = range(epoch * per_epoch, (epoch + 1) * per_epoch)
-        return int(is_bad(np.concatenate([loader.ids(s) for s in steps])).sum())
-
-    return {
-        "skipped": [counts[e] for e in epochs],
-        "bad": [bad_in(e) for e in epochs],
-        "all_bad": all(bool(is_bad(np.asarray([s.example]))[0]) for s in loader.skipped),
-        "error": loader.skipped[0].error if loader.skipped else None,
-    }
-
-
 def _records(source: dict[str, np.ndarray], on_error: str, seconds: float) -> dict[str, Any]:
-    """Workload F: records/s of the decode loader over ``source``, and its skips."""
+    """Workload F: records/s of the decode loader over ``source``; the examples skipped in
+    each full epoch handed out, and the bad ids in one."""
+    options = {"record_transform": decode_crop_checked, "num_workers": 2, "on_error": on_error}
     skip = {"max_skipped": MAX_SKIPPED} if on_error == "skip" else {}
-    with _loader(source, BATCH, decode_crop_checked, on_error=on_error, **skip) as loader:
+    with array_loader(source, BATCH, **options, **skip) as loader:
         rate = measure(lambda: iter(loader), BATCH, seconds, warmup=5)
-        return {"rate": rate, **_skips(loader)}
+        per_epoch = loader.steps_per_epoch
+        assert per_epoch is not None
+        epochs = range(loader.step // per_epoch)
+        counts = collections.Counter(s.step // per_epoch for s in loader.skipped)
+        steps = [range(e * per_epoch, (e + 1) * per_epoch) for e in epochs]
+        return {
+            "rate": rate,
+            "skipped": [counts[e] for e in epochs],
+            "bad": [int(is_bad(np.concatenate([loader.ids(s) for s in r])).sum()) for r in steps],
+            "all_bad": bool(is_bad(np.asarray([s.example for s in loader.skipped])).all()),
+            "error": loader.skipped[0].error if loader.skipped else None,
+        }
 
 
 def _rows(side: int, n: int, seconds: float) -> dict[str, Any]:
@@ -81,7 +59,9 @@ def _rows(side: int, n: int, seconds: float) -> dict[str, Any]:
     stderr = io.StringIO()
     with (
         contextlib.redirect_stderr(stderr),  # meshfeed's lines, the loader's made there too
-        _loader(images(n, side), ROWS_BATCH, dequantize) as loader,
+        array_loader(
+            images(n, side), ROWS_BATCH, record_transform=dequantize, num_workers=2
+        ) as loader,
     ):
         rate = measure(lambda: iter(loader), ROWS_BATCH, seconds, warmup=5)
         folders = glob.glob(os.path.join(tempfile.gettempdir(), f"meshfeed-rows-{os.getpid()}-*"))
@@ -96,8 +76,7 @@ def _child(args: argparse.Namespace) -> None:
     """Times workload G's large and medium steps here; prints one JSON line."""
     stat = os.statvfs("/dev/shm")
     out: dict[str, Any] = {"shm_mib": round(stat.f_blocks * stat.f_frsize / 2**20, 1)}
-    names = list(SIDES)
-    for name in names[args.first % 2 :] + names[: args.first % 2]:
+    for name in list(SIDES)[:: -1 if args.child % 2 else 1]:  # medium first in odd rounds
         out[name] = _rows(SIDES[name], args.examples, args.seconds)
         gc.collect()
         time.sleep(0.3)
@@ -125,7 +104,7 @@ def _unshare_fails() -> str | None:
 def _children(small: bool, first: int, n: int, seconds: float) -> dict[str, Any]:
     """Workload G in a child process under ``unshare -rm``, with a private 8 MiB
     /dev/shm if ``small`` (else /dev/shm as it is)."""
-    command = [sys.executable, __file__, "--child", "--first", str(first)]
+    command = [sys.executable, __file__, "--child", str(first)]
     run = _unshare(
         MOUNT if small else 'exec "$@"', *command, "--examples", str(n), "--seconds", str(seconds)
     )
@@ -136,13 +115,13 @@ def _children(small: bool, first: int, n: int, seconds: float) -> dict[str, Any]
 
 def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--examples", type=int, default=8192, help="workload F's images")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)  # the round's number
 
 
-def _ratios(key: str, a: list[float], b: list[float]) -> dict[str, Any]:
-    """``key``: the median of the per-round ratios ``a / b``; ``ratio_by_round``: each."""
-    ratio = [x / y for x, y in zip(a, b, strict=True)]
+def _ratios(key: str, a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
+    """``key``: the median of the per-round ratios of ``a``'s rates to ``b``'s;
+    ``ratio_by_round``: each."""
+    ratio = [x["rate"] / y["rate"] for x, y in zip(a, b, strict=True)]
     by_round = [round(x, 3) for x in ratio]
     return {key: round(statistics.median(ratio), 3), "ratio_by_round": by_round}
 
@@ -151,7 +130,7 @@ def main() -> None:
     use_cpu_devices()
     smoke = {"seconds": 0.3, "rounds": 1, "examples": 2048}
     args = arguments(__doc__, seconds=2.0, rounds=7, smoke=smoke, add=_flags)
-    if args.child:
+    if args.child is not None:
         _child(args)
         return
     seconds, n = args.seconds, args.examples
@@ -177,8 +156,7 @@ def main() -> None:
         skipped = [c for g in got for c in g["skipped"]]
         bad_ids = [c for g in got for c in g["bad"]]
         if name != "clean":
-            clean_rates = [r["clean"]["rate"] for r in per_round]
-            line |= _ratios("ratio_to_clean", [g["rate"] for g in got], clean_rates)
+            line |= _ratios("ratio_to_clean", got, [r["clean"] for r in per_round])
             line |= {"skipped_per_epoch": sorted(set(skipped)), "epochs_counted": len(skipped)}
         if name == "bad 1%, skip":
             line["bad_per_epoch"] = sorted(set(bad_ids))
@@ -202,8 +180,7 @@ def main() -> None:
             line["records_per_s"] = round(statistics.median(g["rate"] for g in got))
             line["mib_per_s"] = round(line["records_per_s"] * side * side * 3 * 4 / 2**20, 1)
             if where == "small shm":
-                shm_rates = [r["shm"][step]["rate"] for r in per_round]
-                line |= _ratios("ratio_to_shm", [g["rate"] for g in got], shm_rates)
+                line |= _ratios("ratio_to_shm", got, [r["shm"][step] for r in per_round])
                 line |= {} if goal is None else {"goal": goal}
             line["file_blocks"] = max(g["file_blocks"] for g in got)
             line["file_mib"] = round(max(g["file_mib"] for g in got), 1)

@@ -1,6 +1,5 @@
-"""Filters: ``meshfeed.select`` against a plain loop (three predicates), a ``Loader`` over a
-selection against one over the kept rows copied out, and a selection's bytes on disk; the
-workloads are in README.md. Rotating rounds, medians of per-round ratios; ``--smoke`` for CI.
+"""Filters (README.md): ``meshfeed.select`` against a plain loop, a ``Loader`` over a
+selection against one over the kept rows copied out, and a selection's bytes on disk.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from common import loader_batches, measure
 
 DIRECTION = np.linspace(-1.0, 1.0, 32, dtype=np.float32)
 PATTERN = re.compile(r"(?:-0\.\d*99|1\.\d*00)\d*")
+EXAMPLES = [20_000, 200_000, 2_000_000]  # --smoke: the first
 
 
 def threshold(record: dict[str, Any]) -> bool:
@@ -63,7 +63,7 @@ def _select(source: Any, keep: Any, workers: int | None, cold: bool = False) -> 
 
 
 def _select_part(args: argparse.Namespace, folder: str, common: dict[str, Any]) -> None:
-    for n in [20_000] if args.smoke else [int(x) for x in args.examples.split(",")]:
+    for n in EXAMPLES[:1] if args.smoke else EXAMPLES:
         rng = np.random.default_rng(0)
         np.save(f"{folder}/score.npy", rng.random(n, dtype=np.float32))
         np.save(f"{folder}/embedding.npy", rng.standard_normal((n, 32), dtype=np.float32))
@@ -71,8 +71,7 @@ def _select_part(args: argparse.Namespace, folder: str, common: dict[str, Any]) 
             {k: np.load(f"{folder}/{k}.npy", mmap_mode="r") for k in ("score", "embedding")}
         )
         _select(source, threshold, 2)  # a worker rests, as after any earlier call
-        chosen = args.predicates.split(",")
-        for name, keep in [(k, f) for k, f in PREDICATES.items() if k in chosen]:
+        for name, keep in PREDICATES.items():
             entries = {
                 "loop": partial(_loop, folder, keep),
                 "select:2": partial(_select, source, keep, 2),
@@ -115,8 +114,6 @@ def _loader_part(args: argparse.Namespace, folder: str, common: dict[str, Any]) 
 
 
 def _add_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--examples", default="20000,200000,2000000", help="comma-separated")
-    parser.add_argument("--predicates", default=",".join(PREDICATES), help="comma-separated")
     parser.add_argument("--no-loader", action="store_true", help="the select part only")
     parser.add_argument("--no-select", action="store_true", help="the loader part only")
 

@@ -1,6 +1,5 @@
-"""Workload W, streaming formats (README.md): ``TarSource`` in a ``Loader`` against
-webdataset's pipeline in a ``DataLoader``, samples/s; ``meshfeed.index`` (``--ray``: on a
-local Ray too) against reading the files once, MB/s. ``--smoke`` for CI.
+"""Workload W, streaming formats (README.md): ``TarSource`` against webdataset, samples/s;
+``meshfeed.index`` (``--ray``: on a local Ray too) against reading the files once, MB/s.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ def _crop_sample(sample: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 def _collate(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The batch's arrays: webdataset keeps each sample's ``__key__`` and ``__url__``."""
     return {k: np.stack([s[k] for s in samples]) for k in ("image", "label")}
 
 

@@ -7,17 +7,15 @@ Each ``workload:entry`` timed in a fresh process (``--child``; ``--smoke``: all 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pickle
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import timeit
 from collections.abc import Callable, Iterator
-from contextlib import closing
 from functools import partial
 from importlib.util import find_spec
 from pathlib import Path
@@ -27,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from harness import arguments, emit, median_of, median_ratio, use_cpu_devices
+import psutil
+from harness import arguments, emit, in_rounds, median_of, median_ratio, run_child, use_cpu_devices
 from worker_fns import LOOP, ROW, copy_row, decode_crop_flip, load_jpegs, make_jpegs
 from workload_fns import images
 
@@ -35,7 +34,6 @@ import meshfeed
 from common import Records, loops_at_once, torch_batches
 
 HERE = Path(__file__).resolve().parent
-ROW_BYTES = 224 * 224 * 3
 
 PLATFORMS = ("cpu", "gpu", "smoke")
 SIZE_TABLE = {  # per size: its value on "cpu", "gpu" and "smoke"
@@ -55,10 +53,21 @@ SIZES = {name: {k: v[i] for k, v in SIZE_TABLE.items()} for i, name in enumerate
 
 
 # What a child process runs: each entry's workload, timed.
-def _timed(batches: Iterator[Any], seconds: float, warmup: int = 5) -> dict[str, float]:
-    """Steps a second over ``seconds`` of steady state, and this process's CPU a step."""
+def children_cpu() -> float:
+    """CPU seconds of this process's live children (the record workers)."""
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            total += sum(child.cpu_times()[:2])  # user, system
+    return total
+
+
+def timed(batches: Iterator[Any], seconds: float, warmup: int = 5) -> dict[str, float]:
+    """Steps a second over ``seconds`` of steady state (3 steps at least), and the CPU a
+    step, milliseconds, of this process and of its children (the record workers)."""
     for _ in range(warmup):
         jax.block_until_ready(next(batches))
+    children = children_cpu()
     steps, cpu, start = 0, time.process_time(), time.perf_counter()
     while True:
         jax.block_until_ready(next(batches))
@@ -67,14 +76,8 @@ def _timed(batches: Iterator[Any], seconds: float, warmup: int = 5) -> dict[str,
         if elapsed >= seconds and steps >= 3:
             break
     cpu_ms = 1e3 * (time.process_time() - cpu) / steps
-    return {"steps_per_s": steps / elapsed, "cpu_ms_per_step": cpu_ms}
-
-
-def _memcpy_ms(batch: int) -> float:
-    """One memcpy of a batch of rows into a reused buffer (best of 20), milliseconds."""
-    src = np.ones((batch, *ROW), np.uint8)
-    dst = np.empty_like(src)
-    return 1e3 * min(timeit.repeat(lambda: np.copyto(dst, src), number=1, repeat=20))
+    children_ms = 1e3 * (children_cpu() - children) / steps
+    return {"steps_per_s": steps / elapsed, "cpu_ms_per_step": cpu_ms, "children_ms": children_ms}
 
 
 def _rows(n: int) -> Any:
@@ -85,10 +88,11 @@ def _sharding() -> Any:
     return meshfeed.batch_sharding(meshfeed.make_mesh(data=jax.device_count()))
 
 
-def _loader(cfg: dict[str, Any], source: dict[str, Any], **options: Any) -> Any:
+def array_loader(source: dict[str, Any], batch: int, **options: Any) -> meshfeed.Loader:
+    """An endless ``Loader`` over ``source``'s arrays, its batches on every device."""
     return meshfeed.Loader(
         meshfeed.ArraySource(source),
-        global_batch_size=cfg["batch"],
+        global_batch_size=batch,
         sharding=_sharding(),
         num_epochs=None,
         **options,
@@ -104,9 +108,8 @@ def _jpegs(cfg: dict[str, Any], file: str = "jpeg_file", field: str = "jpeg") ->
 
 
 def _decode_loader(cfg: dict[str, Any]) -> Any:
-    """256x256 JPEGs decoded, cropped and flipped in ``W`` workers."""
     options = {"record_transform": decode_crop_flip, "num_workers": cfg["workers"]}
-    return _loader(cfg, _jpegs(cfg), **options)
+    return array_loader(_jpegs(cfg), cfg["batch"], **options)
 
 
 def _vision_loader(cfg: dict[str, Any], decoder: str) -> Any:
@@ -116,37 +119,38 @@ def _vision_loader(cfg: dict[str, Any], decoder: str) -> Any:
 
     crop = meshfeed.vision.RandomResizedCrop(224, decoder=decoder)  # type: ignore[arg-type]
     workers = cfg["workers"] if decoder == "pillow" else 0
-    images = _jpegs(cfg, "vision_file", "image")
-    return _loader(cfg, images, record_transform=crop, num_workers=workers)
+    jpegs = _jpegs(cfg, "vision_file", "image")
+    return array_loader(jpegs, cfg["batch"], record_transform=crop, num_workers=workers)
 
 
 def _feed(loader: Any, cfg: dict[str, Any], **figures: Callable[[Any], Any]) -> dict[str, Any]:
-    """``_timed`` over ``loader``, then closed; ``figures``: more, read from the loader."""
-    with closing(loader):
-        got: dict[str, Any] = _timed(iter(loader), cfg["seconds"])
+    """``timed`` over ``loader``, then closed; ``figures``: more, read from the loader."""
+    with contextlib.closing(loader):
+        got: dict[str, Any] = timed(iter(loader), cfg["seconds"])
         return got | {name: figure(loader) for name, figure in figures.items()}
 
 
 def _place_device_put(cfg: dict[str, Any]) -> dict[str, float]:
     rows, sharding, rng = _rows(cfg["rows"]), _sharding(), np.random.default_rng(1)
-    ready = []
-    for _ in range(8):
-        ids = rng.choice(cfg["rows"], cfg["batch"], replace=False)
-        ready.append({k: v[ids] for k, v in rows.items()})
+    ids = [rng.choice(cfg["rows"], cfg["batch"], replace=False) for _ in range(8)]
+    ready = [{k: v[i] for k, v in rows.items()} for i in ids]
 
     def batches() -> Iterator[Any]:
         while True:
             for b in ready:
                 yield {k: jax.device_put(v, sharding) for k, v in b.items()}
 
-    return _timed(batches(), cfg["seconds"])
+    return timed(batches(), cfg["seconds"])
 
 
 def _ceiling(cfg: dict[str, Any], workers: int, threads: int | None = None) -> dict[str, float]:
     options: dict[str, Any] = {} if threads is None else {"place_threads": threads}
     options |= {"record_transform": copy_row, "num_workers": workers}
-    got = _feed(_loader(cfg, _rows(cfg["rows"]), **options), cfg)
-    return got | {"memcpy_ms": _memcpy_ms(cfg["batch"])}
+    got = _feed(array_loader(_rows(cfg["rows"]), cfg["batch"], **options), cfg)
+    src = np.ones((cfg["batch"], *ROW), np.uint8)
+    dst = np.empty_like(src)  # one memcpy of the batch into a reused buffer, best of 20
+    memcpy_s = min(timeit.repeat(lambda: np.copyto(dst, src), number=1, repeat=20))
+    return got | {"memcpy_ms": 1e3 * memcpy_s}
 
 
 class _Images(Records):
@@ -160,11 +164,10 @@ class _Images(Records):
 def _decode_torch(cfg: dict[str, Any]) -> dict[str, float]:
     run = torch_batches(_Images(_jpegs(cfg)), cfg["batch"], workers=cfg["workers"])
     assert not isinstance(run, str), run  # the parent runs it only where torch is
-    return _timed(run(), cfg["seconds"])
+    return timed(run(), cfg["seconds"])
 
 
 def _loops(cfg: dict[str, Any], work: str, file: str) -> dict[str, float]:
-    """``L`` plain loops of ``work`` at once over the JPEGs of ``cfg[file]``."""
     script = LOOP.format(
         here=str(HERE), work=work, source=cfg[file], seconds=cfg["seconds"], augment=False
     )
@@ -185,13 +188,11 @@ def _model(kind: str) -> tuple[Any, Callable[..., Any]]:
 
     def loss(p: Any, batch: Any) -> Any:
         x = batch["image"].astype(jnp.bfloat16 if kind != "tiny" else jnp.float32) / 255.0
+        dims = ("NHWC", "HWIO", "NHWC")
         for i, s in enumerate(convs):
             w = p[f"conv{i}"].astype(x.dtype)
-            x = jax.nn.relu(
-                jax.lax.conv_general_dilated(
-                    x, w, (s[4], s[4]), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
-                )
-            )
+            x = jax.lax.conv_general_dilated(x, w, (s[4],) * 2, "SAME", dimension_numbers=dims)
+            x = jax.nn.relu(x)
         logits = x.mean(axis=(1, 2)).astype(jnp.float32) @ p["dense"]
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
         return meshfeed.masked_mean(losses, batch), {}
@@ -209,7 +210,7 @@ def _train(cfg: dict[str, Any], loader: Any, fed: bool) -> dict[str, float]:
     first = loader.batch(0)
     state, _ = step(state, first)  # compiled outside the timed part
     jax.block_until_ready(state)
-    with closing(loader):
+    with contextlib.closing(loader):
         if not fed:
 
             def batches() -> Iterator[Any]:
@@ -218,7 +219,7 @@ def _train(cfg: dict[str, Any], loader: Any, fed: bool) -> dict[str, float]:
                     state, _ = step(state, first)
                     yield state
 
-            return _timed(batches(), cfg["seconds"], warmup=2)
+            return timed(batches(), cfg["seconds"], warmup=2)
         steps = max(10, int(cfg["seconds"] * 4))
         history = meshfeed.fit(
             step, state, loader, num_steps=steps, log_every=steps, progress=False
@@ -244,7 +245,7 @@ def _entries(cfg: dict[str, Any]) -> dict[str, Callable[[], dict[str, Any]]]:
         return loader.stats()["record_transform"].get("decoder", vision)
 
     return {
-        "place:meshfeed": lambda: _feed(_loader(cfg, _rows(cfg["rows"])), cfg),
+        "place:meshfeed": lambda: _feed(array_loader(_rows(cfg["rows"]), cfg["batch"]), cfg),
         "place:device_put": lambda: _place_device_put(cfg),
         **{f"ceiling:{w}": partial(_ceiling, cfg, w) for w in cfg["ceiling"]},
         **{f"ceiling:{first}:t{t}": partial(_ceiling, cfg, first, t) for t in cfg["place_threads"]},
@@ -260,31 +261,13 @@ def _entries(cfg: dict[str, Any]) -> dict[str, Callable[[], dict[str, Any]]]:
     }
 
 
-def _child(names: str, cfg: dict[str, Any]) -> None:
-    """Runs the entries ``names`` (comma-separated: several in --smoke only) here, one
-    after another, each printing its figures as a JSON line."""
+def _child(cfg: dict[str, Any]) -> None:
+    """Runs the entries ``cfg["run"]`` (several in --smoke only) here, one after another;
+    prints their figures, by name, as one JSON line."""
     runs = _entries(cfg)
     device = jax.devices()[0]
-    for one in names.split(","):
-        got = runs[one]()
-        got.update(device=f"{jax.device_count()} x {device.device_kind}", platform=device.platform)
-        print(json.dumps(got), flush=True)
-
-
-# The parent: the entries in fresh processes, in rounds; the lines.
-def _run_children(names: list[str], cfg_file: str, env: dict[str, str]) -> dict[str, Any]:
-    """``names`` run one after another in one fresh process (one each, to be timed)."""
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", ",".join(names), "--config", cfg_file],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{','.join(names)} failed:\n{done.stderr[-3000:]}")
-    lines = done.stdout.strip().splitlines()[-len(names) :]
-    return {name: json.loads(line) for name, line in zip(names, lines, strict=True)}
+    where = {"device": f"{jax.device_count()} x {device.device_kind}", "platform": device.platform}
+    print(json.dumps({one: runs[one]() | where for one in cfg["run"]}), flush=True)
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:
@@ -295,32 +278,13 @@ def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--src", default="", help="a meshfeed checkout's src/ to time instead (a build before)"
     )
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--config", help=argparse.SUPPRESS)
-
-
-def _write_config(cfg: dict[str, Any]) -> str:
-    """The JPEGs pickled for the children, and the config naming them; its path."""
-    folder = tempfile.mkdtemp(prefix="meshfeed-gpu-host-")
-    jpegs = {  # 256x256, and ImageNet training images' size
-        "jpeg_file": make_jpegs(cfg["jpegs"]),
-        "vision_file": make_jpegs(cfg["vision_jpegs"], seed=1, height=375, width=500),
-    }
-    for key, data in jpegs.items():
-        cfg[key] = os.path.join(folder, f"{key}.pkl")
-        with open(cfg[key], "wb") as f:
-            pickle.dump(data, f)
-    cfg_file = os.path.join(folder, "config.json")
-    with open(cfg_file, "w") as f:
-        json.dump(cfg, f)
-    return cfg_file
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # the config, "run": the entries
 
 
 def main() -> None:
     args = arguments(__doc__, rounds=5, add=_flags)
     if args.child:
-        with open(args.config) as f:
-            _child(args.child, json.load(f))
+        _child(json.loads(args.child))
         return
     if args.platform == "cpu":
         use_cpu_devices()
@@ -328,7 +292,15 @@ def main() -> None:
     env = dict(os.environ)
     if args.src:  # the children import that meshfeed (the benchmark's helpers stay these)
         env["PYTHONPATH"] = os.pathsep.join([args.src, env.get("PYTHONPATH", "")]).strip(os.pathsep)
-    cfg_file = _write_config(cfg)
+    folder = tempfile.mkdtemp(prefix="meshfeed-gpu-host-")
+    jpegs = {  # pickled for the children: 256x256, and ImageNet training images' size
+        "jpeg_file": make_jpegs(cfg["jpegs"]),
+        "vision_file": make_jpegs(cfg["vision_jpegs"], seed=1, height=375, width=500),
+    }
+    for key, data in jpegs.items():
+        cfg[key] = os.path.join(folder, f"{key}.pkl")
+        with open(cfg[key], "wb") as f:
+            pickle.dump(data, f)
     nvimgcodec = find_spec("nvidia") is not None and find_spec("nvidia.nvimgcodec") is not None
     torch = find_spec("torch") is not None
     names = [
@@ -339,13 +311,17 @@ def main() -> None:
     if args.only:
         wanted = set(args.only.split(","))
         names = [n for n in names if n in wanted or n.split(":")[0] in wanted]
-    per_round: list[dict[str, dict[str, Any]]] = []
-    for r in range(args.rounds):
-        if args.smoke:  # one process for all: the smoke checks that each runs
-            per_round.append(_run_children(names, cfg_file, env))
-            continue
-        order = names[r % len(names) :] + names[: r % len(names)]
-        per_round.append({name: _run_children([name], cfg_file, env)[name] for name in order})
+
+    def child(*names: str) -> dict[str, Any]:
+        """``names`` run one after another in one fresh process (one each, to be timed)."""
+        return run_child(
+            [__file__, "--child", json.dumps(cfg | {"run": names})], env=env, timeout=600
+        )
+
+    if args.smoke:  # one process for all: the smoke checks that each runs
+        per_round = [child(*names)]
+    else:
+        per_round = in_rounds({n: lambda n=n: child(n)[n] for n in names}, args.rounds)
     _report(per_round, names, cfg, args)
 
 
@@ -374,7 +350,7 @@ def _report(
         images_per_s = batch * (median_of(per_round, name, "steps_per_s") or 0.0)
         line["images_per_s"] = round(images_per_s)
         if workload in ("place", "ceiling"):
-            line["gb_per_s"] = round(images_per_s * ROW_BYTES / 1e9, 3)
+            line["gb_per_s"] = round(images_per_s * np.prod(ROW) / 1e9, 3)
             line["loader_cpu_ms_per_step"] = median(name, "cpu_ms_per_step")
         if name == "place:meshfeed" and "place:device_put" in names:
             line["ratio_to_device_put"] = ratio(name, "place:device_put")

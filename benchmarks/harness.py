@@ -1,8 +1,5 @@
 """The harness every benchmark runs in: devices, flags, rounds, medians, JSON lines.
 
-A benchmark file holds its workload and its peers; this module holds the rest, once.
-``README.md`` says how they fit together; each function says what it does.
-
 Example::
 
     def main() -> None:
@@ -69,8 +66,7 @@ def arguments(
     args = parser.parse_args(argv)
     if args.smoke:
         if smoke is None:
-            defaults = {"seconds": 0.3, "rounds": 1}
-            smoke = {k: v for k, v in defaults.items() if hasattr(args, k)}
+            smoke = {k: v for k, v in (("seconds", 0.3), ("rounds", 1)) if hasattr(args, k)}
         for name, value in smoke.items():
             setattr(args, name, value)
     return args
@@ -80,15 +76,14 @@ def in_rounds(
     entries: Mapping[str, Callable[[], Figure] | str], rounds: int, pause: float = 0.3
 ) -> list[dict[str, Figure]]:
     """Every entry once a round, the order rotating by round; strings are not run."""
-    names = [name for name, entry in entries.items() if not isinstance(entry, str)]
+    runs = {name: entry for name, entry in entries.items() if not isinstance(entry, str)}
+    names = list(runs)
     per_round: list[dict[str, Figure]] = []
     for r in range(rounds):
         got: dict[str, Figure] = {}
         shift = r % len(names) if names else 0
         for name in names[shift:] + names[:shift]:
-            entry = entries[name]
-            assert not isinstance(entry, str)
-            got[name] = entry()
+            got[name] = runs[name]()
             gc.collect()
             time.sleep(pause)  # let the entry's workers go before the next one starts
         per_round.append(got)
@@ -120,10 +115,8 @@ def median_ratio(
 
 
 def make_line(benchmark: str, *, smoke: bool, **fields: Any) -> dict[str, Any]:
-    """A JSON line's fields: ``benchmark``, ``fields``, then what every line carries.
-
-    ``devices`` and ``processes`` come from this process's JAX unless given: a parent
-    that measures in children passes its own."""
+    """A JSON line's fields: ``benchmark``, ``fields``, then what every line carries;
+    ``devices`` and ``processes`` from this process's JAX unless ``fields`` has them."""
     line = {"benchmark": benchmark, **fields}
     if "devices" not in line or "processes" not in line:
         import jax
@@ -145,13 +138,17 @@ def emit(
     return line
 
 
-def run_child(args: Sequence[str], *, env: Mapping[str, str] | None = None) -> Any:
-    """``python args...`` in a fresh process; its last line of stdout, as JSON."""
+def run_child(
+    args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float | None = None
+) -> Any:
+    """``python args...`` in a fresh process (killed after ``timeout`` seconds); its last
+    line of stdout, as JSON."""
     done = subprocess.run(
         [sys.executable, *args],
         capture_output=True,
         text=True,
         env=None if env is None else dict(env),
+        timeout=timeout,
         check=False,
     )
     lines = done.stdout.strip().splitlines()

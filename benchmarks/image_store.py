@@ -1,19 +1,18 @@
-"""Workload IS, images on object storage: an image folder against the same images sharded by
-``shard_images``, on moto's S3 server behind a proxy holding every request 30 ms."""
+"""Workload IS: an image folder on moto's S3 server against its images sharded by shard_images."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import s3fs
-from harness import arguments, emit, in_rounds, use_cpu_devices
+from harness import arguments, emit, in_rounds, median_ratio
 from remote_fns import figures, in_child, loader, s3_store
 from vision import write_folder
 
@@ -23,7 +22,7 @@ from meshfeed.vision import shard_images
 BATCH = 256
 LATENCY_S = 0.030
 PART_BYTES = 8 << 20  # moto reads a whole object to answer a range of it
-SIZES = {"imagenet": (375, 500, 10.0), "small": (120, 160, 10.0)}
+SIZES = {"imagenet": (375, 500), "small": (120, 160)}  # height, width; noise 10: ~69 KB, ~8 KB
 READERS = ["folder", "shards", "folder-2", "shards-2"]
 
 
@@ -34,7 +33,6 @@ def _keep_size(record: dict[str, Any], rng: Any) -> dict[str, Any]:
 def _read(which: str, options: dict[str, Any], seconds: float, warmup: float) -> dict[str, Any]:
     """Reads ``which`` for ``seconds`` after ``warmup``: its images/s and requests a step
     (in a process of its own, so that the proxy's threads do not share its interpreter)."""
-    use_cpu_devices()
     if which.startswith("folder"):
         source: Any = meshfeed.ImageFolderSource("s3://data/train", storage_options=options)
         order: dict[str, Any] = {}
@@ -62,16 +60,14 @@ def _read(which: str, options: dict[str, Any], seconds: float, warmup: float) ->
 
 
 def _case(kind: str, count: int, args: argparse.Namespace, work: Path) -> None:
-    height, width, noise = SIZES[kind]
-    root = write_folder(work / kind / "train", count, height=height, width=width, noise=noise)
+    root = write_folder(work / kind / "train", count, *SIZES[kind], noise=10.0)
     mean_kb = round(sum(p.stat().st_size for p in root.rglob("*.jpg")) / count / 1e3, 1)
     # devices: the readers'; this process never starts JAX
     head = {"smoke": args.smoke, "devices": 8, "processes": 1, "workload": "IS", "images": kind}
     sizes = {"count": count, "mean_kb": mean_kb, "latency_ms": LATENCY_S * 1e3}
     with s3_store() as (server, proxy, held):
-        s3fs.S3FileSystem(**server.storage_options).put(
-            str(root), "s3://data/train", recursive=True
-        )
+        fs = s3fs.S3FileSystem(**server.storage_options)
+        fs.put(str(root), "s3://data/train", recursive=True)
         for request in ("range", "get", "head", "list"):
             proxy.hold(request, 1.0, LATENCY_S)
         start = time.perf_counter()  # shard_images' own rate, from the store to the store
@@ -80,10 +76,7 @@ def _case(kind: str, count: int, args: argparse.Namespace, work: Path) -> None:
         rate = round(count / (time.perf_counter() - start), 1)
         shard = {"parts": status.parts, "part_bytes": args.part_bytes, "images_per_s": rate}
         emit("image_store", **head, what="shard_images", **sizes, **shard, workers=2)
-        entries = {
-            name: lambda n=name: in_child(_read, n, held, args.seconds, args.warmup)
-            for name in READERS
-        }
+        entries = {n: partial(in_child, _read, n, held, args.seconds, args.warmup) for n in READERS}
         per_round = in_rounds(entries, args.rounds, pause=0)
     for name in READERS:
         keys = {"images_per_s": 1, "requests_per_step": 1}
@@ -94,10 +87,9 @@ def _case(kind: str, count: int, args: argparse.Namespace, work: Path) -> None:
         emit("image_store", **head, what=name, **line)
     for name in ("shards", "shards-2"):
         peer = name.replace("shards", "folder")
-        ratios = [r[name]["images_per_s"] / r[peer]["images_per_s"] for r in per_round]
-        ratio = round(statistics.median(ratios), 2)
-        line = {"ratio": ratio, "ratios": [round(x, 2) for x in ratios], "goal": 10.0}
-        emit("image_store", **head, what=f"{name}/{peer}", **line)
+        ratios = [round(r[name]["images_per_s"] / r[peer]["images_per_s"], 2) for r in per_round]
+        ratio = median_ratio(per_round, name, peer, "images_per_s", digits=2)
+        emit("image_store", **head, what=f"{name}/{peer}", ratio=ratio, ratios=ratios, goal=10.0)
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:
@@ -109,9 +101,8 @@ def _flags(parser: argparse.ArgumentParser) -> None:
 def main() -> None:
     smoke = {"rounds": 1, "seconds": 0.3, "warmup": 0.0, "part_bytes": PART_BYTES}
     args = arguments(__doc__, seconds=10.0, rounds=4, smoke=smoke, add=_flags)
-    kinds = list(SIZES) if args.images == "all" else [args.images]
-    if args.smoke and args.images == "all":
-        kinds = ["small"]
+    every = ["small"] if args.smoke else list(SIZES)
+    kinds = every if args.images == "all" else [args.images]
     with tempfile.TemporaryDirectory(prefix="meshfeed-image-store-") as work:
         for kind in kinds:
             count = 512 if args.smoke else 1024 if kind == "imagenet" else 3072

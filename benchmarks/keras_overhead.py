@@ -8,7 +8,6 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "jax")  # read when keras is imported
 
-import argparse
 import functools
 import time
 from typing import Any
@@ -91,19 +90,16 @@ def run(mesh: Any, n: int, steps: int, bare: bool) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def _flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=60)
-
-
 def main() -> None:
     use_cpu_devices()
-    args = arguments(__doc__, rounds=3, smoke={"steps": 4, "rounds": 1}, add=_flags)
+    args = arguments(__doc__, rounds=3)
     n = 1024 if args.smoke else 20_000
+    steps = 4 if args.smoke else 60
     mesh = meshfeed.make_mesh(data=8)
     names = {"bare_stateless_step": True, "keras_fit": False}
-    entries = {k: functools.partial(run, mesh, n, args.steps, bare) for k, bare in names.items()}
+    entries = {k: functools.partial(run, mesh, n, steps, bare) for k, bare in names.items()}
     per_round = in_rounds(entries, args.rounds)
-    common = {"global_batch_size": BATCH, "steps": args.steps, "rounds": args.rounds}
+    common = {"global_batch_size": BATCH, "steps": steps, "rounds": args.rounds}
     common["keras"] = keras.__version__
     for name in names:
         seconds = median_of(per_round, name) or 0.0

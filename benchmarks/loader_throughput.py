@@ -1,6 +1,5 @@
-"""Loader throughput: samples/s into global jax.Arrays on 8 CPU devices (``--processes 2``:
-2 processes x 4), every meshfeed strategy against a numpy floor, Grain and the PyTorch
-``DataLoader``, workloads A and B of README.md. ``--smoke`` for CI.
+"""Loader throughput, workloads A and B of README.md: samples/s into global jax.Arrays on
+8 CPU devices (``--processes 2``: 2 processes x 4), meshfeed against a floor and peers.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from harness import arguments, in_rounds, make_line, median_of, median_ratio, us
 from jax.experimental import multihost_utils
 
 import meshfeed
-from common import Records, Run, collate, measure, not_installed, to_global, torch_batches
+from common import Records, Run, collate, grain_batches, measure, to_global, torch_batches
 
 Entries = dict[str, tuple[str, Run | str]]  # name: (kind, its run or why it is skipped)
 Rate = Callable[[str, Run], float]
@@ -85,24 +84,6 @@ def _floor(arrays: dict[str, np.ndarray], batch: int) -> Run:
     return run
 
 
-def _grain(arrays: dict[str, np.ndarray], batch: int) -> Run | str:
-    try:
-        import grain
-    except ImportError:
-        return not_installed("grain")
-
-    def run() -> Any:
-        for epoch in itertools.count():
-            ds = (
-                grain.MapDataset.source(Records(arrays))
-                .shuffle(seed=epoch)
-                .batch(batch // jax.process_count(), drop_remainder=True, batch_fn=collate)
-            )
-            yield from to_global(iter(ds), batch)
-
-    return run
-
-
 def _entries(arrays: dict[str, np.ndarray], batch: int) -> Entries:
     entries: Entries = {"floor": ("floor", _floor(arrays, batch))}
     for strategy in meshfeed.inspect.STRATEGIES:
@@ -111,7 +92,7 @@ def _entries(arrays: dict[str, np.ndarray], batch: int) -> Entries:
     for name, every in (("", 10**9), ("+check_every=1", 1)):
         run = _meshfeed(arrays, batch, "per_process", every)
         entries[f"meshfeed:per_process:data4xmodel2{name}"] = ("meshfeed", run)
-    entries["grain"] = ("peer", _grain(arrays, batch))
+    entries["grain"] = ("peer", grain_batches(lambda: Records(arrays), batch, batch_fn=collate))
     entries["torch_dataloader"] = ("peer", torch_batches(Records(arrays), batch))
     return entries
 

@@ -32,7 +32,7 @@ else:
     jax.distributed.initialize(os.environ["MESHFEED_COORDINATOR"],
         num_processes=int(os.environ["MESHFEED_NUM_PROCESSES"]),
         process_id=int(os.environ["MESHFEED_PROCESS_ID"]),
-        heartbeat_timeout_seconds=int(os.environ.get("BENCH_JAX_HEARTBEAT", "20")))
+        heartbeat_timeout_seconds=int(sys.argv[6]))
     import meshfeed
 sys.path.insert(0, os.environ["BENCH_DIR"])
 import optax
@@ -74,9 +74,8 @@ def _run(
     heartbeat timeout, meshfeed's backstop."""
     coordinator = f"127.0.0.1:{free_port()}"
     out = tmp / f"{how}-{action}-{time.monotonic_ns()}"
-    command = [sys.executable, "-c", JOB, how, action, str(steps), "12", str(out)]
+    command = [sys.executable, "-c", JOB, how, action, str(steps), "12", str(out), str(heartbeat)]
     bench = {"BENCH_DIR": str(Path(__file__).resolve().parent)}
-    bench["BENCH_JAX_HEARTBEAT"] = str(heartbeat)
     logs = [Path(f"{out}.{i}.log") for i in range(processes)]
     popens = []
     for i, log in enumerate(logs):
@@ -144,20 +143,11 @@ def _load(tmp: Path, smoke: bool) -> None:
 
 
 def main() -> None:
-    args = arguments(
-        __doc__,
-        rounds=3,
-        smoke={"rounds": 1, "parts": "kill,load"},
-        add=lambda p: p.add_argument("--parts", default="kill,stop,load"),
-    )
+    args = arguments(__doc__, rounds=3)
     with tempfile.TemporaryDirectory(prefix="meshfeed-lost-") as tmp:
-        for part in args.parts.split(","):
-            if part in ("kill", "stop"):
-                _deaths(Path(tmp), part, args)
-            elif part == "load":
-                _load(Path(tmp), args.smoke)
-            else:
-                raise SystemExit(f"unknown part {part!r}; pass kill, stop or load.")
+        for action in ("kill",) if args.smoke else ("kill", "stop"):
+            _deaths(Path(tmp), action, args)
+        _load(Path(tmp), args.smoke)
 
 
 if __name__ == "__main__":

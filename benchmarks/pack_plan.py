@@ -1,8 +1,4 @@
-"""Workload W, a packed corpus at start-up: the packing plan kept as data against planning it.
-
-Fresh processes to a first batch, the plan's build rate on 1 and 2 workers (``--ray``: Ray
-tasks too), and ``--s3``: the requests to open a packed folder on the local S3 server.
-"""
+"""Workload W, a packed corpus at start-up: the packing plan kept as data against planning it."""
 
 from __future__ import annotations
 
@@ -29,8 +25,7 @@ def write_documents(folder: Path, n: int) -> Path:
     import meshfeed
 
     lengths = np.maximum(1, np.random.default_rng(0).lognormal(3.0, 0.9, n)).astype(np.int64)
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
     tokens = meshfeed.Ragged(np.zeros(int(offsets[-1]), np.uint16), offsets)
     meshfeed.write_source(folder, {"tokens": tokens}, shard_size=1 << 20)
     return folder
@@ -115,16 +110,12 @@ def local(sizes: list[int], rounds: int, smoke: bool, ray: bool = False) -> None
 
 def s3(sizes: list[int], smoke: bool) -> None:
     import s3fs
+    from remote_fns import s3_store
 
     import meshfeed
-    from meshfeed.testing import CountingProxy, S3Server
 
-    server = S3Server()
-    server.make_bucket("data")
-    proxy = CountingProxy(server.port)
-    direct = server.storage_options
-    counted = {**direct, "endpoint_url": proxy.endpoint}
-    try:
+    with s3_store() as (server, proxy, counted):
+        direct = server.storage_options
         for n in sizes:
             url = f"s3://data/packed-{n}"
             with tempfile.TemporaryDirectory() as tmp:
@@ -137,9 +128,6 @@ def s3(sizes: list[int], smoke: bool) -> None:
             line: dict[str, Any] = {"workload": "W", "part": "s3-open", "documents": n}
             line |= {"requests": counts["total"], "head": counts["head"], "rows": len(packed)}
             emit("pack_plan", smoke=smoke, **line)
-    finally:
-        proxy.close()
-        server.close()
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:

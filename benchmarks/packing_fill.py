@@ -1,9 +1,7 @@
 """Packing fill: meshfeed's planner against Graphcore's histogram packers on BERT's lengths.
 
-Documents drawn from the length histograms of Graphcore's packing paper (arXiv 2107.02027,
-``data/graphcore_histograms.json``, MIT), packed by ``meshfeed.pack`` and by SPFHP and
-LPFHP written out from the paper; a first line per histogram checks those against the
-paper's figures on the published histogram (Wikipedia: 99.6040% and 99.8129%).
+A first line per histogram packs the published one by SPFHP and LPFHP, to check them against
+the paper's figures (arXiv 2107.02027; Wikipedia: 99.6040% and 99.8129%).
 """
 
 from __future__ import annotations
@@ -26,14 +24,7 @@ SETS = {"wikipedia": "wikipedia", "squad": "squad_1_1"}
 THEIR_CAP = 12  # max_sequences_per_pack in the paper's README
 BEST_FIT_WINDOW = 16_384  # pack's default window
 Patterns = list[tuple[int, tuple[int, ...]]]  # (how many rows, the lengths in each)
-OpenRows = dict[int, list[tuple[int, tuple[int, ...]]]]  # free space: (rows, lengths)
-
-
-def histogram(name: str) -> tuple[np.ndarray, int]:
-    """The published counts per length (``counts[i]``: sequences of ``i + 1`` tokens)
-    and the sequence length they were cut at."""
-    entry = json.loads(HISTOGRAMS.read_text())[SETS[name]]
-    return np.asarray(entry["counts"], np.int64), int(entry["max_sequence_length"])
+Rows = dict[int, Patterns]  # by free space; closed rows (full, or at the cap) under 0
 
 
 def spfhp(counts: np.ndarray, seq_len: int, cap: int) -> Patterns:
@@ -41,8 +32,7 @@ def spfhp(counts: np.ndarray, seq_len: int, cap: int) -> Patterns:
     (groups of identical rows by free space) of the *most* free space that hold it, a group
     of ``k`` rows taking ``k`` sequences, one each; sequences that fit nowhere open new rows
     (one each). A row closes when full or at ``cap`` sequences."""
-    open_rows: OpenRows = defaultdict(list)
-    closed: Patterns = []
+    open_rows: Rows = defaultdict(list)
     for length in range(seq_len, 0, -1):
         n = int(counts[length - 1])
         free = seq_len
@@ -55,13 +45,11 @@ def spfhp(counts: np.ndarray, seq_len: int, cap: int) -> Patterns:
             took = min(k, n)
             if k > took:
                 groups.append((k - took, rows))
-            elif not groups:
-                del open_rows[free]
             n -= took
-            _keep(open_rows, closed, took, (*rows, length), free - length, cap)
+            _keep(open_rows, took, (*rows, length), free - length, cap)
         if n:
-            _keep(open_rows, closed, n, (length,), seq_len - length, cap)
-    return closed + [g for groups in open_rows.values() for g in groups]
+            _keep(open_rows, n, (length,), seq_len - length, cap)
+    return [g for groups in open_rows.values() for g in groups]
 
 
 def lpfhp(counts: np.ndarray, seq_len: int, cap: int) -> Patterns:
@@ -69,8 +57,7 @@ def lpfhp(counts: np.ndarray, seq_len: int, cap: int) -> Patterns:
     of the *least* free space that hold it, each row taking as many copies as fit (within
     ``cap`` and the sequences left), the search starting again at the tightest after each
     step; sequences that fit nowhere open new rows of as many copies as fit."""
-    open_rows: OpenRows = defaultdict(list)
-    closed: Patterns = []
+    open_rows: Rows = defaultdict(list)
     for length in range(seq_len, 0, -1):
         n = int(counts[length - 1])
         free = length
@@ -78,7 +65,7 @@ def lpfhp(counts: np.ndarray, seq_len: int, cap: int) -> Patterns:
             if free > seq_len:  # fits in no open row
                 repeat = min(seq_len // length, cap, n)
                 rows = n // repeat
-                _keep(open_rows, closed, rows, (length,) * repeat, seq_len - repeat * length, cap)
+                _keep(open_rows, rows, (length,) * repeat, seq_len - repeat * length, cap)
                 n -= rows * repeat
                 continue
             groups = open_rows.get(free)
@@ -90,28 +77,15 @@ def lpfhp(counts: np.ndarray, seq_len: int, cap: int) -> Patterns:
             took = min(k, n // repeat)
             if k > took:
                 groups.append((k - took, pattern))
-            elif not groups:
-                del open_rows[free]
             n -= took * repeat
-            new = (*pattern, *(length,) * repeat)
-            _keep(open_rows, closed, took, new, free - repeat * length, cap)
+            _keep(open_rows, took, (*pattern, *(length,) * repeat), free - repeat * length, cap)
             free = length
-    return closed + [g for groups in open_rows.values() for g in groups]
+    return [g for groups in open_rows.values() for g in groups]
 
 
-def _keep(
-    open_rows: OpenRows,
-    closed: Patterns,
-    k: int,
-    rows: tuple[int, ...],
-    free: int,
-    cap: int,
-) -> None:
-    """``k`` rows of ``rows``: closed when full or at ``cap`` sequences, else open."""
-    if free == 0 or len(rows) >= cap:
-        closed.append((k, rows))
-    else:
-        open_rows[free].append((k, rows))
+def _keep(open_rows: Rows, k: int, rows: tuple[int, ...], free: int, cap: int) -> None:
+    """``k`` rows of ``rows`` under their free space, or closed at ``cap`` sequences."""
+    open_rows[0 if len(rows) >= cap else free].append((k, rows))
 
 
 def patterns_fill(patterns: Patterns, seq_len: int) -> tuple[float, int, int]:
@@ -127,10 +101,11 @@ PACKERS: dict[str, Callable[[np.ndarray, int, int], Patterns]] = {"spfhp": spfhp
 def fills(name: str, documents: int, windows: tuple[int, ...]) -> Iterator[dict[str, object]]:
     """The lines for one histogram: the published one packed by SPFHP and LPFHP, then
     ``documents`` drawn from it (seeded), packed by every entry."""
-    counts, seq_len = histogram(name)
+    histogram = json.loads(HISTOGRAMS.read_text())[SETS[name]]
+    counts = np.asarray(histogram["counts"], np.int64)  # counts[i]: sequences of i + 1 tokens
+    seq_len = int(histogram["max_sequence_length"])  # what they were cut at
     at = {"histogram": name, "seq_len": seq_len}
-    published: dict[str, object] = {"documents": int(counts.sum())}
-    published["max_sequences_per_pack"] = THEIR_CAP
+    published = {"documents": int(counts.sum()), "max_sequences_per_pack": THEIR_CAP}
     for label, packer in PACKERS.items():
         patterns = packer(counts, seq_len, THEIR_CAP)
         published[f"{label}_fill"] = round(patterns_fill(patterns, seq_len)[0], 6)

@@ -1,27 +1,16 @@
-"""The record pipeline against the machine's limit, and the loader's own cost (workload C).
-
-Two plain decode loops at once (``limit``), one, meshfeed's record loop in two processes
-(its pipeline's ceiling), the ``DataLoader`` and ``Loader(num_workers=2)``; README.md says more.
-"""
+"""The record pipeline against the machine's limit, and the loader's own cost (workload C)."""
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
-import psutil
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_fns import CROP, decode_loop, encode_all, identity
-from decode_throughput import BATCH, SMOKE, loops_rate, meshfeed_run, torch_run
+from decode_throughput import BATCH, SMOKE, DecodedImages, loops_rate, meshfeed_run
+from gpu_host import timed
 from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
 
-from common import Run
+from common import Run, torch_batches
 
 # meshfeed's record loop (private: no public name runs it without a Loader) on chunks of 128.
 _RECORD_LOOP = """
@@ -47,33 +36,15 @@ print(done / (time.perf_counter() - start), flush=True)
 """
 
 
-def _children_cpu() -> float:
-    """CPU seconds of this process's live children (the record workers)."""
-    total = 0.0
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            total += sum(child.cpu_times()[:2])  # user, system
-    return total
-
-
-def _timed(run: Run, seconds: float, warmup: int = 5) -> dict[str, float]:
-    """Records/s of ``run()`` over ``seconds`` of steady state, and the CPU the loading
-    process and its children spent per batch and per record meanwhile."""
-    it = run()
-    for _ in range(warmup):
-        jax.block_until_ready(next(it))
-    batches, cpu, children, start = 0, time.process_time(), _children_cpu(), time.perf_counter()
-    while batches == 0 or time.perf_counter() - start < seconds:
-        jax.block_until_ready(next(it))
-        batches += 1
-    elapsed = time.perf_counter() - start
-    out = {
-        "rate": batches * BATCH / elapsed,
-        "loader_cpu_ms_per_batch": 1000 * (time.process_time() - cpu) / batches,
-        "worker_cpu_us_per_record": 1e6 * (_children_cpu() - children) / (batches * BATCH),
+def _timed(run: Run, seconds: float) -> dict[str, float]:
+    """Records/s of ``run()`` in steady state, and the CPU the loading process and its
+    children spent per batch and per record meanwhile; the loader closed on return."""
+    got = timed(run(), seconds)
+    return {
+        "rate": got["steps_per_s"] * BATCH,
+        "loader_cpu_ms_per_batch": got["cpu_ms_per_step"],
+        "worker_cpu_us_per_record": 1e3 * got["children_ms"] / BATCH,
     }
-    del it  # the loader closed before the next entry
-    return out
 
 
 def _flags(parser: Any) -> None:
@@ -89,7 +60,7 @@ def main() -> None:
     pngs = {"png": encoded, "label": labels}
     image = np.random.default_rng(0).integers(0, 255, (args.examples, CROP, CROP, 3), np.uint8)
     loaders = {
-        "torch:2": torch_run(pngs, 2),
+        "torch:2": torch_batches(DecodedImages(pngs), BATCH, workers=2),
         "meshfeed:2": meshfeed_run(pngs, 2),
         "meshfeed-threads:2": meshfeed_run(pngs, 2, "threads"),
         "identity:2": meshfeed_run({"image": image, "label": labels}, 2, fn=identity),
@@ -113,10 +84,8 @@ def main() -> None:
         bases = {} if name == "identity:2" else {"ratio_to_limit": "limit"}
         if name.startswith("meshfeed"):
             bases |= {"ratio_to_record_loop": "record-loop:2", "ratio_to_torch": "torch:2"}
-        for key, base in bases.items():
-            ratio = median_ratio(per_round, name, base, "rate")
-            if ratio is not None:
-                line[key] = ratio
+        ratios = {key: median_ratio(per_round, name, base, "rate") for key, base in bases.items()}
+        line |= {key: ratio for key, ratio in ratios.items() if ratio is not None}
         for key in ("loader_cpu_ms_per_batch", "worker_cpu_us_per_record"):
             if key in per_round[0][name]:
                 line[key] = round(median_of(per_round, name, key) or 0.0, 3)

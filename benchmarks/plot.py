@@ -15,22 +15,19 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-PANELS = [  # results file, title, figure
-    ("decode_throughput", "C: PNG decode + crop, by workers", "samples_per_s"),
-    ("source_throughput", "P, R: Parquet and ArrayRecord files", "samples_per_s"),
-    ("memory", "D: 4 GiB memmap, peak RSS (GiB)", "peak_rss_gib"),
-    ("input_wait", "E: fit, share of time waiting for input", "input_wait_share"),
+PANELS = [  # results file, its lines of this workload (None: all), title, figure
+    ("loader_throughput_1x8", "A", "A: arrays, 1 process x 8 devices", "samples_per_s"),
+    ("loader_throughput_1x8", "B", "B: arrays, 1 process x 8 devices", "samples_per_s"),
+    ("loader_throughput_2x4", "A", "A: arrays, 2 processes x 4 devices", "samples_per_s"),
+    ("loader_throughput_2x4", "B", "B: arrays, 2 processes x 4 devices", "samples_per_s"),
+    ("decode_throughput", None, "C: PNG decode + crop, by workers", "samples_per_s"),
+    ("source_throughput", None, "P, R: Parquet and ArrayRecord files", "samples_per_s"),
+    ("memory", None, "D: 4 GiB memmap, peak RSS (GiB)", "peak_rss_gib"),
+    ("input_wait", None, "E: fit, share of time waiting for input", "input_wait_share"),
 ]
 
 
-def load(folder: Path) -> dict[str, list[dict[str, Any]]]:
-    return {
-        path.stem: [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        for path in sorted(folder.glob("*.jsonl"))
-    }
-
-
-def _bars(ax: Any, rows: list[dict[str, Any]], title: str, key: str = "samples_per_s") -> None:
+def _bars(ax: Any, rows: list[dict[str, Any]], title: str, key: str) -> None:
     rows = [r for r in rows if key in r]
     colours = {"meshfeed": "tab:blue", "floor": "tab:gray", "peer": "tab:orange"}
     ax.barh(
@@ -47,23 +44,18 @@ def _bars(ax: Any, rows: list[dict[str, Any]], title: str, key: str = "samples_p
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results")
     out = Path(sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results.png")
-    data = load(folder)
+    data = {
+        path.stem: [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for path in sorted(folder.glob("*.jsonl"))
+    }
     panels = []
-    for stem, label in (
-        ("loader_throughput_1x8", "1 process x 8"),
-        ("loader_throughput_2x4", "2 processes x 4"),
-    ):
-        for workload in ("A", "B"):
-            rows = [r for r in data.get(stem, []) if r.get("workload") == workload]
-            if rows:
-                panels.append((rows, f"{workload}: arrays, {label} devices", "samples_per_s"))
-    for stem, title, key in PANELS:
-        if stem in data:
-            panels.append((data[stem], title, key))
+    for stem, workload, title, key in PANELS:
+        rows = [r for r in data.get(stem, []) if workload in (None, r.get("workload"))]
+        if rows:
+            panels.append((rows, title, key))
     columns = 2
     rows_count = -(-len(panels) // columns)
-    size = (12, 3.2 * rows_count)
-    figure, axes = plt.subplots(rows_count, columns, figsize=size, squeeze=False)
+    figure, axes = plt.subplots(rows_count, columns, figsize=(12, 3.2 * rows_count), squeeze=False)
     for ax, (rows, title, key) in zip(axes.flat, panels, strict=False):
         _bars(ax, rows, title, key)
     for ax in list(axes.flat)[len(panels) :]:

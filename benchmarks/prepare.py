@@ -75,7 +75,6 @@ def _limit(corpus: Path, tokenizer: str, out: Path, share: str = "0/1") -> dict:
 
 
 def _command(run: str, corpus: Path, tokenizer: str | Path, out: Path) -> list[str]:
-    """A fresh process's command line: entry ``run``, each in its own process."""
     paths = ["--corpus", str(corpus), "--tokenizer", str(tokenizer), "--out", str(out)]
     return [__file__, "--run", run, *paths]
 
@@ -203,11 +202,8 @@ def main() -> None:
         _child(args)
         return
     use_cpu_devices()  # JAX in this process only says the devices on each line
-    scratch = Path(tempfile.mkdtemp(prefix="meshfeed-prepare-bench-"))
-    try:
-        _rounds(args, scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="meshfeed-prepare-bench-") as scratch:
+        _rounds(args, Path(scratch))
 
 
 def _rounds(args: argparse.Namespace, scratch: Path) -> None:

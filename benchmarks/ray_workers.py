@@ -1,27 +1,20 @@
-"""Record workers on Ray: against worker processes, the loading process's CPU, scaling.
-
-C: the PNG decode on 2 Ray workers vs 2 worker processes; S: a transform that sleeps 2 ms
-then crops, on W = 1 ... 32 Ray workers (speedup, efficiency). README.md says more.
-"""
+"""Record workers on Ray: against worker processes, the loading process's CPU, scaling."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import jax
 import psutil
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_fns import decode_crop, encode_all
+from gpu_host import array_loader
 from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
 from worker_fns import SLEEP_S, sleep_crop
 from workload_fns import images
@@ -43,22 +36,6 @@ warnings.filterwarnings("ignore", message=r".*os\.fork\(\).*", category=RuntimeW
 _OUT = sys.stdout  # the JSON lines; Ray's own messages go to stderr (``main``)
 
 
-def _start_ray() -> Any:
-    import ray
-
-    ray.init(
-        address="local",
-        num_cpus=RAY_CPUS,
-        include_dashboard=False,
-        log_to_driver=False,  # the actors' output would land among the JSON lines
-        # What a local Ray the loader starts itself has, and the cluster guide gives a
-        # cluster (ray start --system-config): chunks come back inline, not through the
-        # object store, whose bookkeeping cost more CPU than the copy (0.69x -> 0.83x).
-        _system_config={"max_direct_call_object_size": 8 << 20},
-    )
-    return ray
-
-
 def _worker_pids() -> set[int]:
     return {pid for pid, (kind, _) in _descendants().items() if kind == "worker"}
 
@@ -68,19 +45,16 @@ class _Entry:
     record workers' pids."""
 
     def __init__(self, name: str, source: Any, fn: Any, worker_type: Any, **options: Any) -> None:
-        """Builds the loader, takes its first batches, and waits for its workers."""
         before = _worker_pids()
         start = time.perf_counter()
         self.name, self.workers = name, int(name.split(":")[1])
-        self.loader = meshfeed.Loader(
-            meshfeed.ArraySource(source),
-            global_batch_size=BATCH,
-            sharding=meshfeed.batch_sharding(meshfeed.make_mesh(data=8)),
+        self.loader = array_loader(
+            source,
+            BATCH,
             record_transform=fn,
             num_workers=self.workers,
             worker_type=worker_type,
             seed=0,
-            num_epochs=None,
             **options,
         )
         self.it: Iterator[Any] = iter(self.loader)
@@ -132,9 +106,10 @@ def _cores(before: dict[int, tuple[str, float]], own: set[int], cpu: float, star
     return {k: v / elapsed for k, v in out.items()}, elapsed
 
 
-def _window(entry: _Entry, seconds: float) -> dict[str, float]:
+def _window(entry: _Entry, seconds: float, idle: float) -> dict[str, float]:
     """Records/s of ``entry`` over ``seconds`` (at least 2 batches), after taking the
-    batches its read-ahead may hold and 2 more; the CPU spent meanwhile."""
+    batches its read-ahead may hold and 2 more; the CPU spent meanwhile (the loading
+    process's also less ``idle``, the cores it keeps busy when no batch is taken)."""
     for _ in range((entry.loader.prefetch_depth or 0) + 2):
         entry.next()
     before, cpu, start = _descendants(), time.process_time(), time.perf_counter()
@@ -147,6 +122,7 @@ def _window(entry: _Entry, seconds: float) -> dict[str, float]:
     return {
         "rate": BATCH / per_batch,
         "loader_cpu_ms_per_batch": 1000 * cores["loader"] * per_batch,
+        "loader_cpu_ms_per_batch_above_idle": 1000 * (cores["loader"] - idle) * per_batch,
         "ray_system_cpu_ms_per_batch": 1000 * cores["ray_system"] * per_batch,
         "worker_cpu_us_per_record": 1e6 * cores["workers"] * per_batch / BATCH,
         **{f"{k}_cores": v for k, v in cores.items()},
@@ -169,45 +145,41 @@ def _measured(
         cores = _cores(before, set(), cpu, start)[0]  # every worker is an "other" one here
         keys = {"loader": "loader", "ray_system": "ray_system", "workers": "other_workers"}
         idle = {k: round(cores[key], 3) for k, key in keys.items()}
-        windows = {e.name: partial(_window, e, args.seconds) for e in entries}
+        windows = {e.name: partial(_window, e, args.seconds, idle["loader"]) for e in entries}
         per_round = in_rounds(windows, args.rounds, args.pause)
-        depths = {e.name: e.loader.prefetch_depth for e in entries}
+        lines = {
+            e.name: {
+                "workload": workload,
+                "name": e.name,
+                "worker_type": e.name.split(":")[0],
+                "num_workers": e.workers,
+                "prefetch_depth": e.loader.prefetch_depth,
+                "start_s": e.start_s,
+                "worker_pids_found": len(e.pids),
+                **_figures(per_round, e.name),
+                "idle_cores": idle,
+            }
+            for e in entries
+        }
     finally:
         for entry in entries:
             entry.loader.close()
-    lines = {}
-    for entry in entries:
-        lines[entry.name] = {
-            "workload": workload,
-            "name": entry.name,
-            "worker_type": entry.name.split(":")[0],
-            "num_workers": entry.workers,
-            "prefetch_depth": depths[entry.name],
-            "start_s": entry.start_s,
-            "worker_pids_found": len(entry.pids),
-            **_figures(per_round, entry.name, idle),
-            "idle_cores": idle,
-        }
     return per_round, lines
 
 
-def _figures(per_round: list[dict[str, Any]], name: str, idle: dict[str, float]) -> Any:
+def _figures(per_round: list[dict[str, Any]], name: str) -> Any:
     """The medians over rounds of ``name``'s figures."""
 
-    def median(key: str, digits: int) -> float:
+    def median(key: str, digits: int = 2) -> float:
         return round(median_of(per_round, name, key) or 0.0, digits)
 
-    above_idle = [  # the loading process's CPU a batch, less what it spends idle
-        1000 * (r[name]["loader_cores"] - idle["loader"]) * BATCH / r[name]["rate"]
-        for r in per_round
-    ]
     return {
         "records_per_s": round(median("rate", 0)),
-        "loader_cpu_ms_per_batch": median("loader_cpu_ms_per_batch", 2),
-        "loader_cpu_ms_per_batch_above_idle": round(statistics.median(above_idle), 2),
-        "ray_system_cpu_ms_per_batch": median("ray_system_cpu_ms_per_batch", 2),
+        "loader_cpu_ms_per_batch": median("loader_cpu_ms_per_batch"),
+        "loader_cpu_ms_per_batch_above_idle": median("loader_cpu_ms_per_batch_above_idle"),
+        "ray_system_cpu_ms_per_batch": median("ray_system_cpu_ms_per_batch"),
         "worker_cpu_us_per_record": median("worker_cpu_us_per_record", 1),
-        "cores": {k: median(f"{k}_cores", 2) for k in CORES},
+        "cores": {k: median(f"{k}_cores") for k in CORES},
     }
 
 
@@ -216,7 +188,6 @@ def _by_round(per_round: list[dict[str, Any]], name: str, base: str) -> list[flo
 
 
 def _decode_part(args: argparse.Namespace, common: dict[str, Any]) -> None:
-    """C: 2 Ray workers against 2 worker processes, on the PNG decode."""
     encoded, labels = encode_all(args.examples)
     source = {"png": encoded, "label": labels}
     makes = [partial(_Entry, f"{k}:2", source, decode_crop, k) for k in ("processes", "ray")]
@@ -231,7 +202,6 @@ def _decode_part(args: argparse.Namespace, common: dict[str, Any]) -> None:
 
 
 def _scaling_part(args: argparse.Namespace, common: dict[str, Any], counts: list[int]) -> None:
-    """S: 1, 2, 4, ... Ray workers on the sleeping transform."""
     source, options = images(args.examples), meshfeed.types.RayOptions(cpus=SCALING_CPUS)
     prefetch = {"prefetch": SCALING_PREFETCH}
     makes = [partial(_Entry, f"ray:{w}", source, sleep_crop, options, **prefetch) for w in counts]
@@ -261,6 +231,8 @@ def _add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def main() -> None:
+    import ray
+
     use_cpu_devices()
     smoke = {"seconds": 0.3, "rounds": 1, "examples": 1024, "pause": 0.1, "workers": "1,2"}
     args = arguments(__doc__, seconds=2.0, rounds=7, smoke=smoke, add=_add_flags)
@@ -269,7 +241,16 @@ def main() -> None:
     # ("(raylet) WARNING: 22 PYTHON worker processes have been started..."): keep them
     # out of the JSON lines.
     with contextlib.redirect_stdout(sys.stderr):
-        ray = _start_ray()
+        ray.init(
+            address="local",
+            num_cpus=RAY_CPUS,
+            include_dashboard=False,
+            log_to_driver=False,  # the actors' output would land among the JSON lines
+            # What a local Ray the loader starts itself has, and the cluster guide gives a
+            # cluster (ray start --system-config): chunks come back inline, not through the
+            # object store, whose bookkeeping cost more CPU than the copy (0.69x -> 0.83x).
+            _system_config={"max_direct_call_object_size": 8 << 20},
+        )
         common = {"global_batch_size": BATCH, "rounds": args.rounds, "window_s": args.seconds}
         common |= {"smoke": args.smoke, "ray": ray.__version__}
         try:

@@ -1,9 +1,9 @@
-"""Workload H, the default read-ahead in many fresh processes: ``prefetch="auto"`` against
-fixed depths and the floor over each source. ``--default-only``: the default and the floor."""
+"""Workload H, in fresh processes: the default read-ahead against fixed depths and the floor."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import tempfile
 from collections.abc import Callable, Iterator
@@ -14,8 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 from decode_fns import decode_crop, encode_all
-from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
-from remote_fns import in_child, loader, rounded
+from harness import arguments, emit, in_rounds, median_of, median_ratio
+from remote_fns import in_child, loader
 from workload_fns import images
 
 import meshfeed
@@ -43,13 +43,11 @@ def _data(kind: str, n: int, folder: Path) -> tuple[Any, dict[str, np.ndarray] |
     return meshfeed.open_source(folder / "data"), mapped
 
 
-def _floor(arrays: dict[str, np.ndarray], batch: int) -> Iterator[dict[str, np.ndarray]]:
-    """The floor's host batches: a numpy gather of shuffled ids, endless."""
+def _floor(arrays: dict[str, np.ndarray], batch: int) -> Iterator[Any]:
+    """The floor's batches: a numpy gather of shuffled ids, endless, then global arrays."""
     order = np.random.default_rng(0).permutation(len(arrays["label"]))
     ids = [order[i * batch : (i + 1) * batch] for i in range(len(order) // batch)]
-    while True:
-        for rows in ids:
-            yield {name: a[rows] for name, a in arrays.items()}
+    return to_global(({k: a[r] for k, a in arrays.items()} for r in itertools.cycle(ids)), batch)
 
 
 def _child(kind: str, n: int, seconds: float, rounds: int, warmup: int, fixed: list[int]):
@@ -57,15 +55,14 @@ def _child(kind: str, n: int, seconds: float, rounds: int, warmup: int, fixed: l
     extra = {"record_transform": decode_crop, "num_workers": 2} if kind == "records" else {}
     with tempfile.TemporaryDirectory() as tmp:
         source, floor_arrays = _data(kind, n, Path(tmp))
-        # "1 again": a second prefetch=1 loader, whose ratio to the first is the noise of
-        # a process's measurement (two identical contenders).
+        # "1 again": a second prefetch=1 loader; its ratio to "1" is a process's noise
         depths: dict[str, int | str] = {"auto": "auto", **{str(p): p for p in fixed}}
         if fixed:
             depths["1 again"] = 1
         loaders = {name: loader(source, batch, prefetch=p, **extra) for name, p in depths.items()}
         steps: dict[str, Callable[[], Any]] = {n: iter(x).__next__ for n, x in loaders.items()}
         if floor_arrays is not None:  # the same gather, then global arrays
-            steps["floor"] = to_global(_floor(floor_arrays, batch), batch).__next__
+            steps["floor"] = _floor(floor_arrays, batch).__next__
         for step in steps.values():
             for _ in range(warmup):
                 jax.block_until_ready(step())
@@ -74,20 +71,19 @@ def _child(kind: str, n: int, seconds: float, rounds: int, warmup: int, fixed: l
             # Steps read ahead while the others ran are not this window's work: take twice
             # the depth first (else a deep read-ahead of record workers' rows gets ahead).
             fed = loaders.get(name)
-            for _ in range(4 + 2 * (fed.prefetch_depth if fed is not None else 0)):
-                jax.block_until_ready(steps[name]())
-            return measure(lambda: iter(steps[name], None), batch, seconds, warmup=0)
+            skip = 4 + 2 * (fed.prefetch_depth if fed is not None else 0)
+            return measure(lambda: iter(steps[name], None), batch, seconds, warmup=skip)
 
         per_round = in_rounds({n: partial(window, n) for n in steps}, rounds, pause=0.0)
         auto = loaders["auto"]
-        stats = auto.stats()["consumer"]["read_ahead"]  # "moves": none before issue 49's build
-        line = {"rows_per_s": rounded(per_round, steps), "depth": auto.prefetch_depth}
-        line["moves"] = stats.get("moves", [])[-4:]
+        moves = auto.stats()["consumer"]["read_ahead"].get("moves", [])  # none before issue 49
+        line = {"rows_per_s": {n: round(median_of(per_round, n) or 0.0) for n in steps}}
+        line |= {"depth": auto.prefetch_depth, "moves": moves[-4:]}
         if fixed:
             best = max(map(str, fixed), key=lambda k: median_of(per_round, k) or 0)
             line["best_fixed"] = int(best)
             line["ratio_to_best_fixed"] = median_ratio(per_round, "auto", best)
-            line["noise"] = median_ratio(per_round, "1 again", "1")  # identical contenders
+            line["noise"] = median_ratio(per_round, "1 again", "1")
         if "floor" in steps:
             line["ratio_to_floor"] = median_ratio(per_round, "auto", "floor")
             for p in fixed:
@@ -128,20 +124,18 @@ def _flags(parser: argparse.ArgumentParser) -> None:
 
 
 def main() -> None:
-    use_cpu_devices()  # for the children
-    args = arguments(__doc__, seconds=0.3, rounds=9, smoke={}, add=_flags)
-    smoke = args.smoke
-    processes = 1 if smoke else args.processes
+    smoke = {"seconds": 0.05, "rounds": 1, "processes": 1}
+    args = arguments(__doc__, seconds=0.3, rounds=9, smoke=smoke, add=_flags)
     fixed = () if args.default_only else FIXED
-    seconds, rounds = (0.05, 1) if smoke else (args.seconds, args.rounds)
-    head = {"workload": "H", "label": args.label, "smoke": smoke}
-    head |= {"devices": 8, "processes": processes}  # fresh processes a source, 8 devices each
+    head = {"workload": "H", "label": args.label, "smoke": args.smoke}
+    head |= {"devices": 8, "processes": args.processes}  # fresh processes a source, 8 devices each
     for kind in args.sources.split(","):
-        n = {True: (2_048, 8_192), False: (16_384, 50_000)}[smoke][kind != "records"]
-        warmup = 5 if smoke else (100 if kind == "records" else 300)
+        n = {True: (2_048, 8_192), False: (16_384, 50_000)}[args.smoke][kind != "records"]
+        warmup = 5 if args.smoke else (100 if kind == "records" else 300)
+        run = (kind, n, args.seconds, args.rounds, warmup, fixed)
         lines = []
-        for p in range(processes):
-            lines.append(in_child(_child, kind, n, seconds, rounds, warmup, fixed, src=args.src))
+        for p in range(args.processes):
+            lines.append(in_child(_child, *run, src=args.src))
             emit("read_ahead", **head, source=kind, process=p, **lines[-1])
         emit("read_ahead", **head, name=f"summary:{kind}", **_summary(kind, lines))
 

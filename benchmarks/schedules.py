@@ -1,6 +1,5 @@
-"""Schedules: what weights by stage and a batch size that ramps cost per step, workload X
-of README.md: ids resolved per second, and rows per second as placed global batches, with
-and without each schedule, in rotating rounds with ratios to ``fixed``. ``--smoke`` for CI.
+"""Schedules, workload X of README.md: what weights by stage and a batch size that ramps
+cost per step, ids/s and rows/s as placed global batches, as ratios to ``fixed``.
 """
 
 from __future__ import annotations
@@ -88,10 +87,10 @@ def batches_rate(build: Build, seconds: float) -> float:
 
 
 def compare(
-    contenders: dict[str, Build], rate: Callable[[Build, float], float], rounds: int, seconds: float
+    contenders: dict[str, Build], rate: Callable[[Build, float], float], args: Any
 ) -> dict[str, Any]:
-    entries = {n: partial(rate, build, seconds) for n, build in contenders.items()}
-    per_round = in_rounds(entries, rounds)
+    entries = {n: partial(rate, build, args.seconds) for n, build in contenders.items()}
+    per_round = in_rounds(entries, args.rounds)
     out: dict[str, Any] = {f"{n}_per_s": round(median_of(per_round, n) or 0) for n in entries}
     for name in [n for n in entries if n != "fixed"]:
         out[f"{name}_ratio"] = median_ratio(per_round, name, "fixed") or 0.0
@@ -104,10 +103,9 @@ def main() -> None:
     every = loaders(20 if args.smoke else 1)
     run = {"smoke": args.smoke, "global_batch_size": BATCH, "rounds": args.rounds}
     run["window_s"] = args.seconds
-    emit("schedules", name="ids", **run, **compare(every, ids_rate, args.rounds, args.seconds))
+    emit("schedules", name="ids", **run, **compare(every, ids_rate, args))
     pair = {n: every[n] for n in ("fixed", "ramp", "staged_ramp")}
-    got = compare(pair, batches_rate, args.rounds, args.seconds)
-    emit("schedules", name="batches", **run, **got)
+    emit("schedules", name="batches", **run, **compare(pair, batches_rate, args))
 
 
 if __name__ == "__main__":

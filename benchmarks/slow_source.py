@@ -1,16 +1,15 @@
-"""Workload E2: the default read-ahead behind a source whose reads sleep ``--latencies`` ms,
-an MLP trained by ``fit``, against a fixed depth good for the latency, in fresh processes."""
+"""Workload E2: the default read-ahead behind slow reads, against a fixed depth good for them."""
 
 from __future__ import annotations
 
 import argparse
-import statistics
+from functools import partial
 from typing import Any
 
 import jax
 import numpy as np
 import optax
-from harness import arguments, emit, use_cpu_devices
+from harness import arguments, emit, in_rounds, median_ratio
 from remote_fns import in_child, loader
 
 import meshfeed
@@ -22,18 +21,14 @@ FIXED = {2.0: 2, 20.0: 16}  # the peer: a fixed depth good for the latency
 
 def child(latency_ms: float, prefetch: str, steps: int, warmup: int) -> dict[str, Any]:
     """One process's run: the input wait over the steps after ``warmup``."""
-    use_cpu_devices()
     data = digits()
     flat = meshfeed.ArraySource({"x": data["image"].reshape(-1, 64), "y": data["label"]})
     depth = "auto" if prefetch == "auto" else int(prefetch)
     fed = loader(Remote(flat, latency_ms / 1000), BATCH, prefetch=depth)
     rng = np.random.default_rng(0)
-    params = {
-        "w1": (rng.normal(size=(64, 256)) * 0.1).astype(np.float32),
-        "b1": np.zeros(256, np.float32),
-        "w2": (rng.normal(size=(256, 10)) * 0.1).astype(np.float32),
-        "b2": np.zeros(10, np.float32),
-    }
+    shapes = {"1": (64, 256), "2": (256, 10)}
+    params = {f"w{k}": (rng.normal(size=s) * 0.1).astype(np.float32) for k, s in shapes.items()}
+    params |= {f"b{k}": np.zeros(s[1], np.float32) for k, s in shapes.items()}
 
     def loss(p: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
         logits = jax.nn.relu(batch["x"] @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
@@ -62,7 +57,6 @@ def child(latency_ms: float, prefetch: str, steps: int, warmup: int) -> dict[str
         "depth": fed.prefetch_depth,
         "trials": sum(m["why"].startswith("trial") for m in moves),
         "moves": moves,
-        "jax": jax.__version__,
     }
 
 
@@ -72,37 +66,32 @@ def _flags(parser: argparse.ArgumentParser) -> None:
 
 
 def main() -> None:
-    args = arguments(__doc__, add=_flags)
+    args = arguments(__doc__, smoke={"processes": 1}, add=_flags)
     steps, warmup = (20, 10) if args.smoke else (STEPS, WARMUP)
-    processes = 1 if args.smoke else args.processes
     latencies = args.latencies.split(",")[: 1 if args.smoke else None]
     # "processes": the fresh processes a contender, each with 8 devices.
-    head = {"workload": "E2", "smoke": args.smoke, "devices": 8, "processes": processes}
+    head = {"workload": "E2", "smoke": args.smoke, "devices": 8, "processes": args.processes}
     for latency in map(float, latencies):
-        contenders = ["auto", str(FIXED.get(latency, 2))]
-        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
-        for r in range(processes):
-            for prefetch in contenders[r % 2 :] + contenders[: r % 2]:
-                run = in_child(child, latency, prefetch, steps, warmup)
-                runs[prefetch].append(run)
+        fixed = str(FIXED.get(latency, 2))
+        entries = {c: partial(in_child, child, latency, c, steps, warmup) for c in ("auto", fixed)}
+        per_round = in_rounds(entries, args.processes, pause=0.0)
+        for r, runs in enumerate(per_round):
+            for prefetch, run in runs.items():
                 line = {"latency_ms": latency, "prefetch": prefetch, "round": r}
                 line |= {k: round(v, 4) if isinstance(v, float) else v for k, v in run.items()}
                 emit("slow_source", name="process", **head, **line)
-        auto, fixed = runs["auto"], runs[contenders[1]]
-        waits = {k: [round(r["input_wait_share"], 4) for r in runs[k]] for k in contenders}
-        ratios = [a["steps_per_s"] / f["steps_per_s"] for a, f in zip(auto, fixed, strict=True)]
+        waits = {k: [round(r[k]["input_wait_share"], 4) for r in per_round] for k in entries}
         emit(
             "slow_source",
             name=f"summary:{latency:g}ms",
             **head,
             latency_ms=latency,
             input_wait_share={"auto": waits["auto"], "max": max(waits["auto"])},
-            fixed={"prefetch": int(contenders[1]), "input_wait_share": waits[contenders[1]]},
-            steps_per_s_to_fixed=round(statistics.median(ratios), 3),
-            depths=[r["depth"] for r in auto],
+            fixed={"prefetch": int(fixed), "input_wait_share": waits[fixed]},
+            steps_per_s_to_fixed=median_ratio(per_round, "auto", fixed, "steps_per_s"),
+            depths=[r["auto"]["depth"] for r in per_round],
             steps=steps,
             global_batch_size=BATCH,
-            jax=auto[0]["jax"],
         )
 
 

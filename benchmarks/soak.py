@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import sys
 import time
 from typing import Any
 
 import jax
 import numpy as np
+import psutil
 from harness import arguments, emit, use_cpu_devices
 
 import meshfeed
@@ -27,35 +27,22 @@ def shift(record: dict[str, Any], rng: np.random.Generator) -> dict[str, np.ndar
     return {"image": image, "label": record["label"]}
 
 
-def _rss(pid: int | str = "self") -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def snapshot() -> dict[str, int]:
-    workers: set[int] = set()  # this process's children, from /proc
-    for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as f:
-            workers.update(int(pid) for pid in f.read().split())
+    me = psutil.Process()
+    workers = me.children()
     return {
-        "rss_bytes": _rss(),
-        "worker_rss_bytes": sum(_rss(pid) for pid in workers),
-        "threads": len(os.listdir("/proc/self/task")),
-        "open_files": len(os.listdir("/proc/self/fd")),
+        "rss_bytes": me.memory_info().rss,
+        "worker_rss_bytes": sum(w.memory_info().rss for w in workers),
+        "threads": me.num_threads(),
+        "open_files": me.num_fds(),
         "workers": len(workers),
     }
 
 
 def main() -> None:
     use_cpu_devices()
-    args = arguments(
-        __doc__,
-        smoke={"steps": 2_000},
-        add=lambda p: p.add_argument("--steps", type=int, default=100_000),
-    )
+    args = arguments(__doc__)
+    steps = 2_000 if args.smoke else 100_000
     loader = meshfeed.Loader(
         meshfeed.ArraySource(digits()),
         global_batch_size=DIGITS_BATCH_SIZE,
@@ -64,17 +51,17 @@ def main() -> None:
         record_transform=shift,
         num_workers=2,
     )
-    warm = max(1, args.steps // 10)
+    warm = steps // 10
     after_warmup: dict[str, int] = {}
     start = time.perf_counter()
     with contextlib.closing(loader):
-        for k, batch in enumerate(itertools.islice(loader, args.steps), start=1):
+        for k, batch in enumerate(itertools.islice(loader, steps), start=1):
             jax.block_until_ready(batch)
             del batch
             if k == warm:
                 after_warmup = snapshot()
             if k % warm == 0:
-                print(f"soak: {k}/{args.steps} steps", file=sys.stderr, flush=True)
+                print(f"soak: {k}/{steps} steps", file=sys.stderr, flush=True)
         end = snapshot()
         seconds = time.perf_counter() - start
     grown = {k: end[k] - after_warmup[k] for k in end}
@@ -82,9 +69,9 @@ def main() -> None:
     emit(
         "soak",
         smoke=args.smoke,
-        steps=args.steps,
+        steps=steps,
         warmup_steps=warm,
-        steps_per_s=round(args.steps / seconds),
+        steps_per_s=round(steps / seconds),
         rss_growth=round((grown["rss_bytes"] + grown["worker_rss_bytes"]) / before, 4),
         after_warmup=after_warmup,
         end=end,

@@ -1,25 +1,28 @@
-"""Source throughput: samples/s from Parquet (P) and ArrayRecord (R) files of workload A's
-data into global jax.Arrays on 8 CPU devices, against pyarrow, Grain and the PyTorch
-``DataLoader`` (README.md). ``--smoke`` for CI.
+"""Source throughput, workloads P and R of README.md: samples/s from Parquet and ArrayRecord
+files into global jax.Arrays on 8 CPU devices, meshfeed's sources against peers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import itertools
 import json
 import tempfile
 from collections.abc import Callable
-from functools import partial
-from typing import Any
 
 import numpy as np
 from harness import arguments, use_cpu_devices
 from loader_throughput import Entries, entry_lines
 
 import meshfeed
-from common import Run, collate, loader_batches, measure, not_installed, to_global, torch_batches
+from common import (
+    Run,
+    collate,
+    grain_batches,
+    loader_batches,
+    measure,
+    not_installed,
+    torch_batches,
+)
 
 BATCH = 256
 
@@ -85,32 +88,16 @@ def arrayrecord_entries(path: str, images: np.ndarray, labels: np.ndarray) -> En
     writer.close()
     reader = ArrayRecordDataSource([path])
 
-    def grain_run() -> Any:
-        import grain
-
-        for epoch in itertools.count():
-            ds = (
-                grain.MapDataset.source(ArrayRecordDataSource([path]))
-                .shuffle(seed=epoch)
-                .map(decode_record)
-                .batch(BATCH, drop_remainder=True)
-            )
-            yield from to_global(iter(ds), BATCH)
-
     def records(ids: list[int]) -> dict[str, np.ndarray]:
         return collate([decode_record(r) for r in reader.__getitems__(ids)])
 
-    has_grain = importlib.util.find_spec("grain") is not None
     ours = loader_batches(lambda: meshfeed.sources.ArrayRecordSource(path, decode_record), BATCH)
+    grain = grain_batches(lambda: ArrayRecordDataSource([path]), BATCH, decode=decode_record)
     return {
         "meshfeed:arrayrecord": ("meshfeed", ours),
-        "grain:arrayrecord": ("peer", grain_run if has_grain else not_installed("grain")),
+        "grain:arrayrecord": ("peer", grain),
         "torch:arrayrecord": ("peer", _torch(len(reader), records)),
     }
-
-
-def _rate(seconds: float, name: str, run: Run) -> float:
-    return measure(run, BATCH, seconds)
 
 
 def main() -> None:
@@ -121,8 +108,11 @@ def main() -> None:
     images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
     labels = rng.integers(0, 10, n).astype(np.int64)
     workloads = {"P": ("parquet", parquet_entries), "R": ("arrayrecord", arrayrecord_entries)}
-    rate = partial(_rate, args.seconds)
     fields = {"global_batch_size": BATCH, "examples": n}
+
+    def rate(name: str, run: Run) -> float:
+        return measure(run, BATCH, args.seconds)
+
     with tempfile.TemporaryDirectory() as folder:
         for workload, (kind, make) in workloads.items():
             try:

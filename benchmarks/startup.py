@@ -1,20 +1,21 @@
-"""Workload K, pod scale: what one host asks of the store to open a folder, tar shards and
-Parquet files (``--src``: the build before too); the pool of 128 open files against none."""
+"""Workload K, pod scale: the requests to open files from the store; 128 open files against all."""
 
 from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import os
 import resource
 import tarfile
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import arguments, emit, in_rounds, median_ratio, use_cpu_devices
+from harness import arguments, emit, in_rounds, median_ratio
 from remote_fns import figures, in_child, loader, s3_store
 from workload_fns import images
 
@@ -23,6 +24,9 @@ from common import measure
 
 KINDS = ("folder", "tar", "parquet")
 HEAD = {"workload": "K", "devices": 8, "processes": 1}  # the children's: 8 devices, 1 process
+COUNTS = [8, 64, 512, 2048, 10000]
+BEFORE_MAX = 2048  # the most files the build before opens (~6 requests a file)
+LIMITS = {"bounded": 128, "unbounded": 100_000}  # files open at most
 
 
 def _open(kind: str, url: str, options: dict[str, Any]) -> dict[str, float]:
@@ -45,14 +49,11 @@ def _open(kind: str, url: str, options: dict[str, Any]) -> dict[str, float]:
 
 
 def _read(path: str, limit: int, seconds: float) -> dict[str, Any]:
-    """Steps/s of a global shuffle over ``path`` with at most ``limit`` files open, and the
-    files this process holds open (a fresh process of 8 devices)."""
-    use_cpu_devices()
+    """Steps/s of a global shuffle over ``path`` with at most ``limit`` files open; files held."""
     if limit > 128:
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    source = meshfeed.open_source(path, max_open_files=limit)
-    fed = loader(source, 512, shuffle=True, prefetch=0)
+    fed = loader(meshfeed.open_source(path, max_open_files=limit), 512, shuffle=True, prefetch=0)
     rate = measure(lambda: iter(fed), 1, seconds, warmup=10)
     fds = len(os.listdir("/proc/self/fd"))
     line = {"steps_per_s": rate, "fds": fds, "held": fed.stats()["source"]["files"]["held"]}
@@ -85,7 +86,7 @@ def _write(kind: str, n: int, folder: Path) -> Path:
     return out
 
 
-def startup(counts: list[int], src: str | None, smoke: bool, before_max: int) -> None:
+def startup(counts: list[int], src: str | None, smoke: bool) -> None:
     import s3fs  # not in the children before they open (their imports are timed)
 
     os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test")  # the children's
@@ -97,63 +98,53 @@ def startup(counts: list[int], src: str | None, smoke: bool, before_max: int) ->
             proxy.reset()
             return {**in_child(_open, kind, url, held, src=src), **proxy.counts()}
 
-        for kind in KINDS:
-            for n in counts:
-                url = f"s3://data/{kind}-{n}"
-                with tempfile.TemporaryDirectory() as tmp:
-                    fs.put(str(_write(kind, n, Path(tmp))), url, recursive=True)
-                rounds = 1 if smoke or n >= 512 else 3
-                builds = {b: p for b, p in every.items() if b == "after" or n <= before_max}
-                entries = {b: lambda p=p, u=url, k=kind: opened(k, u, p) for b, p in builds.items()}
-                per_round = in_rounds(entries, rounds, pause=0.0)
-                for b in builds:
-                    line = {"source": kind, "files": n, "build": b, "rounds": rounds}
-                    line |= {k: v for k, v in per_round[0][b].items() if k != "seconds"}
-                    line |= figures(per_round, b, {"seconds": 3})
-                    line["requests_per_file"] = round(line["total"] / n, 3)
-                    emit("startup", **HEAD, smoke=smoke, part="startup", **line)
+        for kind, n in itertools.product(KINDS, counts):
+            url = f"s3://data/{kind}-{n}"
+            with tempfile.TemporaryDirectory() as tmp:
+                fs.put(str(_write(kind, n, Path(tmp))), url, recursive=True)
+            rounds = 1 if smoke or n >= 512 else 3
+            builds = every if n <= BEFORE_MAX else {"after": None}
+            entries = {b: partial(opened, kind, url, p) for b, p in builds.items()}
+            per_round = in_rounds(entries, rounds, pause=0.0)
+            for b in entries:
+                line = {"source": kind, "files": n, "build": b, "rounds": rounds}
+                line |= {k: v for k, v in per_round[0][b].items() if k != "seconds"}
+                line |= figures(per_round, b, {"seconds": 3})
+                line["requests_per_file"] = round(line["total"] / n, 3)
+                emit("startup", **HEAD, smoke=smoke, part="startup", **line)
 
 
 def cache(smoke: bool, rounds: int, seconds: float, shards: int, per_shard: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows = per_shard * shards
         data = {**images(rows), "label": np.arange(rows, dtype=np.int32)}
-        meshfeed.write_source(Path(tmp) / "d", data, shard_size=per_shard)
-        limits = {"bounded": 128, "unbounded": 100_000}
-        entries = {
-            name: lambda n=n: in_child(_read, str(Path(tmp) / "d"), n, seconds)
-            for name, n in limits.items()
-        }
+        path = str(Path(tmp) / "d")
+        meshfeed.write_source(path, data, shard_size=per_shard)
+        entries = {k: partial(in_child, _read, path, n, seconds) for k, n in LIMITS.items()}
         per_round = in_rounds(entries, rounds, pause=0.0)
-    ratio = median_ratio(per_round, "bounded", "unbounded", "steps_per_s")
-    for name in limits:
-        extra = {"ratio_to_unbounded": ratio} if name == "bounded" else {}
-        last = {k: per_round[-1][name][k] for k in ("fds", "held")}
-        shape = {"files": 2 * shards, "rows_a_shard": per_shard, "rounds": rounds}
-        rate = figures(per_round, name, {"steps_per_s": 2})
-        line = {"name": name, **shape, **last, **rate, **extra}
+    shape = {"files": 2 * shards, "rows_a_shard": per_shard, "rounds": rounds}
+    for name in LIMITS:
+        line = {"name": name, **shape, **{k: per_round[-1][name][k] for k in ("fds", "held")}}
+        line |= figures(per_round, name, {"steps_per_s": 2})
+        if name == "bounded":
+            line["ratio_to_unbounded"] = median_ratio(per_round, name, "unbounded", "steps_per_s")
         emit("startup", **HEAD, smoke=smoke, part="cache", **line)
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--src", help="also time the meshfeed in this folder (before)")
-    parser.add_argument("--counts", default="8,64,512,2048,10000", help="files, comma-separated")
-    before = "the most files the build before opens (~6 requests a file)"
-    parser.add_argument("--before-max", type=int, default=2048, help=before)
     parser.add_argument("--part", choices=["startup", "cache", "both"], default="both")
 
 
 def main() -> None:
-    args = arguments(__doc__, rounds=7, smoke={}, add=_flags)
-    counts = [8] if args.smoke else [int(c) for c in args.counts.split(",")]
+    args = arguments(__doc__, seconds=3.0, rounds=7, add=_flags)
     if args.part in ("startup", "both"):
-        startup(counts, args.src, args.smoke, args.before_max)
+        startup([8] if args.smoke else COUNTS, args.src, args.smoke)
     if args.part in ("cache", "both"):
         # 128 files; 4,096 files; 4,096 files of 96 KiB images
         sizes = [(256, 2)] if args.smoke else [(64, 32), (2048, 2), (2048, 32)]
-        rounds, seconds = (1, 0.3) if args.smoke else (args.rounds, 3.0)
         for shards, per_shard in sizes:
-            cache(args.smoke, rounds, seconds, shards, per_shard)
+            cache(args.smoke, args.rounds, args.seconds, shards, per_shard)
 
 
 if __name__ == "__main__":

@@ -5,18 +5,19 @@ steps/s against the meshfeed in ``SRC`` (the commit before the counters)."""
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import os
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
-from harness import arguments, emit, in_rounds, median_ratio, run_child, use_cpu_devices
+from harness import arguments, emit, in_rounds, median_ratio, use_cpu_devices
+from remote_fns import in_child
 
 import meshfeed
+from common import measure
 
 N = 1 << 16
 WIDTH = 32
@@ -46,28 +47,22 @@ def step_time(case: dict[str, Any], rounds: int, window: float) -> tuple[float, 
     batches = iter(loader)
     for _ in range(20):  # warm: threads started, depth settled
         next(batches)
-    per_step = []
-    for _ in range(rounds):
-        began = time.perf_counter()
-        steps = 0
-        while time.perf_counter() - began < window:
-            jax.block_until_ready(next(batches))
-            steps += 1
-        per_step.append((time.perf_counter() - began) / steps)
+    per_step = [BATCH / measure(lambda: batches, BATCH, window, 0) for _ in range(rounds)]
     total = loader.stats()["counter_updates"] if hasattr(loader, "stats") else 0
     loader.close()
     return statistics.median(per_step), total, loader.step
 
 
+def steps_per_s(window: float) -> float:
+    """One side of ``--against`` (``plain``, ``prefetch=2``): the median of three windows."""
+    return 1.0 / step_time({"prefetch": 2}, 3, window)[0]
+
+
 def against(src: str, rounds: int, window: float, smoke: bool) -> None:
     """Steps/s (``plain``, ``prefetch=2``) in fresh processes of this build and ``src``'s."""
-    here = str(Path(meshfeed.__file__).resolve().parents[1])
-    command = [__file__, "--child", "--window", str(window)]
-
-    def side(path: str) -> float:
-        return run_child(command, env={**os.environ, "PYTHONPATH": path})["steps_per_s"]
-
-    per_round = in_rounds({"here": lambda: side(here), "there": lambda: side(src)}, rounds, 0)
+    sides = {"here": str(Path(meshfeed.__file__).resolve().parents[1]), "there": src}
+    runs = {k: functools.partial(in_child, steps_per_s, window, src=p) for k, p in sides.items()}
+    per_round = in_rounds(runs, rounds, 0)
     line: dict[str, Any] = {"case": "plain, prefetch=2", "against": src}
     line["ratio"] = median_ratio(per_round, "here", "there", digits=4)
     line["ratio_by_round"] = [round(r["here"] / r["there"], 3) for r in per_round]
@@ -77,20 +72,14 @@ def against(src: str, rounds: int, window: float, smoke: bool) -> None:
 
 def _add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--against", metavar="SRC", help="also time against this src/ folder")
-    parser.add_argument("--window", type=float, default=0.6, help=argparse.SUPPRESS)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
 
 
 def main() -> None:
     use_cpu_devices()
     args = arguments(__doc__, rounds=20, smoke={"rounds": 2}, add=_add_flags)
-    if args.child:  # one side of --against: the median of three windows
-        seconds, _, _ = step_time({"prefetch": 2}, 3, args.window)
-        print(json.dumps({"steps_per_s": 1.0 / seconds}))
-        return
     rounds = 2 if args.smoke else 7  # of each case's windows; --rounds is --against's
     window = 0.05 if args.smoke else 0.5
-    from meshfeed.testing import counter_price  # here: --child runs on builds without it
+    from meshfeed.testing import counter_price  # here: --against's other build lacks it
 
     price = counter_price(20_000 if args.smoke else 1_000_000)
     common = {"goal": GOAL, "rounds": rounds, "window_s": window, "cpus": os.cpu_count()}

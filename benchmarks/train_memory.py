@@ -72,9 +72,10 @@ def _abstract(tree: Any, sharding: Any = None) -> Any:
     return jax.tree.map(one, tree)
 
 
-def _memory_lines(part: str, loss: Any, count: int, ways: list, batch: dict, smoke: bool) -> None:
+def _memory_lines(part: str, loss: Any, ways: list, batch: dict, smoke: bool) -> None:
     """A line a way ``(fields, state, step options)``: MB a device, lowered for abstracts."""
     mesh = meshfeed.make_mesh(data=8)
+    count = sum(x.size for x in jax.tree.leaves(ways[0][1].params))
     first = None
     for fields, state, options in ways:
         step = meshfeed.make_train_step(loss, OPTIMIZER, mesh=mesh, **options)
@@ -93,7 +94,6 @@ def _memory_lines(part: str, loss: Any, count: int, ways: list, batch: dict, smo
 def memory(args: argparse.Namespace, blocks: int, width: int, hidden: int, batch: int) -> None:
     mesh = meshfeed.make_mesh(data=8)
     params = init_params(blocks, width, hidden)
-    count = sum(v.size for v in params.values())
     fsdp = meshfeed.TrainState.create(params, OPTIMIZER, mesh=mesh, param_sharding="fsdp")
     del params
     replicated = _abstract(fsdp, NamedSharding(mesh, P()))
@@ -103,13 +103,12 @@ def memory(args: argparse.Namespace, blocks: int, width: int, hidden: int, batch
         ({"way": "fsdp_donated"}, _abstract(fsdp), {"donate": True}),
     ]
     row = jax.ShapeDtypeStruct((batch, width), jnp.float32, sharding=NamedSharding(mesh, P("data")))
-    _memory_lines("memory", loss_fn, count, ways, {"x": row, "y": row}, args.smoke)
+    _memory_lines("memory", loss_fn, ways, {"x": row, "y": row}, args.smoke)
 
 
 def microbatches(args: argparse.Namespace, width: int, hidden: int, rows: int, tokens: int) -> None:
     mesh = meshfeed.make_mesh(data=8)
     params = {"embed": np.zeros((1024, width), np.float32), **init_params(2, width, hidden)}
-    count = sum(v.size for v in params.values())
     state = meshfeed.TrainState.create(params, OPTIMIZER, mesh=mesh)
     state = _abstract(state, NamedSharding(mesh, P()))
     sharding = NamedSharding(mesh, P("data"))
@@ -119,7 +118,7 @@ def microbatches(args: argparse.Namespace, width: int, hidden: int, rows: int, t
     }
     shape = {"rows_per_device": rows // 8, "tokens": tokens}
     ways = [({"microbatches": m, **shape}, state, {"microbatches": m}) for m in (1, 2, 4)]
-    _memory_lines("microbatches", token_loss, count, ways, batch, args.smoke)
+    _memory_lines("microbatches", token_loss, ways, batch, args.smoke)
 
 
 def flax_bytes(args: argparse.Namespace, width: int, layers: int) -> None:
@@ -189,7 +188,6 @@ def _fit(steps: int, params: Any, width: int, entry: str, server: Any = None) ->
 
 
 def saves(args: argparse.Namespace, width: int, hidden: int, steps: int) -> None:
-    """One line: steps/s without saves, with saves every 10 (and their ratios)."""
     params = init_params(1, width, hidden)
     count = sum(v.size for v in params.values())
     server = None

@@ -3,7 +3,6 @@ on device (an MLP on MNIST-shaped images, batch 256, 8 CPU devices). Goal: <= 1.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import time
 from typing import Any
@@ -19,6 +18,7 @@ import meshfeed
 
 LOG_EVERY = 20
 BATCH = 256
+HIDDEN = 512
 
 
 def loss_fn(params: Any, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -28,13 +28,13 @@ def loss_fn(params: Any, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
     return meshfeed.masked_mean(loss, batch), {}
 
 
-def run(data: dict[str, np.ndarray], steps: int, hidden: int, on_device: bool) -> dict:
+def run(data: dict[str, np.ndarray], steps: int, on_device: bool) -> dict:
     """The same step and state, fed by ``fit`` and the loader or by 16 placed batches."""
     rng = np.random.default_rng(0)
     params = {
-        "w1": (rng.normal(size=(784, hidden)) * 0.05).astype(np.float32),
-        "b1": np.zeros(hidden, np.float32),
-        "w2": (rng.normal(size=(hidden, 10)) * 0.05).astype(np.float32),
+        "w1": (rng.normal(size=(784, HIDDEN)) * 0.05).astype(np.float32),
+        "b1": np.zeros(HIDDEN, np.float32),
+        "w2": (rng.normal(size=(HIDDEN, 10)) * 0.05).astype(np.float32),
     }
     mesh = meshfeed.make_mesh(data=8)
     optimizer = optax.sgd(0.1)
@@ -61,26 +61,19 @@ def run(data: dict[str, np.ndarray], steps: int, hidden: int, on_device: bool) -
     return {"seconds_per_step": (time.perf_counter() - start) / steps}
 
 
-def _flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--hidden", type=int, default=512)
-
-
 def main() -> None:
     use_cpu_devices()
-    args = arguments(__doc__, rounds=3, smoke={"steps": 10, "rounds": 1}, add=_flags)
+    args = arguments(__doc__, rounds=3)
+    steps = 10 if args.smoke else 200
     data = images(2048 if args.smoke else 60_000, side=28, channels=1)
     names = {"on_device_batches": True, "fit_with_loader": False}
-    entries = {
-        n: functools.partial(run, data, args.steps, args.hidden, on) for n, on in names.items()
-    }
+    entries = {n: functools.partial(run, data, steps, on) for n, on in names.items()}
     per_round = in_rounds(entries, args.rounds)
-    common = {"global_batch_size": BATCH, "steps": args.steps, "rounds": args.rounds}
+    common = {"global_batch_size": BATCH, "steps": steps, "rounds": args.rounds, "hidden": HIDDEN}
     base = median_of(per_round, "on_device_batches", "seconds_per_step") or 0.0
     for name in names:
         seconds = median_of(per_round, name, "seconds_per_step") or 0.0
-        line = {"hidden": args.hidden, "seconds_per_step": seconds}
-        line["samples_per_s"] = round(BATCH / seconds)
+        line = {"seconds_per_step": seconds, "samples_per_s": round(BATCH / seconds)}
         if name == "fit_with_loader":
             line["ratio_to_on_device"] = round(seconds / base, 3)
             line["input_wait_share"] = round(median_of(per_round, name, "input_wait_share") or 0, 4)

@@ -1,8 +1,4 @@
-"""Workload I, images: a folder of ImageNet-size JPEGs to augmented batches, ``meshfeed.vision``.
-
-``ImageFolderSource`` + ``vision.RandomResizedCrop(224)`` in 2 workers (Pillow, and
-nvImageCodec's CPU codecs) against two plain Pillow loops at once and the ``DataLoader``.
-"""
+"""Workload I, images: a folder of ImageNet-size JPEGs to augmented batches, ``meshfeed.vision``."""
 
 from __future__ import annotations
 
@@ -11,7 +7,6 @@ import io
 import os
 import statistics
 import tempfile
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,7 +20,6 @@ import meshfeed
 import meshfeed.vision as vision
 from common import Records, Run, loader_batches, loops_at_once, measure, torch_batches
 
-HERE = Path(__file__).resolve().parent
 BATCH, SIZE = 64, 224
 LOOPS = "loops x2"
 
@@ -67,8 +61,7 @@ class _TorchImages(Records):
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         record = super().__getitem__(i)
-        with open(str(record["path"]), "rb") as f:
-            image = np.frombuffer(f.read(), np.uint8)
+        image = np.frombuffer(Path(str(record["path"])).read_bytes(), np.uint8)
         return self.crop({"image": image, "label": record["label"]}, np.random.default_rng(i))
 
 
@@ -85,11 +78,6 @@ def _flags(parser: Any) -> None:
     )
 
 
-def _timed(run: Run | str, seconds: float) -> Callable[[], float] | str:
-    """A ``Run`` as an entry timed by ``measure``; the reason a peer is skipped as it is."""
-    return run if isinstance(run, str) else partial(measure, run, BATCH, seconds, warmup=2)
-
-
 def main() -> None:
     use_cpu_devices()
     smoke = {"images": 64, "rounds": 1, "seconds": 0.3}
@@ -101,22 +89,23 @@ def main() -> None:
         paths = [source.path(i) for i in range(len(source))]
         kb = statistics.mean(os.path.getsize(p) for p in paths) / 1e3
         work = {"work": "resized_crop", "source": paths, "augment": augment}
-        loop = LOOP.format(here=str(HERE), seconds=args.seconds, **work)
+        loop = LOOP.format(here=str(Path(__file__).resolve().parent), seconds=args.seconds, **work)
 
-        def workers(decoder: str) -> Callable[[], float] | str:
+        def workers(decoder: str) -> Run:
             crop = _crop(augment, decoder)
-            run = loader_batches(lambda: source, BATCH, record_transform=crop, num_workers=2)
-            return _timed(run, args.seconds)
+            return loader_batches(lambda: source, BATCH, record_transform=crop, num_workers=2)
 
         dataset = _TorchImages(source, augment)
-        torch = torch_batches(dataset, BATCH, workers=2, prefetch_factor=4, pin_memory=True)
-        entries = {
-            LOOPS: lambda: loops_at_once(loop, 2),
+        runs = {
             "meshfeed:2": workers("pillow"),
-            "torch:2": _timed(torch, args.seconds),
+            "torch:2": torch_batches(dataset, BATCH, workers=2, prefetch_factor=4, pin_memory=True),
         }
-        if importlib.util.find_spec("nvidia.nvimgcodec") is not None:
-            entries["meshfeed-nvimgcodec-cpu:2"] = workers("nvimgcodec-cpu")
+        if importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.nvimgcodec"):
+            runs["meshfeed-nvimgcodec-cpu:2"] = workers("nvimgcodec-cpu")
+        entries: dict[str, Any] = {LOOPS: lambda: loops_at_once(loop, 2)}
+        for name, run in runs.items():  # a reason a peer is skipped stays as it is
+            timed = partial(measure, run, BATCH, args.seconds, warmup=2)
+            entries[name] = run if isinstance(run, str) else timed
         per_round = in_rounds(entries, args.rounds)
     common = {"images": args.images, "kb": round(kb, 1), "rounds": args.rounds}
     for name, entry in entries.items():

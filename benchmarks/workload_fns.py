@@ -1,4 +1,4 @@
-"""Data and servers the workloads of several benchmarks share (importable by workers)."""
+"""The image arrays the workloads of several benchmarks share (importable by workers)."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ def main() -> None:
         options = {"log_every": args.log_every, "progress": False, "writer": writer}
         history = meshfeed.fit(step, state, loader, num_steps=args.steps, **options)
         state = history.state  # the given one was donated to the first step
-        if writer is not None and hasattr(writer, "close"):
+        if hasattr(writer, "close"):
             writer.close()
         return args.steps / history.seconds
 
