@@ -45,8 +45,7 @@ def wake():
 threading.Thread(target=wake, daemon=True).start()
 
 mesh = meshfeed.make_mesh(data=jax.device_count())
-loader = meshfeed.Loader(meshfeed.ArraySource(digits()), global_batch_size=DIGITS_BATCH_SIZE,
-    sharding=meshfeed.batch_sharding(mesh), num_epochs=None, seed=0)
+sharding = meshfeed.batch_sharding(mesh)
 optimizer = optax.adam(DIGITS_LEARNING_RATE)
 state = meshfeed.TrainState.create(digits_params(), optimizer, mesh=mesh)
 inner = meshfeed.make_train_step(digits_loss, optimizer, mesh=mesh)
@@ -60,8 +59,20 @@ def step(state, batch):
         os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
     return result
 
-meshfeed.fit(step, state, loader, num_steps=steps, progress=False,
-             checkpoint_dir=out + ".ckpt", checkpoint_every=5)
+if how == "meshfeed":
+    loader = meshfeed.Loader(meshfeed.ArraySource(digits()), global_batch_size=DIGITS_BATCH_SIZE,
+        sharding=sharding, num_epochs=None, seed=0)
+    meshfeed.fit(step, state, loader, num_steps=steps, progress=False,
+                 checkpoint_dir=out + ".ckpt", checkpoint_every=5)
+else:  # a plain loop: meshfeed's Loader and fit would watch the job
+    import numpy as np
+    data, local = digits(), DIGITS_BATCH_SIZE // jax.process_count()
+    for s in range(steps):
+        ids = np.random.default_rng(s).choice(len(data["label"]), DIGITS_BATCH_SIZE, replace=False)
+        ids = ids[jax.process_index() * local:][:local]
+        state, _ = step(state, {k: jax.make_array_from_process_local_data(sharding, v[ids])
+                                for k, v in data.items()})
+    jax.block_until_ready(state)
 print(f"late {late[0]:.4f}", flush=True)
 """
 
