@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from harness import arguments, emit, in_rounds, median_of, use_cpu_devices
+from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
 from workload_fns import images
 
 import meshfeed
@@ -70,12 +70,12 @@ def main() -> None:
     entries = {n: functools.partial(run, data, steps, on) for n, on in names.items()}
     per_round = in_rounds(entries, args.rounds)
     common = {"global_batch_size": BATCH, "steps": steps, "rounds": args.rounds, "hidden": HIDDEN}
-    base = median_of(per_round, "on_device_batches", "seconds_per_step") or 0.0
     for name in names:
         seconds = median_of(per_round, name, "seconds_per_step") or 0.0
         line = {"seconds_per_step": seconds, "samples_per_s": round(BATCH / seconds)}
         if name == "fit_with_loader":
-            line["ratio_to_on_device"] = round(seconds / base, 3)
+            ratio = median_ratio(per_round, name, "on_device_batches", "seconds_per_step")
+            line["ratio_to_on_device"] = ratio  # the median of the rounds' ratios
             line["input_wait_share"] = round(median_of(per_round, name, "input_wait_share") or 0, 4)
         emit("train_overhead", smoke=args.smoke, name=name, **common, **line)
 
