@@ -5,7 +5,6 @@ selection against one over the kept rows copied out, and a selection's bytes on 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import re
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from harness import arguments, emit, in_rounds, median_of, median_ratio, use_cpu_devices
+from remote_fns import in_child
 
 import meshfeed
 from common import loader_batches, measure
@@ -53,13 +53,25 @@ def _loop(folder: str, keep: Callable[[dict[str, Any]], bool]) -> float:
     return time.perf_counter() - began
 
 
-def _select(source: Any, keep: Any, workers: int | None, cold: bool = False) -> float:
-    if cold:  # no worker resting from an earlier call
-        importlib.import_module("meshfeed.prepare._select")._RESTING.close()
+def _select(source: Any, keep: Any, workers: int | None) -> float:
     with tempfile.TemporaryDirectory() as cache:
         began = time.perf_counter()
         meshfeed.select(source, keep, workers=workers, cache_dir=cache, progress=False)
         return time.perf_counter() - began
+
+
+def source_of(folder: str) -> meshfeed.ArraySource:
+    """The examples' arrays in ``folder``, memory-mapped."""
+    arrays = {k: np.load(f"{folder}/{k}.npy", mmap_mode="r") for k in ("score", "embedding")}
+    return meshfeed.ArraySource(arrays)
+
+
+def select_cold(folder: str, predicate: str) -> float:
+    """``_select`` on 2 workers in a fresh process: no worker rests from an earlier call
+    (one call in this process alone first, so that what it imports is not timed)."""
+    source = source_of(folder)
+    _select(source, PREDICATES[predicate], 0)
+    return _select(source, PREDICATES[predicate], 2)
 
 
 def _select_part(args: argparse.Namespace, folder: str, common: dict[str, Any]) -> None:
@@ -67,15 +79,13 @@ def _select_part(args: argparse.Namespace, folder: str, common: dict[str, Any]) 
         rng = np.random.default_rng(0)
         np.save(f"{folder}/score.npy", rng.random(n, dtype=np.float32))
         np.save(f"{folder}/embedding.npy", rng.standard_normal((n, 32), dtype=np.float32))
-        source = meshfeed.ArraySource(
-            {k: np.load(f"{folder}/{k}.npy", mmap_mode="r") for k in ("score", "embedding")}
-        )
+        source = source_of(folder)
         _select(source, threshold, 2)  # a worker rests, as after any earlier call
         for name, keep in PREDICATES.items():
             entries = {
                 "loop": partial(_loop, folder, keep),
                 "select:2": partial(_select, source, keep, 2),
-                "select:2 cold": partial(_select, source, keep, 2, cold=True),
+                "select:2 cold": partial(in_child, select_cold, folder, name),
                 "select:auto": partial(_select, source, keep, None),
             }
             per_round = in_rounds(entries, args.rounds, pause=0)
